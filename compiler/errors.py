@@ -1,0 +1,111 @@
+"""Diagnostics and the exceptions that carry them.
+
+Contract: every problem with a user's input becomes a `Diagnostic` with a stable code and a
+location; a stage collects all diagnostics of a file and raises them together as one
+`MemspecError`. The rendered form is location first, one diagnostic per block:
+
+    specs/x.yaml:14:9: E203 $.modules.language.layers: unknown key 'hiden'
+    help: did you mean 'hidden'?
+
+Exit codes: `MemspecError` 1 (the input is wrong), `UsageError` 2 (the command line is
+wrong). Anything else that escapes is a bug (exit 3, with a traceback), decided by the CLI.
+
+Codes (stable; never reuse a retired one):
+    E101 file not found / not a file / unreadable    E201 missing required key
+    E102 YAML syntax error                           E202 wrong type
+    E103 duplicate mapping key                       E203 unknown key
+    E104 anchor, alias or merge key                  E204 number out of range
+    E105 mapping key that is not a string            E205 value not among the allowed ones
+    E106 empty document                              E206 string shape (pattern, length)
+    E107 more than one document                      E207 list or mapping size, unique items
+    E108 ambiguous boolean (yes/no/on/off)           E208 other schema violation
+    E109 ambiguous number (leading zero)
+    E110 explicit tag
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem at one place. `line`/`col` are 1-based, 0 when unknown; `path` is a JSON
+    path ("$", "$.a[0].b") or "" when the problem concerns no particular value."""
+
+    code: str
+    file: str
+    line: int
+    col: int
+    path: str
+    message: str
+    help: str | None = None
+
+    def render(self) -> str:
+        """`file:line:col: CODE path: message`, then `help: ...` on its own line.
+
+        NB: unknown parts of the location are left out rather than shown as 0
+        (`file: CODE ...`, `file:line: CODE ...`), and with no file at all (command-line
+        usage) the location is omitted entirely.
+        """
+        text = f"{self.code} {self.path}: {self.message}" if self.path else f"{self.code} {self.message}"
+        location = _location(self.file, self.line, self.col)
+        if location:
+            text = f"{location}: {text}"
+        if self.help is not None:
+            text = f"{text}\nhelp: {self.help}"
+        return text
+
+
+def _location(file: str, line: int, col: int) -> str:
+    if not file:
+        return ""
+    if line <= 0:
+        return file
+    if col <= 0:
+        return f"{file}:{line}"
+    return f"{file}:{line}:{col}"
+
+
+def _sort_key(diagnostic: Diagnostic) -> tuple[str, int, int]:
+    return (diagnostic.file, diagnostic.line, diagnostic.col)
+
+
+class MemspecError(Exception):
+    """The user's input is wrong. Carries every diagnostic found, sorted by location."""
+
+    exit_code = 1
+
+    def __init__(self, diagnostics: Sequence[Diagnostic] | Diagnostic):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = (diagnostics,)
+        if not diagnostics:
+            # NB: an error nobody can read is a bug in the caller, not a user error.
+            raise ValueError(f"{type(self).__name__} needs at least one Diagnostic")
+        # sorted() is stable, so diagnostics at one location keep the order they were found in.
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(sorted(diagnostics, key=_sort_key))
+        super().__init__(self.diagnostics)
+
+    def render(self) -> str:
+        """All diagnostics, blank-line separated, then `N errors` when there is more than one."""
+        blocks = [d.render() for d in self.diagnostics]
+        if len(blocks) > 1:
+            blocks.append(f"{len(blocks)} errors")
+        return "\n\n".join(blocks)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class UsageError(MemspecError):
+    """The command line is wrong (an unknown flag, a missing argument)."""
+
+    exit_code = 2
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """`did you mean 'x'?` for the closest of `choices`, or None when nothing is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{matches[0]}'?" if matches else None

@@ -1,0 +1,392 @@
+"""Stage 1, load: a YAML file -> a `Document` (plain data + where every key and item is).
+
+Contract:
+- `load_yaml(path)` / `load_yaml_text(text, file)` return a frozen `Document` whose `data`
+  holds only dict / list / str / int / float / bool / None, and whose `positions` maps the
+  JSON path of every mapping key and sequence item to its 1-based (line, col), plus "$".
+- Every problem of the file is collected, then raised as one `MemspecError`
+  (codes E101-E110, see `compiler.errors`). Nothing prints.
+
+The YAML is strict on purpose, because reviewed files must say what they mean:
+- duplicate keys, anchors, aliases, merge keys (`<<`) and explicit tags are errors;
+- mapping keys are strings;
+- plain scalars follow the YAML 1.2 core schema, not PyYAML's YAML 1.1 one: `1e-4` is a
+  float, `2024-01-01` a string, `1:20` a string; the YAML 1.1 booleans yes/no/on/off and
+  numbers with a leading zero (octal in 1.1, decimal in 1.2) are errors, since the two
+  readings disagree. Underscores in numbers (`7_063_427_072`) are allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+from yaml.events import AliasEvent, DocumentStartEvent, ScalarEvent, StreamEndEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from compiler.errors import Diagnostic, MemspecError
+
+_TAG = "tag:yaml.org,2002:"
+STR, INT, FLOAT, BOOL, NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+MERGE = _TAG + "merge"
+SEQ, MAP = _TAG + "seq", _TAG + "map"
+# Private tags for plain scalars that are reported instead of converted.
+_AMBIGUOUS_BOOL = "tag:memspec,2024:ambiguous-bool"
+_AMBIGUOUS_INT = "tag:memspec,2024:ambiguous-int"
+_ALIAS = "tag:memspec,2024:alias"
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_PATH_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
+
+# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution) plus underscores
+# in numbers, which PyYAML and Python both accept. One alternation, first group wins.
+_PLAIN_RULES = re.compile("|".join(f"(?P<{name}>{rule})" for name, rule in (
+    ("null", r"(?:~|null|Null|NULL|)\Z"),
+    ("bool", r"(?:true|True|TRUE|false|False|FALSE)\Z"),
+    ("ambiguous_bool", r"(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)\Z"),
+    ("ambiguous_int", r"[-+]?0[0-9_]*[0-9][0-9_]*\Z"),
+    ("int", r"[-+]?[0-9][0-9_]*\Z|0x[0-9a-fA-F_]+\Z|0o[0-7_]+\Z"),
+    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?\Z"
+              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+\Z"
+              r"|[-+]?\.(?:inf|Inf|INF)\Z|\.(?:nan|NaN|NAN)\Z"),
+    ("merge", r"<<\Z"),
+)))
+_RULE_TAGS = {"null": NULL, "bool": BOOL, "ambiguous_bool": _AMBIGUOUS_BOOL,
+              "ambiguous_int": _AMBIGUOUS_INT, "int": INT, "float": FLOAT, "merge": MERGE}
+# Plain scalars starting with any other character are strings; checking that first keeps
+# loading fast, since most scalars are names.
+_RULE_FIRST = frozenset("~nNtTfFyYoO0123456789+-.<")
+
+_NO_ANCHORS_HELP = "write the value out in full: anchors and aliases hide what a reviewed file says"
+
+
+# --------------------------------------------------------------------------- paths
+
+def child_path(parent: str, key: str | int) -> str:
+    """JSON path of `key` under `parent`: `$.modules`, `$.trainable[0]`, `$['a b']`."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _IDENTIFIER.match(key):
+        return f"{parent}.{key}"
+    escaped = key.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{parent}['{escaped}']"
+
+
+def _ancestors(path: str) -> list[str]:
+    """`path` and each of its ancestors, longest first, down to "$"."""
+    if not path.startswith("$"):
+        return ["$"]
+    prefixes, end = ["$"], 1
+    for step in _PATH_STEP.finditer(path, 1):
+        if step.start() != end:
+            break  # NB: malformed tail; fall back to the prefix parsed so far
+        end = step.end()
+        prefixes.append(path[:end])
+    return prefixes[::-1]
+
+
+# --------------------------------------------------------------------------- document
+
+@dataclass(frozen=True)
+class Document:
+    """A loaded YAML file: plain data plus the position of every key and item."""
+
+    file: str
+    data: Any
+    positions: Mapping[str, tuple[int, int]] = field(repr=False)
+
+    def where(self, path: str) -> tuple[int, int]:
+        """(line, col) of `path`, or of its nearest ancestor that has one; (0, 0) if none."""
+        for candidate in _ancestors(path):
+            if candidate in self.positions:
+                return self.positions[candidate]
+        return (0, 0)
+
+    def diag(self, code: str, path: str, message: str, help: str | None = None) -> Diagnostic:
+        line, col = self.where(path)
+        return Diagnostic(code, self.file, line, col, path, message, help)
+
+
+def load_yaml(path: str | os.PathLike) -> Document:
+    """Read and load one YAML file. `Document.file` is the path as given."""
+    file = os.fspath(path)
+    resolved = Path(file).resolve()
+    if resolved.is_dir():
+        raise MemspecError(Diagnostic(
+            "E101", file, 0, 0, "", "is a directory, not a file",
+            f"give the path of a YAML file (in {resolved})"))
+    try:
+        raw = resolved.read_bytes()
+    except FileNotFoundError:
+        raise MemspecError(Diagnostic(
+            "E101", file, 0, 0, "", "file not found", f"looked for {resolved}")) from None
+    except OSError as exc:
+        raise MemspecError(Diagnostic(
+            "E101", file, 0, 0, "", f"cannot read file: {exc.strerror or exc}")) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = raw[: exc.start].decode("utf-8", "replace")
+        line, col = _line_col(before, len(before))
+        raise MemspecError(Diagnostic(
+            "E102", file, line, col, "", "file is not valid UTF-8",
+            "save the file as UTF-8")) from None
+    return load_yaml_text(text, file)
+
+
+def load_yaml_text(text: str, file: str) -> Document:
+    """Load YAML from a string; `file` names it in diagnostics."""
+    problems: list[Diagnostic] = []
+    roots = _compose_all(text, file, problems)
+    if not problems and not roots:
+        problems.append(Diagnostic("E106", file, 1, 1, "", "empty document",
+                                   "a memspec file is a YAML mapping"))
+    for start, _ in roots[1:2]:  # the second start is enough to find the stray separator
+        problems.append(Diagnostic("E107", file, start[0], start[1], "",
+                                   "more than one YAML document in the file",
+                                   "put each document in its own file"))
+    data: Any = None
+    positions: dict[str, tuple[int, int]] = {"$": (1, 1)}
+    if roots:
+        root = roots[0][1]
+        if _is_empty(root):
+            problems.append(Diagnostic("E106", file, 1, 1, "", "empty document",
+                                       "a memspec file is a YAML mapping"))
+        else:
+            data = _Builder(file, positions, problems).build(root, "$")
+    if problems:
+        raise MemspecError(_unique(problems))
+    return Document(file, data, MappingProxyType(positions))
+
+
+# --------------------------------------------------------------------------- composing
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(yaml.composer.Composer, _BaseLoader):  # type: ignore[misc, valid-type]
+    """Events from libyaml when available; nodes composed in Python so that anchors,
+    aliases and explicit tags are recorded on the node (for a located error) instead of
+    being resolved silently. NB: putting `Composer` first makes its Python `compose_node`
+    win over the C composer of `CSafeLoader`."""
+
+    def __init__(self, stream: str):
+        _BaseLoader.__init__(self, stream)
+        self.anchors = {}
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        event = self.peek_event()
+        if type(event) is ScalarEvent and event.anchor is None and event.tag is None:
+            # NB: the common case, inlined: it is most of the nodes of a file.
+            self.get_event()
+            tag = _plain_tag(event.value) if event.implicit[0] else STR
+            return ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+        if isinstance(event, AliasEvent):
+            self.get_event()
+            return ScalarNode(_ALIAS, event.anchor, event.start_mark, event.end_mark)
+        anchor, event.anchor = event.anchor, None  # never registered: aliases are refused
+        tag = getattr(event, "tag", None)
+        node = super().compose_node(parent, index)
+        if anchor is not None:
+            node.memspec_anchor = anchor
+        if tag not in (None, "!"):
+            node.memspec_tag = tag
+        return node
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is ScalarNode:
+            return _plain_tag(value) if implicit[0] else STR
+        return SEQ if kind is SequenceNode else MAP
+
+
+def _plain_tag(value: str) -> str:
+    if value and value[0] not in _RULE_FIRST:
+        return STR
+    found = _PLAIN_RULES.match(value)
+    return _RULE_TAGS[found.lastgroup] if found else STR
+
+
+def _compose_all(text: str, file: str, problems: list[Diagnostic]) -> list[tuple[tuple[int, int], Node]]:
+    """Root node of each document with the position of its start; a syntax error stops
+    composing and becomes an E102 in `problems`."""
+    loader = _StrictLoader(text)
+    roots: list[tuple[tuple[int, int], Node]] = []
+    try:
+        loader.get_event()  # StreamStartEvent
+        while not loader.check_event(StreamEndEvent):
+            start = loader.peek_event()
+            assert isinstance(start, DocumentStartEvent)
+            roots.append((_position(start.start_mark), loader.compose_document()))
+    except yaml.MarkedYAMLError as exc:
+        problems.append(_syntax_diagnostic(exc, file, text))
+    except yaml.reader.ReaderError as exc:
+        line, col = _line_col(text, exc.position)
+        problems.append(Diagnostic("E102", file, line, col, "", _reader_message(exc)))
+    finally:
+        loader.dispose()
+    return roots
+
+
+def _syntax_diagnostic(exc: yaml.MarkedYAMLError, file: str, text: str) -> Diagnostic:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = _position(mark) if mark else (0, 0)
+    message = exc.problem or exc.context or "invalid YAML"
+    help = None
+    if exc.context and exc.problem:
+        help = exc.context
+        if exc.context_mark is not None and exc.context_mark is not mark:
+            help += f" at line {exc.context_mark.line + 1}"
+    if mark is not None and "\t" in _line_text(text, mark.line)[: mark.column + 1]:
+        help = "indent with spaces, not tabs"
+    return Diagnostic("E102", file, line, col, "", message, help)
+
+
+def _reader_message(exc: yaml.reader.ReaderError) -> str:
+    if isinstance(exc.character, int):
+        return f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    return str(exc.reason)
+
+
+def _line_text(text: str, index: int) -> str:
+    lines = text.split("\n", index + 1)
+    return lines[index] if index < len(lines) else ""
+
+
+def _position(mark: yaml.Mark) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1)
+
+
+def _line_col(text: str, index: int) -> tuple[int, int]:
+    before = text[:index]
+    return (before.count("\n") + 1, index - (before.rfind("\n") + 1) + 1)
+
+
+def _is_empty(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == NULL and node.value == "" and not node.style
+
+
+def _unique(problems: list[Diagnostic]) -> list[Diagnostic]:
+    return list(dict.fromkeys(problems))
+
+
+# --------------------------------------------------------------------------- building
+
+class _Builder:
+    """Nodes -> plain data, filling `positions` and appending to `problems` as it goes."""
+
+    def __init__(self, file: str, positions: dict[str, tuple[int, int]], problems: list[Diagnostic]):
+        self.file, self.positions, self.problems = file, positions, problems
+
+    def report(self, code: str, node: Node, path: str, message: str, help: str | None = None) -> None:
+        line, col = _position(node.start_mark)
+        self.problems.append(Diagnostic(code, self.file, line, col, path, message, help))
+
+    def build(self, node: Node, path: str) -> Any:
+        anchor = getattr(node, "memspec_anchor", None)
+        if anchor is not None:
+            self.report("E104", node, path, f"anchor '&{anchor}' is not allowed", _NO_ANCHORS_HELP)
+        tag = getattr(node, "memspec_tag", None)
+        if tag is not None:
+            shown = "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
+            self.report("E110", node, path, f"tag '{shown}' is not allowed",
+                        "remove the tag; quote the value if it must be a string")
+            return None
+        if isinstance(node, MappingNode):
+            return self.mapping(node, path)
+        if isinstance(node, SequenceNode):
+            return self.sequence(node, path)
+        return self.scalar(node, path)
+
+    def sequence(self, node: SequenceNode, path: str) -> list[Any]:
+        items = []
+        for index, item in enumerate(node.value):
+            item_path = child_path(path, index)
+            self.positions[item_path] = _position(item.start_mark)
+            items.append(self.build(item, item_path))
+        return items
+
+    def mapping(self, node: MappingNode, path: str) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        first_line: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = self.key(key_node, path)
+            if key is None:
+                continue
+            key_path = child_path(path, key)
+            if key in first_line:
+                self.report("E103", key_node, key_path, f"duplicate key '{key}'",
+                            f"first defined at line {first_line[key]}")
+                continue
+            first_line[key] = key_node.start_mark.line + 1
+            self.positions[key_path] = _position(key_node.start_mark)
+            result[key] = self.build(value_node, key_path)
+        return result
+
+    def key(self, node: Node, path: str) -> str | None:
+        """The key as a string, or None after reporting why it is not one."""
+        if getattr(node, "memspec_tag", None) is not None or getattr(node, "memspec_anchor", None):
+            self.build(node, path)  # reports the tag or anchor
+            return None
+        if not isinstance(node, ScalarNode):
+            self.report("E105", node, path, "mapping keys must be strings, not a "
+                        + ("mapping" if isinstance(node, MappingNode) else "list"))
+            return None
+        if node.tag == _ALIAS:
+            self.report("E104", node, path, f"alias '*{node.value}' is not allowed", _NO_ANCHORS_HELP)
+            return None
+        if node.tag == MERGE:
+            self.report("E104", node, path, "merge key '<<' is not allowed", _NO_ANCHORS_HELP)
+            return None
+        if node.tag == _AMBIGUOUS_BOOL:
+            self.report("E108", node, path, f"ambiguous boolean '{node.value}'",
+                        f"quote it if the key is the string '{node.value}'")
+            return None
+        if node.tag != STR:
+            shown = node.value if node.value else "null"
+            self.report("E105", node, path, f"mapping key {shown} is not a string",
+                        f"quote it if you mean the string: '{node.value}'")
+            return None
+        return node.value
+
+    def scalar(self, node: ScalarNode, path: str) -> Any:
+        tag, value = node.tag, node.value
+        if tag == STR or tag == MERGE:
+            return value
+        if tag == NULL:
+            return None
+        if tag == BOOL:
+            return value.lower() == "true"
+        if tag == INT:
+            return _to_int(value)
+        if tag == FLOAT:
+            return _to_float(value)
+        if tag == _ALIAS:
+            self.report("E104", node, path, f"alias '*{value}' is not allowed", _NO_ANCHORS_HELP)
+        elif tag == _AMBIGUOUS_BOOL:
+            self.report("E108", node, path, f"ambiguous boolean '{value}'", "write true or false")
+        elif tag == _AMBIGUOUS_INT:
+            self.report("E109", node, path, f"ambiguous number '{value}'",
+                        "YAML 1.1 reads a leading zero as octal: remove it, or quote the value")
+        return None
+
+
+def _to_int(text: str) -> int:
+    digits = text.replace("_", "")
+    if digits.startswith(("0x", "0o")):
+        return int(digits, 0)
+    return int(digits)
+
+
+def _to_float(text: str) -> float:
+    lowered = text.replace("_", "").lower()
+    if lowered.endswith(".inf"):
+        return -math.inf if lowered.startswith("-") else math.inf
+    if lowered == ".nan":
+        return math.nan
+    return float(lowered)
