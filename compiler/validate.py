@@ -51,7 +51,8 @@ def validate(doc: Document, schema: Mapping) -> list[Diagnostic]:
     for error in validator.iter_errors(doc.data):
         for diagnostic in _diagnose(doc, error):
             found.setdefault(diagnostic)
-    return sorted(found, key=lambda d: (d.line, d.col, d.path, d.code, d.message))
+    # NB: stable: diagnostics at one place keep jsonschema's order, which follows the schema.
+    return sorted(found, key=lambda d: (d.line, d.col, d.path))
 
 
 # --------------------------------------------------------------------------- schema loading
@@ -197,7 +198,7 @@ def _about_key(error: ValidationError, path: str) -> tuple[str, str, str, str | 
 
 def _unknown_keys(doc: Document, error: ValidationError, path: str) -> Iterator[Diagnostic]:
     instance = error.instance if isinstance(error.instance, dict) else {}
-    allowed = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
+    allowed = _known_keys(error.schema, deep=error.validator == "unevaluatedProperties")
     if error.validator == "additionalProperties":
         unknown = [key for key in instance if key not in allowed and not _matches_patterns(error.schema, key)]
     else:
@@ -209,6 +210,18 @@ def _unknown_keys(doc: Document, error: ValidationError, path: str) -> Iterator[
         if help is None and allowed:
             help = "allowed keys: " + ", ".join(allowed)
         yield doc.diag("E203", child_path(path, key), f"unknown key '{key}'", help)
+
+
+def _known_keys(schema: Any, deep: bool) -> list[str]:
+    """The keys `schema` declares; with `deep`, also those of its in-place subschemas
+    (allOf/anyOf/oneOf), which `unevaluatedProperties` counts as evaluated."""
+    if not isinstance(schema, dict):
+        return []
+    keys = list(schema.get("properties", {}))
+    for keyword in ("allOf", "anyOf", "oneOf") if deep else ():
+        for sub in schema.get(keyword, []):
+            keys += [key for key in _known_keys(sub, deep) if key not in keys]
+    return keys
 
 
 def _matches_patterns(schema: Any, key: str) -> bool:
