@@ -168,13 +168,16 @@ def load_yaml_text(text: str, file: str) -> Document:
 # --------------------------------------------------------------------------- composing
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# NB: putting `Composer` first makes its Python `compose_node` win over the C composer of
+# `CSafeLoader`; the pure-Python `SafeLoader` has it already.
+_LOADER_BASES = (_BaseLoader,) if issubclass(_BaseLoader, yaml.composer.Composer) else (
+    yaml.composer.Composer, _BaseLoader)
 
 
-class _StrictLoader(yaml.composer.Composer, _BaseLoader):  # type: ignore[misc, valid-type]
+class _StrictLoader(*_LOADER_BASES):  # type: ignore[misc]
     """Events from libyaml when available; nodes composed in Python so that anchors,
     aliases and explicit tags are recorded on the node (for a located error) instead of
-    being resolved silently. NB: putting `Composer` first makes its Python `compose_node`
-    win over the C composer of `CSafeLoader`."""
+    being resolved silently."""
 
     def __init__(self, stream: str):
         _BaseLoader.__init__(self, stream)
@@ -215,9 +218,10 @@ def _plain_tag(value: str) -> str:
 def _compose_all(text: str, file: str, problems: list[Diagnostic]) -> list[tuple[tuple[int, int], Node]]:
     """Root node of each document with the position of its start; a syntax error stops
     composing and becomes an E102 in `problems`."""
-    loader = _StrictLoader(text)
     roots: list[tuple[tuple[int, int], Node]] = []
+    loader = None
     try:
+        loader = _StrictLoader(text)  # NB: the pure-Python reader checks characters here
         loader.get_event()  # StreamStartEvent
         while not loader.check_event(StreamEndEvent):
             start = loader.peek_event()
@@ -229,7 +233,8 @@ def _compose_all(text: str, file: str, problems: list[Diagnostic]) -> list[tuple
         line, col = _line_col(text, exc.position)
         problems.append(Diagnostic("E102", file, line, col, "", _reader_message(exc)))
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return roots
 
 

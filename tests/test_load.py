@@ -57,6 +57,14 @@ def test_where_falls_back_to_nearest_ancestor():
     assert doc.where("") == (1, 1)
 
 
+def test_where_understands_quoted_steps():
+    doc = load_yaml_text("\"it's\":\n  'a.b': [x]\n", "x.yaml")
+    path = child_path(child_path(child_path("$", "it's"), "a.b"), 0)
+    assert path == "$['it\\'s']['a.b'][0]"
+    assert doc.where(path) == (2, 11)
+    assert doc.where(path + ".deeper") == (2, 11)
+
+
 def test_diag_is_located():
     doc = load_yaml_text("a:\n  hidden: 4096\n", "specs/m.yaml")
     d = doc.diag("E204", "$.a.hidden", "must be <= 1024, got 4096")
@@ -171,6 +179,14 @@ def test_tab_indentation():
         "x.yaml:2:1: E102 found character that cannot start any token\n"
         "help: indent with spaces, not tabs"
     )
+
+
+def test_control_characters():
+    with pytest.raises(MemspecError) as caught:
+        load_yaml_text("a: 1\nb: '\x07'\n", "x.yaml")
+    (d,) = caught.value.diagnostics
+    assert (d.code, d.line, d.col) == ("E102", 2, 5)
+    assert d.message.startswith("unacceptable character #x0007: ")  # the rest is the parser's words
 
 
 def test_syntax_error_is_located():

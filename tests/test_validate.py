@@ -2,11 +2,14 @@
 inline, so these tests do not depend on the project's real schema files."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import compiler
 from compiler import paths
 from compiler.load import load_yaml_text
 from compiler.validate import load_schema, validate
@@ -275,6 +278,6 @@ def test_data_root_is_the_checkout_without_a_bundled_copy():
 def test_jsonschema_is_imported_only_when_validating():
     code = ("import sys, compiler.load, compiler.validate, compiler.errors, compiler.paths; "
             "print('jsonschema' in sys.modules, 'referencing' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=paths.data_root() if (paths.data_root() / "compiler").is_dir() else None)
+    env = {**os.environ, "PYTHONPATH": str(Path(compiler.__file__).parent.parent)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.split() == ["False", "False"]
