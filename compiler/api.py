@@ -1,0 +1,138 @@
+"""The pipeline end to end, for the CLI, notebooks and schedulers.
+
+Contract: `load_spec(path)` loads and validates a model spec; `load_inputs(path, overrides)`
+takes a model spec or an experiment file (the kind is read from its top-level keys) and
+returns the resolved `Spec` and `Setup`; `estimate(path, **overrides)` runs every stage and
+returns a `Report`. Every user error is raised as one `MemspecError` carrying all of its
+diagnostics. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError
+from .evaluate import Node, Row, evaluate, layer_table
+from .expand import expand
+from .formula import Library, load_library
+from .load import Document, load_yaml
+from .paths import formulas_dir
+from .resolve import DeviceConstants, Gpu, Setup, Spec, gpu_catalog, resolve_setup, resolve_spec
+from .simulate import Estimate, simulate
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one estimate produced."""
+
+    spec: Spec
+    setup: Setup
+    nodes: tuple[Node, ...]
+    rows: tuple[Row, ...]
+    estimate: Estimate
+    allocated: int
+    reserved: int
+    device: int
+    device_constants: DeviceConstants
+    gpu: Gpu | None
+    parameters: Mapping[str, int]  # module -> parameter count (elements)
+
+
+def _validated(path: str | Path, kind: str) -> Document:
+    from .validate import load_schema, validate
+
+    doc = load_yaml(path)
+    problems = validate(doc, load_schema(kind))
+    if problems:
+        raise MemspecError(problems)
+    return doc
+
+
+def file_kind(doc: Document) -> str:
+    """spec, experiment or formula, from the document's top-level keys."""
+    data = doc.data if isinstance(doc.data, dict) else {}
+    if "experiment" in data:
+        return "experiment"
+    if "layer_type" in data:
+        return "formula"
+    if "gpus" in data:
+        return "gpus"
+    return "spec"
+
+
+@lru_cache(maxsize=4)
+def library(folder: str | None = None) -> Library:
+    return load_library(folder or formulas_dir())
+
+
+def load_spec(path: str | Path) -> Spec:
+    return resolve_spec(_validated(path, "spec"))
+
+
+def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
+    doc = load_yaml(path)
+    kind = file_kind(doc)
+    if kind == "experiment":
+        doc = _validated(path, "experiment")
+        spec_path = Path(doc.file).parent / doc.data["model"]
+        if not spec_path.exists():
+            line, col = doc.where("$.model")
+            raise MemspecError(
+                Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
+                           f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
+            )
+        spec = load_spec(_relative(spec_path))
+        return spec, resolve_setup(doc, spec, overrides)
+    if kind != "spec":
+        raise MemspecError(doc.diag("E208", "$", f"this is a {kind} file, not a model spec or an experiment"))
+    spec = load_spec(path)
+    return spec, resolve_setup(None, spec, overrides)
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def run(spec: Spec, setup: Setup, formulas: Library | None = None) -> Report:
+    """Stages expand -> evaluate -> simulate on resolved inputs."""
+    lib = formulas or library()
+    nodes = evaluate(expand(spec, setup, lib))
+    _reconcile(spec, nodes, setup)
+    rows = layer_table(nodes)
+    est = simulate(nodes, setup)
+    _, consts = gpu_catalog()
+    device = est.reserved + consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
+    params = {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
+    return Report(spec, setup, nodes, rows, est, est.peak.total, est.reserved, device, consts, setup.gpu, params)
+
+
+def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
+    """The formulas' parameter count per module must equal the checkpoint's."""
+    problems = []
+    for n in nodes:
+        m = spec.module(n.inst.module)
+        counted = sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"]
+        if counted != m.parameters:
+            line, col = spec.doc.where(m.path + ".parameters")
+            problems.append(
+                Diagnostic(
+                    "E502", spec.file, line, col, m.path + ".parameters",
+                    f"the formulas count {counted:,} parameters for module '{m.name}', the spec says {m.parameters:,} (off by {counted - m.parameters:+,})",
+                    "check the module's inputs against its config.json, or the count against the safetensors header",
+                )
+            )
+    if problems:
+        raise MemspecError(problems)
+
+
+def estimate(path: str | Path, **overrides: Any) -> Report:
+    """Estimate a spec or experiment file. Overrides use the experiment's keys:
+    micro_batch, seq_len, images_per_sample, trainable, precision, optimizer,
+    gradient_checkpointing, attention, dp, zero, gpu."""
+    spec, setup = load_inputs(path, overrides)
+    return run(spec, setup)

@@ -1,0 +1,194 @@
+"""The `memspec` command: a thin layer over `compiler.api` and `compiler.render`.
+
+Exit codes: 0 ok; 1 the input is wrong (diagnostics on stderr); 2 usage; 3 a bug in memspec
+(the only case that prints a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import Diagnostic, MemspecError, UsageError
+
+ESTIMATE_EXAMPLES = """examples:
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml
+  memspec estimate specs/llava/llava-1.5-7b.yaml --micro-batch 8 --seq-len 2048 \\
+      --trainable projector,language --zero 2 --dp 8 --gpu h100-80gb
+  memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
+"""
+TABLE_EXAMPLES = """examples:
+  memspec table specs/experiments/llava-1.5-7b-pretrain.yaml --format tsv
+  memspec table specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 1024
+"""
+CHECK_EXAMPLES = """examples:
+  memspec check specs/            # every spec and experiment below, and every formula
+  memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
+"""
+
+
+def _list(text: str) -> list[str]:
+    return [] if text in ("", "none") else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _knobs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training setup (override the experiment file)")
+    g.add_argument("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
+    g.add_argument("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
+    g.add_argument("--images-per-sample", type=int, metavar="N")
+    g.add_argument("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
+    g.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
+    g.add_argument("--optimizer", choices=["adamw", "sgd"])
+    g.add_argument("--optimizer-impl", choices=["foreach", "fused", "forloop"])
+    g.add_argument("--momentum", type=float, metavar="X", help="SGD momentum (0 for none)")
+    g.add_argument("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
+    g.add_argument("--attention", choices=["flash_attention_2", "sdpa", "eager"])
+    g.add_argument("--dp", type=int, metavar="N", help="data-parallel degree")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    g.add_argument("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("micro_batch", "seq_len", "images_per_sample", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "gpu"):
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = value
+    for key in ("micro_batch", "seq_len", "dp"):
+        if key in out and out[key] < 1:
+            raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
+    if args.optimizer or args.optimizer_impl or args.momentum is not None:
+        opt = {"type": args.optimizer or "adamw"}
+        if args.optimizer_impl:
+            opt["impl"] = args.optimizer_impl
+        if args.momentum is not None:
+            opt["momentum"] = args.momentum
+        out["optimizer"] = opt
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("file", help="an experiment (specs/experiments/*.yaml) or a model spec")
+    _knobs(e)
+    e.add_argument("--format", choices=["text", "json"], default="text")
+
+    t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("file")
+    _knobs(t)
+    t.add_argument("--format", choices=["text", "tsv", "json"], default="text")
+
+    c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("paths", nargs="+", help="files or folders")
+    c.add_argument("--format", choices=["text", "json"], default="text")
+
+    m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)")
+    try:
+        from .measure import cli as measure_cli
+
+        measure_cli.add_arguments(m)
+    except ImportError:  # NB: the measuring side is optional; its absence is reported at run time
+        m.add_argument("rest", nargs=argparse.REMAINDER)
+
+    v = sub.add_parser("validate", help="estimates against measured records")
+    v.add_argument("paths", nargs="+", help="measured record files or folders (tests/measured/)")
+    v.add_argument("--max-mape", type=float, metavar="PCT", help="exit 1 when the allocated MAPE exceeds PCT")
+    v.add_argument("--max-worst", type=float, metavar="PCT", help="exit 1 when any record's |error| exceeds PCT")
+    v.add_argument("--format", choices=["text", "json"], default="text")
+    return p
+
+
+def _estimate(args) -> int:
+    from . import api, render
+
+    report = api.estimate(args.file, **overrides(args))
+    sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
+    return 0
+
+
+def _table(args) -> int:
+    from . import api, render
+
+    report = api.estimate(args.file, **overrides(args))
+    if args.format == "tsv":
+        sys.stdout.write(render.table_tsv(report.rows))
+    elif args.format == "json":
+        import dataclasses
+        import json
+
+        sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in report.rows], indent=2) + "\n")
+    else:
+        sys.stdout.write(render.table_text(report.rows))
+    return 0
+
+
+def _check(args) -> int:
+    from .check import check_paths
+
+    checked, problems = check_paths([Path(p) for p in args.paths])
+    if args.format == "json":
+        import json
+
+        sys.stdout.write(json.dumps({"checked": checked, "errors": [d.__dict__ for d in problems]}, indent=2) + "\n")
+    elif not problems:
+        sys.stdout.write(f"ok: {len(checked)} files checked\n")
+    if problems:
+        if args.format != "json":
+            sys.stderr.write(MemspecError(problems).render() + "\n")
+        return 1
+    return 0
+
+
+def _measure(args) -> int:
+    try:
+        from .measure import cli as measure_cli
+    except ImportError as exc:
+        raise MemspecError(Diagnostic("E601", "", 0, 0, "", f"the measuring side is not installed ({exc})", "pip install 'memspec[measure]'")) from None
+    return measure_cli.main(args)
+
+
+def _validate(args) -> int:
+    from .validation import main as validate_main
+
+    return validate_main(args)
+
+
+COMMANDS = {"estimate": _estimate, "table": _table, "check": _check, "measure": _measure, "validate": _validate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, usage errors are 2
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        sys.stderr.write(exc.render() + "\n")
+        return exc.exit_code
+    except MemspecError as exc:
+        sys.stderr.write(exc.render() + "\n")
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # a bug in memspec: the one case with a traceback
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.write("memspec: internal error (exit 3); please report it with the command above\n")
+        return 3
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

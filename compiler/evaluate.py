@@ -1,0 +1,177 @@
+"""Stage 5, evaluate: every layer instance's formula becomes exact integer bytes.
+
+Contract: `evaluate(roots)` returns a `Node` tree mirroring the `Instance` tree, each node
+with its own `Cost` (parameters, gradients, optimizer states, buffers, the tensors it saves
+for backward by concrete name, what it keeps as a checkpointing unit, and its forward and
+backward transients), and `layer_table(nodes)` collapses identical instances into the rows
+of the layer table. A formula is evaluated once per distinct scope: the 32 identical
+decoder layers of a 7B model cost one evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from .expand import Instance
+from .formula import FACTOR_NAMES, Formula, integer
+
+
+@dataclass(frozen=True)
+class Cost:
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    buffers: int
+    saved: tuple[tuple[str, int], ...]  # (tensor, bytes) in declaration order, zeros dropped
+    checkpoint: tuple[tuple[str, int], ...]  # kept instead of `saved` by a checkpointing unit
+    transient_forward: int
+    transient_backward: int
+
+
+@dataclass(frozen=True)
+class Node:
+    inst: Instance
+    cost: Cost
+    children: tuple["Node", ...]
+
+    def walk(self) -> Iterator["Node"]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+
+def _freeze(scope: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in scope.items()))
+
+
+def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
+    key = (formula.layer_type, _freeze(scope))
+    hit = memo.get(key)
+    if hit is None:
+        factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
+        saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
+        ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
+        tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
+        tb = integer(formula.transient["backward"], formula.transient["backward"](scope)) if "backward" in formula.transient else 0
+        hit = memo[key] = (factors, saved, ckpt, tf, tb)
+    return hit
+
+
+def evaluate(roots: tuple[Instance, ...]) -> tuple[Node, ...]:
+    memo: dict = {}
+    return tuple(_node(r, memo) for r in roots)
+
+
+def _node(inst: Instance, memo: dict) -> Node:
+    f = inst.formula
+    factors, saved, ckpt, tf, tb = _numbers(f, inst.scope, memo)
+    cost = Cost(
+        *factors,
+        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b),
+        checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
+        transient_forward=tf,
+        transient_backward=tb,
+    )
+    return Node(inst, cost, tuple(_node(c, memo) for c in inst.children))
+
+
+# --------------------------------------------------------------------------- layer table
+
+
+@dataclass(frozen=True)
+class Row:
+    """One group of identical instances, in forward order; bytes are per instance."""
+
+    path: str  # collapsed: language.layers[0:32].self_attn.q_proj
+    type: str
+    depth: int
+    count: int
+    module: str
+    trainable: bool
+    grad_flows: bool
+    checkpointed: bool
+    dims: str
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    buffers: int
+    activations: int | None  # None: everything it saves is charged to an earlier row
+    transient_forward: int
+    transient_backward: int
+
+
+def first_charges(nodes: tuple[Node, ...]) -> dict[str, str]:
+    """tensor name -> path of the instance that charges it (the first saver in forward order)."""
+    owner: dict[str, str] = {}
+    for root in nodes:
+        for n in root.walk():
+            for name, _ in n.cost.saved + n.cost.checkpoint:
+                owner.setdefault(name, n.inst.path)
+    return owner
+
+
+def _dims(inst: Instance) -> str:
+    shown = {k: v for k, v in inst.scope.items() if k in {i.name for i in inst.formula.inputs}}
+    ctx = f"b={inst.scope['batch']} s={inst.scope['seq']}"
+    return " ".join([ctx] + [f"{k}={_fmt(v)}" for k, v in shown.items()])
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def layer_table(nodes: tuple[Node, ...]) -> tuple[Row, ...]:
+    owner = first_charges(nodes)
+    groups: dict[tuple, list] = {}
+    order: list[tuple] = []
+    for root in nodes:
+        for n in root.walk():
+            inst, cost = n.inst, n.cost
+            mine = [b for name, b in cost.saved + cost.checkpoint if owner[name] == inst.path]
+            acts = sum(mine) if mine or not (cost.saved or cost.checkpoint) else None
+            values = (
+                inst.formula.layer_type,
+                inst.path.count("."),
+                inst.module,
+                inst.trainable,
+                inst.grad_flows,
+                inst.checkpointed,
+                _dims(inst),
+                cost.parameters,
+                cost.gradients,
+                cost.optimizer_states,
+                cost.buffers,
+                acts,
+                cost.transient_forward,
+                cost.transient_backward,
+            )
+            key = (inst.template, values)
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append(inst.index)
+    rows = []
+    for key in order:
+        template, values = key
+        indices = groups[key]
+        rows.append(Row(_collapse(template, indices), values[0], values[1], len(indices), *values[2:]))
+    return tuple(rows)
+
+
+def _collapse(template: str, indices: list[tuple[int, ...]]) -> str:
+    """language.layers[{}].mlp with indices (0,)..(31,) -> language.layers[0:32].mlp."""
+    if not indices or not indices[0]:
+        return template
+    parts = []
+    for level in range(len(indices[0])):
+        values = sorted({ix[level] for ix in indices})
+        if values == list(range(values[0], values[-1] + 1)) and len(values) > 1:
+            parts.append(f"{values[0]}:{values[-1] + 1}")
+        elif len(values) == 1:
+            parts.append(str(values[0]))
+        else:
+            parts.append(",".join(map(str, values)))
+    return template.format(*parts)

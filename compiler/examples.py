@@ -1,0 +1,82 @@
+"""Formula examples: each formula file's `examples:` evaluated and compared.
+
+Contract: `run_examples(library)` evaluates every example of every formula (a composite with
+its whole subtree) and returns a diagnostic per expected number that differs, located at the
+example's `expect` key. Context defaults: bf16 mixed precision with AdamW (bytes.param 2,
+grad 2, optim 12, act 2), sdpa attention, one image per sample, not trainable, no gradient
+from upstream. An example's `context.bytes` overrides single sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError
+from .evaluate import evaluate
+from .expand import _instance
+from .formula import Example, Formula, Library
+from .load import child_path
+from .resolve import Optimizer, Setup, derive_bytes
+
+DEFAULT_CONTEXT: Mapping[str, Any] = {"batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1}
+
+
+def example_setup(context: Mapping[str, Any]) -> Setup:
+    values, master, state = derive_bytes("bf16-mixed", Optimizer("adamw", "foreach", 0.0))
+    values = {**values, **(context.get("bytes") or {})}
+    return Setup(
+        experiment="example", file="", micro_batch=1, seq_len=1, images_per_sample=context.get("images", 1),
+        trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
+        gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, gpu=None,
+        bytes=values, master_bytes=master, state_bytes=state,
+    )
+
+
+def evaluate_example(library: Library, formula: Formula, example: Example) -> dict[str, int]:
+    """The numbers an example's `expect` may name, for this formula and its subtree."""
+    ctx = {**DEFAULT_CONTEXT, **example.context}
+    setup = example_setup(ctx)
+
+    def locate(key, message, help):
+        path = child_path(child_path(example.path, "inputs"), key) if key else example.path
+        return formula.doc.diag("E407", path, message, help)
+
+    inst = _instance(
+        library, formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
+        given=example.inputs, tensors={}, setup=setup, batch=ctx["batch"], seq=ctx["seq"], trainable=ctx["trainable"],
+        grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=False, checkpointed=False, locate=locate,
+    )
+    (root,) = evaluate((inst,))
+    out = {"parameters": 0, "gradients": 0, "optimizer_states": 0, "buffers": 0}
+    saved: dict[str, int] = {}
+    for n in root.walk():
+        for k in out:
+            out[k] += getattr(n.cost, k)
+        for name, size in n.cost.saved:
+            saved.setdefault(name, size)
+    out["activations"] = sum(saved.values())
+    out["transient_forward"] = root.cost.transient_forward
+    out["transient_backward"] = root.cost.transient_backward
+    return out
+
+
+def run_examples(library: Library) -> list[Diagnostic]:
+    problems: list[Diagnostic] = []
+    for formula in library.formulas.values():
+        for example in formula.examples:
+            try:
+                got = evaluate_example(library, formula, example)
+            except MemspecError as exc:
+                problems.extend(exc.diagnostics)
+                continue
+            for key, want in example.expect.items():
+                if got[key] != want:
+                    problems.append(
+                        formula.doc.diag(
+                            "E407",
+                            child_path(child_path(example.path, "expect"), key),
+                            f"example '{example.name}': {key} is {got[key]:_}, expected {want:_} (off by {got[key] - want:+_})",
+                            "fix the formula, or the example's arithmetic",
+                        )
+                    )
+    return problems

@@ -1,0 +1,220 @@
+"""Stage 4, expand: a resolved spec and setup become the tree of layer instances.
+
+Contract: `expand(spec, setup, library)` returns a frozen `Instance` tree, one root per
+module in forward order, every composite unrolled into its children (a child with count N
+becomes N instances; count 0 drops it). Each instance carries the scope its formula is
+evaluated in (context + inputs + lets), the concrete names of the tensors it reads, and
+its grad-flow flags, computed in forward order:
+
+- `trainable`: the module is in the setup's trainable set and the instance's output reaches
+  the loss (a layer whose output nothing reads gets no gradient, hence no optimizer state);
+- `grad_in`: the instance's input requires grad; by default the previous sibling's output
+  (the parent's input for a first child), or a child's own `grad_in:` expression;
+- `grad_flows`: `trainable or grad_in` — autograd records the instance's ops.
+
+Tensor names: a child's tensor input written `{name}` is the parent's tensor input `name`;
+a plain name is local to the parent instance; an unbound tensor input is local to the
+instance itself. So siblings that read one tensor (q, k, v reading the normed input) share
+one name, and repeated instances never do unless the parent passes the same tensor to all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError
+from .formula import Child, Formula, Library, bind, integer
+from .resolve import Setup, Spec
+
+
+@dataclass(frozen=True)
+class Instance:
+    path: str  # concrete: language.layers[3].self_attn.q_proj
+    template: str  # indices of repeated levels as {}: language.layers[{}].self_attn.q_proj
+    index: tuple[int, ...]  # the indices that fill the template
+    module: str
+    formula: Formula
+    scope: Mapping[str, Any]
+    tensors: Mapping[str, str]  # tensor input -> concrete tensor name
+    trainable: bool
+    grad_in: bool
+    grad_flows: bool
+    checkpointed: bool  # this instance is a gradient-checkpointing unit
+    children: tuple["Instance", ...]
+
+    def local(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def tensor(self, template: str) -> str:
+        """Concrete name of a saved-tensor entry: "{input}" or a local name."""
+        if template.startswith("{") and template.endswith("}"):
+            return self.tensors[template[1:-1]]
+        return self.local(template)
+
+    def walk(self):
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+
+def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool) -> dict[str, Any]:
+    return {
+        "batch": batch,
+        "seq": seq,
+        "tokens": batch * seq,
+        "trainable": trainable,
+        "grad_in": grad_in,
+        "grad_flows": trainable or grad_in,
+        "bytes": dict(setup.bytes),
+        "attention": setup.attention,
+        "images": setup.images_per_sample,
+    }
+
+
+def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
+    problems: list[Diagnostic] = []
+    roots = []
+    grad = False
+    experiment = {"micro_batch": setup.micro_batch, "seq_len": setup.seq_len, "images_per_sample": setup.images_per_sample}
+    for m in spec.modules:
+        if m.type not in library:
+            from .errors import did_you_mean
+
+            line, col = spec.doc.where(m.path + ".type")
+            problems.append(
+                Diagnostic("E301", spec.file, line, col, m.path + ".type", f"unknown layer type '{m.type}'",
+                           did_you_mean(m.type, library.formulas) or "layer types are the file stems in formulas/")
+            )
+            continue
+        scope = {**experiment, **{k: v for k, v in m.inputs.items()}}
+        batch = integer(m.batch, m.batch(scope))
+        seq = integer(m.seq, m.seq(scope))
+
+        def locate(key, message, help, _path=m.path):
+            path = f"{_path}.inputs.{key}" if key else _path
+            line, col = spec.doc.where(path)
+            return Diagnostic("E206" if "must be" in message else "E203", spec.file, line, col, path, message, help)
+
+        try:
+            root = _instance(
+                library,
+                library[m.type],
+                path=m.name,
+                template=m.name,
+                index=(),
+                module=m.name,
+                given=m.inputs,
+                tensors={},
+                setup=setup,
+                batch=batch,
+                seq=seq,
+                trainable=m.name in setup.trainable,
+                grad_in=grad,
+                reaches_loss=True,
+                checkpointing=m.name in setup.gradient_checkpointing,
+                checkpointed=False,
+                locate=locate,
+            )
+        except MemspecError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        roots.append(root)
+        grad = _grad_out(root)
+    if problems:
+        raise MemspecError(problems)
+    return tuple(roots)
+
+
+def _grad_out(inst: Instance) -> bool:
+    """Whether an instance's output requires grad: its input did (residual paths carry it
+    through a composite) or its last child's output does."""
+    if not inst.children:
+        return inst.grad_flows
+    return inst.grad_in or _grad_out(inst.children[-1])
+
+
+def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
+              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate) -> Instance:
+    trainable = trainable and reaches_loss
+    grad_in = grad_in and reaches_loss
+    scope = bind(formula, {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}, _context(setup, batch, seq, trainable, grad_in), locate)
+    bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    children = []
+    previous = grad_in
+    for child in formula.children:
+        count = integer(child.count, child.count(scope)) if child.count is not None else 1
+        if count == 0:
+            continue
+        c_formula = library[child.type]
+        c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else batch
+        c_seq = integer(child.context["seq"], child.context["seq"](scope)) if "seq" in child.context else seq
+        c_grad_in = bool(child.grad_in({**scope, "previous": previous})) if child.grad_in is not None else previous
+        c_reaches = reaches_loss and (bool(child.reaches_loss(scope)) if child.reaches_loss is not None else True)
+        c_given = {k: (e.constant if _is_tensor(c_formula, k) else e(scope)) for k, e in child.inputs.items()}
+        c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
+        out = previous
+        for i in range(count):
+            name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
+            c_template = f"{child.name}[{{}}]" if count > 1 or child.count is not None else child.name
+            inst = _instance(
+                library,
+                c_formula,
+                path=f"{path}.{name}",
+                template=f"{template}.{c_template}",
+                index=index + ((i,) if "{}" in c_template else ()),
+                module=module,
+                given=c_given,
+                tensors=c_tensors,
+                setup=setup,
+                batch=c_batch,
+                seq=c_seq,
+                trainable=trainable,
+                grad_in=c_grad_in if i == 0 else out,
+                reaches_loss=c_reaches,
+                checkpointing=checkpointing,
+                checkpointed=checkpointing and child.checkpoint_unit,
+                locate=_child_locate(child, locate),
+            )
+            children.append(inst)
+            out = _grad_out(inst) if c_reaches else out
+        previous = out
+    return Instance(
+        path=path,
+        template=template,
+        index=index,
+        module=module,
+        formula=formula,
+        scope=scope,
+        tensors=bound,
+        trainable=trainable,
+        grad_in=grad_in,
+        grad_flows=trainable or grad_in,
+        checkpointed=checkpointed,
+        children=tuple(children),
+    )
+
+
+def _tensor_inputs(formula: Formula) -> set[str]:
+    return {i.name for i in formula.inputs if i.type == "tensor"}
+
+
+def _is_tensor(formula: Formula, key: str) -> bool:
+    decl = formula.input(key)
+    return decl is not None and decl.type == "tensor"
+
+
+def _tensor_name(value: str, bound: Mapping[str, str], parent_path: str) -> str:
+    if value.startswith("{") and value.endswith("}"):
+        return bound[value[1:-1]]
+    return f"{parent_path}/{value}"
+
+
+def _child_locate(child: Child, parent_locate):
+    def locate(key, message, help):
+        expr = child.inputs.get(key)
+        if expr is None:
+            return parent_locate("", message, help)
+        return expr.diag("E206" if "must be" in message else "E203", message, help)
+
+    return locate

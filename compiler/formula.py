@@ -1,0 +1,557 @@
+"""Formula files: the layer-type registry.
+
+Contract: `load_library(folder)` reads every `<layer_type>.yaml` in the folder (the folder is
+the only registry), validates each against `schemas/formula.schema.json`, compiles every
+expression with Jinja2's sandbox and checks, before anything is evaluated, that each name an
+expression uses is declared: an input, an earlier `let`, a context name or an allowed
+function. It returns a frozen `Library`, or raises one `MemspecError` with every problem of
+every file.
+
+Expressions are integer arithmetic over named values. The grammar is Jinja2's expression
+language cut down to what a formula needs: literals, names, `bytes.<dtype>`, arithmetic,
+comparisons, `and`/`or`/`not`, `a if c else b` and the calls in `FUNCTIONS`. Anything else
+(attribute access, subscripts, filters, tests) is refused at load time, and evaluation runs
+in `ImmutableSandboxedEnvironment` with `StrictUndefined` as a second line of defence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .errors import Diagnostic, MemspecError, did_you_mean
+from .load import Document, child_path, load_yaml
+
+# Names every formula may use; `resolve` and `expand` provide their values per row.
+CONTEXT_NAMES = frozenset(
+    {
+        "batch",  # samples in this module's stream (micro-batch x images for a vision tower)
+        "seq",  # positions per sample in this module's stream
+        "tokens",  # batch * seq
+        "trainable",  # this row's parameters receive gradients
+        "grad_in",  # the row's input requires grad (something upstream is trainable)
+        "grad_flows",  # trainable or grad_in: autograd records this row
+        "bytes",  # element sizes, see BYTES_KEYS
+        "attention",  # attention implementation: flash_attention_2 | sdpa | eager
+        "images",  # images per sample
+    }
+)
+# bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
+# fixed dtypes are named so that a formula never carries a bare 4 or 8.
+BYTES_KEYS = frozenset({"param", "grad", "optim", "act", "fp32", "int64", "bool"})
+FACTOR_NAMES = ("parameters", "gradients", "optimizer_states", "buffers")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div}
+
+
+# --------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A compiled expression with the place it came from (for errors at evaluation)."""
+
+    source: str
+    file: str
+    path: str
+    line: int
+    col: int
+    names: frozenset[str]
+    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    constant: Any = None
+
+    def __call__(self, scope: Mapping[str, Any]) -> Any:
+        if self.fn is None:
+            return self.constant
+        try:
+            return self.fn(**scope)
+        except MemspecError:
+            raise
+        except Exception as exc:  # NB: arithmetic on user data: division by zero, type mix-ups
+            raise MemspecError(self.diag("E404", f"cannot evaluate '{self.source}': {exc}")) from None
+
+    def diag(self, code: str, message: str, help: str | None = None) -> Diagnostic:
+        return Diagnostic(code, self.file, self.line, self.col, self.path, message, help)
+
+
+_ENV = None
+
+
+def _env():
+    global _ENV
+    if _ENV is None:
+        from jinja2 import StrictUndefined
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+        _ENV.globals.clear()
+        _ENV.globals.update(FUNCTIONS)
+    return _ENV
+
+
+def _parse(source: str):
+    """The expression's AST, parsed the way `compile_expression` parses it."""
+    from jinja2.parser import Parser
+
+    env = _env()
+    parser = Parser(env, source, state="variable")
+    node = parser.parse_expression()
+    if not parser.stream.eos:
+        token = parser.stream.current
+        raise _Refused(f"unexpected '{token.value}' after the expression")
+    return node
+
+
+class _Refused(Exception):
+    pass
+
+
+def _check_node(node, names: set[str]) -> None:
+    """Allow-list walk of the AST; collects the names read."""
+    from jinja2 import nodes as n
+
+    arithmetic = (n.Add, n.Sub, n.Mul, n.Div, n.FloorDiv, n.Mod, n.Pow, n.And, n.Or)
+    if isinstance(node, n.Const):
+        return
+    if isinstance(node, n.Name):
+        names.add(node.name)
+        return
+    if isinstance(node, n.Getattr):
+        if not (isinstance(node.node, n.Name) and node.node.name == "bytes"):
+            raise _Refused(f"attribute access '.{node.attr}' is not allowed; only bytes.<dtype> is")
+        if node.attr not in BYTES_KEYS:
+            hint = did_you_mean(node.attr, BYTES_KEYS)
+            raise _Refused(f"unknown dtype 'bytes.{node.attr}'" + (f"; {hint}" if hint else ""))
+        names.add("bytes")
+        return
+    if isinstance(node, arithmetic):
+        _check_node(node.left, names)
+        _check_node(node.right, names)
+        return
+    if isinstance(node, (n.Neg, n.Pos, n.Not)):
+        _check_node(node.node, names)
+        return
+    if isinstance(node, n.Compare):
+        _check_node(node.expr, names)
+        for operand in node.ops:
+            _check_node(operand.expr, names)
+        return
+    if isinstance(node, n.CondExpr):
+        if node.expr2 is None:
+            raise _Refused("a conditional needs an else branch: 'a if c else b'")
+        for part in (node.test, node.expr1, node.expr2):
+            _check_node(part, names)
+        return
+    if isinstance(node, n.Call):
+        if not (isinstance(node.node, n.Name) and node.node.name in FUNCTIONS):
+            raise _Refused(f"only these functions may be called: {', '.join(sorted(FUNCTIONS))}")
+        if node.kwargs or node.dyn_args or node.dyn_kwargs:
+            raise _Refused("function calls take positional arguments only")
+        for arg in node.args:
+            _check_node(arg, names)
+        return
+    kind = type(node).__name__
+    raise _Refused(f"{kind.lower()} is not allowed in a formula expression")
+
+
+def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str], problems: list[Diagnostic]) -> Expr:
+    """Compile one expression found at `path` of `doc`; problems are appended, not raised."""
+    line, col = doc.where(path)
+    if isinstance(value, (bool, int)):
+        return Expr(str(value), doc.file, path, line, col, frozenset(), constant=value)
+    source = str(value)
+    names: set[str] = set()
+    try:
+        _check_node(_parse(source), names)
+    except _Refused as exc:
+        problems.append(doc.diag("E403", path, f"'{source}': {exc}", "formulas are integer arithmetic over declared names"))
+        return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
+    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
+        problems.append(doc.diag("E402", path, f"cannot parse '{source}': {exc}"))
+        return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
+    for name in sorted(names - declared - set(FUNCTIONS)):
+        hint = did_you_mean(name, declared)
+        problems.append(
+            doc.diag("E401", path, f"undeclared name '{name}' in '{source}'", hint or "declare it under inputs: or let:")
+        )
+    fn = _env().compile_expression(source, undefined_to_none=False)
+    return Expr(source, doc.file, path, line, col, frozenset(names), fn=fn)
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    type: str  # int | bool | str | tensor
+    default: Any = None
+    has_default: bool = False
+    min: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A tensor kept for backward, by name so that several consumers charge it once."""
+
+    tensor: str  # a local name, or "{input}" naming a tensor-typed input
+    bytes: Expr
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    type: str
+    count: Expr | None
+    inputs: Mapping[str, Expr]  # tensor-typed inputs hold the tensor name in Expr.constant
+    context: Mapping[str, Expr]
+    grad_in: Expr | None
+    reaches_loss: Expr | None
+    checkpoint_unit: bool
+    path: str
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    inputs: Mapping[str, Any]
+    context: Mapping[str, Any]
+    expect: Mapping[str, int]
+    path: str
+
+
+@dataclass(frozen=True)
+class Formula:
+    layer_type: str
+    file: str
+    summary: str
+    inputs: tuple[Input, ...]
+    lets: tuple[tuple[str, Expr], ...]
+    factors: Mapping[str, Expr]
+    activations: tuple[Saved, ...]
+    transient: Mapping[str, Expr]
+    checkpoint: tuple[Saved, ...]
+    children: tuple[Child, ...]
+    assumptions: tuple[str, ...]
+    references: tuple[str, ...]
+    examples: tuple[Example, ...]
+    doc: Document = field(compare=False, repr=False)
+
+    @property
+    def is_composite(self) -> bool:
+        return bool(self.children)
+
+    def input(self, name: str) -> Input | None:
+        return next((i for i in self.inputs if i.name == name), None)
+
+
+@dataclass(frozen=True)
+class Library:
+    formulas: Mapping[str, Formula]
+    folder: str
+
+    def __getitem__(self, layer_type: str) -> Formula:
+        return self.formulas[layer_type]
+
+    def __contains__(self, layer_type: str) -> bool:
+        return layer_type in self.formulas
+
+
+def _tensor_ref(template: str, formula_inputs: Mapping[str, Input]) -> str | None:
+    """The tensor input a "{name}" template refers to, or None for a local name."""
+    if template.startswith("{") and template.endswith("}"):
+        return template[1:-1]
+    return None
+
+
+def _compile_saved(entries, doc, base, declared, inputs, problems) -> tuple[Saved, ...]:
+    out = []
+    for i, entry in enumerate(entries or ()):
+        path = child_path(base, i)
+        tensor = entry["tensor"]
+        ref = _tensor_ref(tensor, inputs)
+        if ref is not None and (ref not in inputs or inputs[ref].type != "tensor"):
+            tensors = [k for k, v in inputs.items() if v.type == "tensor"]
+            problems.append(
+                doc.diag(
+                    "E401",
+                    child_path(path, "tensor"),
+                    f"'{tensor}' names no tensor input",
+                    did_you_mean(ref, tensors) or f"tensor inputs: {', '.join(tensors) or 'none'}",
+                )
+            )
+        out.append(Saved(tensor, compile_expr(entry["bytes"], doc, child_path(path, "bytes"), declared, problems)))
+    return tuple(out)
+
+
+def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
+    data = doc.data
+    stem = Path(doc.file).stem
+    if data["layer_type"] != stem:
+        problems.append(
+            doc.diag(
+                "E302",
+                "$.layer_type",
+                f"layer_type '{data['layer_type']}' differs from the file name '{stem}'",
+                "the file stem is the layer type: rename one of them",
+            )
+        )
+    inputs: dict[str, Input] = {}
+    for name, spec in (data.get("inputs") or {}).items():
+        inputs[name] = Input(
+            name,
+            spec["type"],
+            spec.get("default"),
+            "default" in spec,
+            spec.get("min"),
+            tuple(spec.get("choices", ())),
+        )
+    declared = set(CONTEXT_NAMES) | {n for n, i in inputs.items() if i.type != "tensor"}
+    lets = []
+    for name, value in (data.get("let") or {}).items():
+        path = child_path("$.let", name)
+        if name in declared:
+            problems.append(doc.diag("E405", path, f"'{name}' shadows an input or context name", "pick another name"))
+        lets.append((name, compile_expr(value, doc, path, frozenset(declared), problems)))
+        declared.add(name)
+    scope = frozenset(declared)
+    factors = {
+        name: compile_expr(value, doc, child_path("$.factors", name), scope, problems)
+        for name, value in (data.get("factors") or {}).items()
+    }
+    transient = {
+        name: compile_expr(value, doc, child_path("$.transient", name), scope, problems)
+        for name, value in (data.get("transient") or {}).items()
+    }
+    activations = _compile_saved(data.get("activations"), doc, "$.activations", scope, inputs, problems)
+    checkpoint = _compile_saved(
+        (data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems
+    )
+    children = tuple(_compile_child(c, doc, child_path("$.children", i), scope, problems) for i, c in enumerate(data.get("children") or ()))
+    names = [c.name for c in children]
+    for i, c in enumerate(children):
+        if c.name in names[:i]:
+            problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
+    examples = tuple(
+        Example(e["name"], e.get("inputs") or {}, e.get("context") or {}, e["expect"], child_path("$.examples", i))
+        for i, e in enumerate(data.get("examples") or ())
+    )
+    return Formula(
+        layer_type=data["layer_type"],
+        file=doc.file,
+        summary=data["summary"],
+        inputs=tuple(inputs.values()),
+        lets=tuple(lets),
+        factors=factors,
+        activations=activations,
+        transient=transient,
+        checkpoint=checkpoint,
+        children=children,
+        assumptions=tuple(data.get("assumptions") or ()),
+        references=tuple(data.get("references") or ()),
+        examples=examples,
+        doc=doc,
+    )
+
+
+def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], problems) -> Child:
+    def expr(key, value, extra=frozenset()):
+        return compile_expr(value, doc, child_path(path, key), scope | extra, problems)
+
+    inputs = {}
+    for key, value in (entry.get("inputs") or {}).items():
+        # Tensor-typed inputs are names, not expressions; which ones are tensors is known
+        # only once every file is loaded, so both readings are kept until _link.
+        ipath = child_path(child_path(path, "inputs"), key)
+        line, col = doc.where(ipath)
+        inputs[key] = Expr(str(value), doc.file, ipath, line, col, frozenset(), constant=value)
+    return Child(
+        name=entry["name"],
+        type=entry["type"],
+        count=expr("count", entry["count"]) if "count" in entry else None,
+        inputs=inputs,
+        context={
+            k: compile_expr(v, doc, child_path(child_path(path, "context"), k), scope, problems)
+            for k, v in (entry.get("context") or {}).items()
+        },
+        grad_in=expr("grad_in", entry["grad_in"], frozenset({"previous"})) if "grad_in" in entry else None,
+        reaches_loss=expr("reaches_loss", entry["reaches_loss"]) if "reaches_loss" in entry else None,
+        checkpoint_unit=bool(entry.get("checkpoint_unit", False)),
+        path=path,
+    )
+
+
+def _link(formulas: dict[str, Formula], problems: list[Diagnostic]) -> dict[str, Formula]:
+    """Second pass, once every file is known: child types, child inputs, cycles."""
+    linked = {}
+    for name, f in formulas.items():
+        children = []
+        for c in f.children:
+            if c.type not in formulas:
+                problems.append(
+                    f.doc.diag(
+                        "E301",
+                        child_path(c.path, "type"),
+                        f"unknown layer type '{c.type}'",
+                        did_you_mean(c.type, formulas) or "layer types are the file stems in formulas/",
+                    )
+                )
+                children.append(c)
+                continue
+            children.append(_link_child(f, c, formulas[c.type], problems))
+        linked[name] = Formula(**{**f.__dict__, "children": tuple(children)})
+    for name in linked:
+        cycle = _find_cycle(name, linked, ())
+        if cycle and cycle[0] == name:
+            f = linked[name]
+            problems.append(
+                f.doc.diag("E303", "$.children", f"circular composite: {' -> '.join(cycle)}", "a layer type cannot contain itself")
+            )
+    return linked
+
+
+def _link_child(parent: Formula, c: Child, target: Formula, problems) -> Child:
+    scope = frozenset(CONTEXT_NAMES | {i.name for i in parent.inputs if i.type != "tensor"} | {n for n, _ in parent.lets})
+    parent_tensors = {i.name for i in parent.inputs if i.type == "tensor"}
+    inputs = {}
+    for key, raw in c.inputs.items():
+        decl = target.input(key)
+        if decl is None:
+            problems.append(
+                Diagnostic("E203", raw.file, raw.line, raw.col, raw.path, f"'{target.layer_type}' has no input '{key}'",
+                           did_you_mean(key, [i.name for i in target.inputs]) or f"its inputs: {', '.join(i.name for i in target.inputs)}")
+            )
+            continue
+        if decl.type == "tensor":
+            ref = _tensor_ref(str(raw.constant), {})
+            if ref is not None and ref not in parent_tensors:
+                problems.append(
+                    Diagnostic("E401", raw.file, raw.line, raw.col, raw.path, f"'{raw.constant}' names no tensor input of '{parent.layer_type}'",
+                               did_you_mean(ref, parent_tensors) or "use a plain name for a tensor local to this composite")
+                )
+            inputs[key] = raw
+        else:
+            inputs[key] = compile_expr(raw.constant, parent.doc, raw.path, scope, problems)
+    for decl in target.inputs:
+        if not decl.has_default and decl.name not in inputs:
+            problems.append(
+                parent.doc.diag("E201", child_path(c.path, "inputs"), f"missing input '{decl.name}' of '{target.layer_type}'")
+            )
+    return Child(**{**c.__dict__, "inputs": inputs})
+
+
+def _find_cycle(name: str, formulas: Mapping[str, Formula], stack: tuple[str, ...]) -> tuple[str, ...] | None:
+    if name in stack:
+        return stack[stack.index(name):] + (name,)
+    f = formulas.get(name)
+    if f is None:
+        return None
+    for c in f.children:
+        found = _find_cycle(c.type, formulas, stack + (name,))
+        if found:
+            return found
+    return None
+
+
+def load_library(folder: str | Path) -> Library:
+    """Every formula file in `folder`, compiled and linked; all problems raised at once."""
+    from .validate import load_schema, validate
+
+    schema = load_schema("formula")
+    problems: list[Diagnostic] = []
+    formulas: dict[str, Formula] = {}
+    paths = sorted(Path(folder).glob("*.yaml"))
+    for path in paths:
+        try:
+            doc = load_yaml(_display(path))
+        except MemspecError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        found = validate(doc, schema)
+        if found:
+            problems.extend(found)
+            continue
+        formulas[path.stem] = _compile_formula(doc, problems)
+    formulas = _link(formulas, problems)
+    if problems:
+        raise MemspecError(problems)
+    return Library(formulas, str(folder))
+
+
+def _display(path: Path) -> str:
+    """A path relative to the working directory when it is below it (errors read better)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+# --------------------------------------------------------------------------- binding
+
+Locate = Callable[[str, str, "str | None"], Diagnostic]
+
+
+def bind(formula: Formula, given: Mapping[str, Any], context: Mapping[str, Any], locate: Locate) -> dict[str, Any]:
+    """The scope a formula's expressions run in: context, inputs (checked, defaults filled)
+    and its `let` values in order. `locate(key, message, help)` places an error on input `key`.
+    Tensor-typed inputs are not part of the scope (they are names, resolved by `expand`)."""
+    problems: list[Diagnostic] = []
+    known = {i.name for i in formula.inputs}
+    for key in given:
+        if key not in known:
+            problems.append(locate(key, f"'{formula.layer_type}' has no input '{key}'", did_you_mean(key, known) or f"its inputs: {', '.join(sorted(known))}"))
+    scope = dict(context)
+    for decl in formula.inputs:
+        if decl.type == "tensor":
+            continue
+        if decl.name in given:
+            value = given[decl.name]
+        elif decl.has_default:
+            value = decl.default
+        else:
+            problems.append(locate(decl.name, f"missing input '{decl.name}' of '{formula.layer_type}'", None))
+            continue
+        problem = _check_value(decl, value)
+        if problem:
+            problems.append(locate(decl.name, f"input '{decl.name}' of '{formula.layer_type}' {problem}", None))
+        scope[decl.name] = value
+    if problems:
+        raise MemspecError(problems)
+    for name, expr in formula.lets:
+        scope[name] = expr(scope)
+    return scope
+
+
+def _check_value(decl: Input, value: Any) -> str | None:
+    if decl.type == "int":
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be an integer, got {value!r}"
+        if decl.min is not None and value < decl.min:
+            return f"must be >= {decl.min}, got {value}"
+    elif decl.type == "bool" and not isinstance(value, bool):
+        return f"must be true or false, got {value!r}"
+    elif decl.type == "str":
+        if not isinstance(value, str):
+            return f"must be a string, got {value!r}"
+        if decl.choices and value not in decl.choices:
+            hint = did_you_mean(value, decl.choices)
+            return f"must be one of {', '.join(decl.choices)}, got '{value}'" + (f" ({hint})" if hint else "")
+    return None
+
+
+def integer(expr: Expr, value: Any) -> int:
+    """A factor's value, which must be an integer number of bytes."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MemspecError(
+            expr.diag("E404", f"'{expr.source}' gave {value!r}, not an integer", "bytes are integers: use // for division, ceil_div() to round up")
+        )
+    if value < 0:
+        raise MemspecError(expr.diag("E404", f"'{expr.source}' gave {value}, a negative size"))
+    return value

@@ -1,0 +1,161 @@
+"""Stage 7, render: a `Report` as text for people, JSON for programs, TSV for diffs.
+
+Contract: pure functions from a report (or its rows) to a string. Bytes are printed exactly
+in JSON and TSV; the text view prints GiB (2^30 bytes) with two decimals and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .api import Report
+from .evaluate import Row
+from .simulate import CATEGORIES, Point
+
+GIB = 1 << 30
+TABLE_COLUMNS = (
+    "path", "type", "count", "trainable", "grad_flows", "checkpointed", "dims",
+    "parameters", "gradients", "optimizer_states", "buffers", "activations", "transient_forward", "transient_backward",
+)  # fmt: skip
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _setup_line(r: Report) -> str:
+    s = r.setup
+    image_tokens = s.images_per_sample * r.spec.image_tokens
+    seq = f"seq {s.seq_len}" + (f" ({image_tokens} image + {s.seq_len - image_tokens} text)" if image_tokens else "")
+    opt = s.optimizer.type + (f" {s.optimizer.impl}" if s.optimizer.type == "adamw" else f" momentum {s.optimizer.momentum:g}")
+    ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
+    return (
+        f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
+        f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} ZeRO-{s.zero}"
+    )
+
+
+def _where(p: Point) -> str:
+    return f"{p.phase} at {p.path}"
+
+
+def breakdown_table(point: Point) -> list[str]:
+    head = f"  {'module':<12}" + "".join(f"{c.replace('_', ' '):>18}" for c in CATEGORIES) + f"{'total':>12}"
+    lines = [head]
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for module, cats in point.breakdown.items():
+        lines.append(f"  {module:<12}" + "".join(f"{gib(cats[c]):>18}" for c in CATEGORIES) + f"{gib(sum(cats.values())):>12}")
+        for c in CATEGORIES:
+            totals[c] += cats[c]
+    lines.append(f"  {'total':<12}" + "".join(f"{gib(totals[c]):>18}" for c in CATEGORIES) + f"{gib(sum(totals.values())):>12}")
+    return lines
+
+
+def text(r: Report) -> str:
+    e = r.estimate
+    s = r.setup
+    total_params = sum(r.parameters.values())
+    trainable = e.trainable_params
+    lines = [
+        f"memspec estimate: {s.experiment}  ({s.file})",
+        f"model     {r.spec.model}: {total_params:,} parameters, {trainable:,} trainable ({', '.join(sorted(s.trainable)) or 'none'})",
+        f"setup     {_setup_line(r)}",
+        "",
+        "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
+        f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}",
+        f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); segment rounding, no fragmentation (a lower bound)",
+        f"  device     {gib(r.device):>8} GiB  {r.device:>16,} B   nvidia-smi; reserved + CUDA context {gib(r.device_constants.cuda_context)} GiB"
+        + (f" + NCCL {gib(r.device_constants.nccl_per_communicator)} GiB" if s.dp > 1 else ""),
+        f"  first step {gib(e.first_step.total):>8} GiB  {e.first_step.total:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
+        f"  seed sum   {gib(e.seed_sum):>8} GiB  {e.seed_sum:>16,} B   parameters + gradients + optimizer states + activations (seed paper Eq. 1)",
+        "",
+        f"breakdown at the peak (GiB), {_where(e.peak)}",
+        *breakdown_table(e.peak),
+    ]
+    if r.gpu is not None:
+        headroom = r.gpu.memory - r.device
+        verdict = "fits" if headroom >= 0 else "does NOT fit"
+        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure"]
+    if e.not_modelled:
+        lines += ["", "not modelled (the figures above leave these out):"] + [f"  - {x}" for x in e.not_modelled]
+    return "\n".join(lines) + "\n"
+
+
+def as_data(r: Report) -> dict[str, Any]:
+    e = r.estimate
+    s = r.setup
+
+    def point(p: Point) -> dict[str, Any]:
+        return {"phase": p.phase, "layer": p.path, "allocated": p.total, "breakdown": p.breakdown}
+
+    return {
+        "schema": "memspec/estimate/v1",
+        "experiment": s.experiment,
+        "file": s.file,
+        "model": r.spec.model,
+        "setup": {
+            "micro_batch": s.micro_batch,
+            "seq_len": s.seq_len,
+            "images_per_sample": s.images_per_sample,
+            "trainable": sorted(s.trainable),
+            "precision": s.precision,
+            "optimizer": {"type": s.optimizer.type, "impl": s.optimizer.impl, "momentum": s.optimizer.momentum},
+            "gradient_checkpointing": sorted(s.gradient_checkpointing),
+            "attention": s.attention,
+            "parallel": {"dp": s.dp, "zero": s.zero},
+            "bytes": dict(s.bytes),
+        },
+        "parameters": dict(r.parameters),
+        "trainable_parameters": e.trainable_params,
+        "peak": {
+            "allocated": r.allocated,
+            "reserved": r.reserved,
+            "device": r.device,
+            "steady_state": point(e.peak),
+            "first_step": point(e.first_step),
+        },
+        "seed_sum": e.seed_sum,
+        "resident": e.resident,
+        "activations_end_of_forward": e.activations_end_of_forward,
+        "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
+        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory, "headroom": r.gpu.memory - r.device},
+        "not_modelled": list(e.not_modelled),
+    }
+
+
+def json_text(r: Report) -> str:
+    return json.dumps(as_data(r), indent=2) + "\n"
+
+
+def _cell(row: Row, column: str) -> str:
+    value = getattr(row, column)
+    if column == "activations" and value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def table_tsv(rows: tuple[Row, ...]) -> str:
+    lines = ["\t".join(TABLE_COLUMNS)]
+    lines += ["\t".join(_cell(r, c) for c in TABLE_COLUMNS) for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def table_text(rows: tuple[Row, ...]) -> str:
+    """Fixed-width view: indented paths, bytes per instance in MiB, counts."""
+    mib = 1 << 20
+    head = f"{'path':<58} {'type':<20} {'n':>3} {'tr':>2} {'gf':>2} {'params':>10} {'grads':>10} {'optim':>10} {'acts':>10} {'fwd tmp':>10} {'bwd tmp':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        def m(v):
+            return "-" if v is None else f"{v / mib:.1f}"
+
+        path = "  " * r.depth + r.path.rsplit(".", 1)[-1] if r.depth else r.path
+        lines.append(
+            f"{path:<58} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
+            f"{m(r.parameters):>10} {m(r.gradients):>10} {m(r.optimizer_states):>10} {m(r.activations):>10} {m(r.transient_forward):>10} {m(r.transient_backward):>10}"
+        )
+    lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row")
+    return "\n".join(lines) + "\n"

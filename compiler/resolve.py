@@ -1,0 +1,269 @@
+"""Stage 3, resolve: a validated model spec and experiment (plus command-line overrides) become
+one frozen `Resolved` value with every default filled and every byte size derived.
+
+Contract: `resolve_spec(doc)` turns a validated spec document into a `Spec`;
+`resolve_setup(doc, overrides, spec)` turns an experiment document (or none, for a bare spec)
+and the overrides into a `Setup`. Precision and optimizer reach formulas only through
+`Setup.bytes`; nothing later in the pipeline looks at the precision name again except to
+print it. Problems are raised together as one `MemspecError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError, did_you_mean
+from .formula import Expr, compile_expr
+from .load import Document, child_path, load_yaml
+
+# Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
+FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
+
+# precision -> (weights, gradients, activations, fp32 master copy per trainable parameter).
+# Mixed precision here is the DeepSpeed / Megatron form: 16-bit weights, gradients and
+# activations, with fp32 master weights inside the optimizer (DOMAIN.md, model states).
+PRECISIONS: Mapping[str, tuple[int, int, int, int]] = {
+    "fp32": (4, 4, 4, 0),
+    "bf16": (2, 2, 2, 0),
+    "bf16-mixed": (2, 2, 2, 4),
+    "fp16-mixed": (2, 2, 2, 4),
+}
+ATTENTION = ("flash_attention_2", "sdpa", "eager")
+DEFAULTS: Mapping[str, Any] = {
+    "images_per_sample": 1,
+    "precision": "bf16-mixed",
+    "optimizer": {"type": "adamw", "impl": "foreach"},
+    "gradient_checkpointing": [],
+    "attention": "sdpa",
+    "parallel": {"dp": 1, "zero": 0},
+}
+# Names a spec's module context (batch, seq) may use besides the module's own inputs.
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample"})
+SGD_DEFAULT_MOMENTUM = 0.9
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    name: str
+    memory: int  # bytes
+
+
+@dataclass(frozen=True)
+class DeviceConstants:
+    cuda_context: int
+    nccl_per_communicator: int
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
+    """specs/gpus.yaml: the GPU catalog and the device-side constants."""
+    from .paths import specs_dir
+    from .validate import load_schema, validate
+
+    doc = load_yaml(specs_dir() / "gpus.yaml")
+    problems = validate(doc, load_schema("gpus"))
+    if problems:
+        raise MemspecError(problems)
+    gpus = {k: Gpu(k, v["name"], v["memory_mib"] * MIB) for k, v in doc.data["gpus"].items()}
+    d = doc.data["device"]
+    return gpus, DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    type: str
+    inputs: Mapping[str, Any]
+    batch: Expr
+    seq: Expr
+    parameters: int  # the checkpoint's count for this module
+    path: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    model: str
+    file: str
+    source: Mapping[str, str]
+    image_tokens: int
+    modules: tuple[Module, ...]
+    doc: Document = field(compare=False, repr=False)
+
+    def module(self, name: str) -> Module | None:
+        return next((m for m in self.modules if m.name == name), None)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    type: str  # adamw | sgd
+    impl: str  # foreach | fused | forloop
+    momentum: float  # sgd only
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One training setup, every knob explicit."""
+
+    experiment: str
+    file: str  # the experiment file, or the spec file for a bare spec
+    micro_batch: int
+    seq_len: int
+    images_per_sample: int
+    trainable: frozenset[str]
+    precision: str
+    optimizer: Optimizer
+    gradient_checkpointing: frozenset[str]
+    attention: str
+    dp: int
+    zero: int
+    gpu: Gpu | None
+    bytes: Mapping[str, int]  # param, grad, optim, act + the fixed dtypes
+    master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
+    state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
+    """bytes.* for a precision and optimizer, the master-weight bytes and one state's bytes."""
+    param, grad, act, master = PRECISIONS[precision]
+    state = 4 if master else param
+    if optimizer.type == "adamw":
+        n_states = 2  # exp_avg, exp_avg_sq
+    else:
+        n_states = 1 if optimizer.momentum > 0 else 0  # momentum_buffer
+    values = {"param": param, "grad": grad, "optim": master + n_states * state, "act": act, **FIXED_DTYPE_BYTES}
+    return values, master, state
+
+
+def resolve_spec(doc: Document) -> Spec:
+    data = doc.data
+    problems: list[Diagnostic] = []
+    modules = []
+    for name, m in data["modules"].items():
+        path = child_path("$.modules", name)
+        inputs = dict(m["inputs"])
+        declared = frozenset(EXPERIMENT_NAMES | {k for k, v in inputs.items() if isinstance(v, int)})
+        ctx = m["context"]
+        modules.append(
+            Module(
+                name=name,
+                type=m["type"],
+                inputs=inputs,
+                batch=compile_expr(ctx["batch"], doc, child_path(child_path(path, "context"), "batch"), declared, problems),
+                seq=compile_expr(ctx["seq"], doc, child_path(child_path(path, "context"), "seq"), declared, problems),
+                parameters=m["parameters"],
+                path=path,
+            )
+        )
+    if problems:
+        raise MemspecError(problems)
+    return Spec(
+        model=data["model"],
+        file=doc.file,
+        source=dict(data.get("source") or {}),
+        image_tokens=data.get("image_tokens", 0),
+        modules=tuple(modules),
+        doc=doc,
+    )
+
+
+def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None) -> Setup:
+    """The experiment in `doc` (None for a bare spec) with `overrides` applied on top.
+
+    Overrides come from the command line and are already typed; their errors are located
+    at the flag (`path` "--flag") rather than in a file.
+    """
+    data = dict(DEFAULTS)
+    data["trainable"] = [m.name for m in spec.modules]
+    if doc is not None:
+        data.update(doc.data)
+    overrides = dict(overrides or {})
+    parallel = dict(DEFAULTS["parallel"])
+    parallel.update(data.get("parallel") or {})
+    for key in ("dp", "zero"):
+        if key in overrides:
+            parallel[key] = overrides.pop(key)
+    data.update(overrides)
+    data["parallel"] = parallel
+    file = doc.file if doc is not None else spec.file
+
+    problems: list[Diagnostic] = []
+
+    def where(key: str) -> tuple[str, str]:
+        """(file, path) of a key: the flag when overridden, else the experiment's key."""
+        if key in overrides:
+            return "", "--" + key.replace("_", "-")
+        return file, "$." + key
+
+    def complain(key: str, code: str, message: str, help: str | None = None, index: int | None = None):
+        f, p = where(key)
+        if f and doc is not None:
+            target = p if index is None else child_path(p, index)
+            problems.append(doc.diag(code, target, message, help))
+        else:
+            problems.append(Diagnostic(code, f, 0, 0, p, message, help))
+
+    for key in ("micro_batch", "seq_len"):
+        if key not in data:
+            complain(key, "E201", f"missing {key.replace('_', '-')}", f"give --{key.replace('_', '-')} N or use an experiment file")
+    module_names = [m.name for m in spec.modules]
+    for key in ("trainable", "gradient_checkpointing"):
+        for i, name in enumerate(data.get(key) or ()):
+            if name not in module_names:
+                complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
+    opt = data["optimizer"]
+    optimizer = Optimizer(opt["type"], opt.get("impl", "foreach"), float(opt.get("momentum", SGD_DEFAULT_MOMENTUM if opt["type"] == "sgd" else 0.0)))
+    if optimizer.type == "sgd" and optimizer.impl == "fused":
+        complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
+    if parallel["zero"] > 0 and parallel["dp"] == 1:
+        pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
+    if "micro_batch" in data and "seq_len" in data:
+        need = data["images_per_sample"] * spec.image_tokens
+        if data["seq_len"] < need:
+            complain(
+                "seq_len",
+                "E501",
+                f"seq_len {data['seq_len']} is shorter than the image tokens it must hold ({data['images_per_sample']} x {spec.image_tokens} = {need})",
+                "seq_len counts the LLM positions of the text and the image tokens together",
+            )
+    gpu = None
+    if data.get("gpu"):
+        gpus, _ = gpu_catalog()
+        gpu = gpus.get(data["gpu"])
+        if gpu is None:
+            complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
+    if problems:
+        raise MemspecError(problems)
+    values, master, state = derive_bytes(data["precision"], optimizer)
+    return Setup(
+        experiment=data.get("experiment", spec.model),
+        file=file,
+        micro_batch=data["micro_batch"],
+        seq_len=data["seq_len"],
+        images_per_sample=data["images_per_sample"],
+        trainable=frozenset(data["trainable"]),
+        precision=data["precision"],
+        optimizer=optimizer,
+        gradient_checkpointing=frozenset(data["gradient_checkpointing"]),
+        attention=data["attention"],
+        dp=parallel["dp"],
+        zero=parallel["zero"],
+        gpu=gpu,
+        bytes=values,
+        master_bytes=master,
+        state_bytes=state,
+    )
+
+
+def with_overrides(setup: Setup, **changes: Any) -> Setup:
+    """A copy of `setup` with knobs changed; bytes re-derived when precision or optimizer move."""
+    out = replace(setup, **changes)
+    values, master, state = derive_bytes(out.precision, out.optimizer)
+    return replace(out, bytes=values, master_bytes=master, state_bytes=state)

@@ -1,0 +1,287 @@
+"""Stage 6, simulate: walk one training step and find its peak.
+
+Contract: `simulate(nodes, setup, gpus)` returns an `Estimate`: the allocated-bytes timeline
+of a steady-state step (forward, loss, backward, optimizer step, in that order), its peak with
+the phase, layer and a module x category breakdown at that moment, the same for the first
+step (no optimizer states until `step()` creates them), the seed paper's plain four-factor
+sum, and the allocator's `reserved` and the device's `nvidia-smi` figures derived from the
+peak. The walk, per DESIGN.md:
+
+1. resident: weights, buffers, optimizer states (fp32 master copies included), each divided
+   across data-parallel ranks as the ZeRO stage shards it;
+2. forward, layer by layer: each layer's saved tensors join the live set the first time
+   their name appears; its forward transient sits on top while it runs, inside the
+   transients of the composites around it. A checkpointing unit keeps only its
+   `checkpoint` tensors;
+3. the loss is the last layer of the forward;
+4. backward in reverse: a layer's gradients appear, its backward transient sits on top,
+   then the tensors it charged are freed. A checkpointing unit first re-runs its forward
+   (its saved tensors come back), then runs its backward;
+5. optimizer step: gradients are all present; mixed precision makes fp32 copies of them;
+   the optimizer's temporaries sit on top; then gradients are freed (set_to_none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .evaluate import Node, first_charges
+from .resolve import Setup
+
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
+# c10/cuda/CUDACachingAllocator.cpp
+ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
+LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
+LARGE_SEGMENT_ROUND = 2 << 20  # kRoundLarge: ...rounded up to a multiple of 2 MiB
+
+
+def round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class Point:
+    phase: str  # forward | backward | optimizer
+    path: str  # the layer running, or "optimizer.step"
+    total: int
+    breakdown: Mapping[str, Mapping[str, int]]  # module -> category -> bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    peak: Point  # steady state
+    reserved: int  # the caching allocator's segments at the peak, a lower bound (see segment_slack)
+    first_step: Point
+    timeline: tuple[tuple[str, str, int], ...]  # (phase, path, allocated) per event, steady state
+    resident: Mapping[str, Mapping[str, int]]  # module -> parameters/gradients/optimizer_states/buffers, per GPU
+    activations_end_of_forward: Mapping[str, int]  # module -> saved bytes alive when the loss is computed
+    seed_sum: int  # parameters + gradients + optimizer states + activations, summed (seed paper Eq. 1)
+    not_modelled: tuple[str, ...]
+    trainable_params: int  # elements, all ranks
+
+
+@dataclass
+class _State:
+    modules: tuple[str, ...]
+    resident: dict  # module -> category -> bytes (parameters, optimizer_states incl. buffers in parameters)
+    owner: dict  # tensor -> owning path
+    grads: dict = field(default_factory=dict)  # module -> bytes
+    live: dict = field(default_factory=dict)  # tensor -> (module, bytes)
+    live_by_module: dict = field(default_factory=dict)
+    resident_slack: int = 0
+    best: Point | None = None
+    best_slack: int = 0
+    best_first: Point | None = None
+    timeline: list = field(default_factory=list)
+
+    def level(self) -> int:
+        return (
+            sum(sum(c.values()) for c in self.resident.values())
+            + sum(self.grads.values())
+            + sum(self.live_by_module.values())
+        )
+
+    def charge(self, module: str, tensors) -> None:
+        for name, size in tensors:
+            if name not in self.live:
+                size = round_up(size, ALLOCATOR_GRANULE)
+                self.live[name] = (module, size)
+                self.live_by_module[module] = self.live_by_module.get(module, 0) + size
+
+    def free(self, path: str, tensors) -> None:
+        for name, _ in tensors:
+            if self.owner.get(name) == path and name in self.live:
+                module, size = self.live.pop(name)
+                self.live_by_module[module] -= size
+
+    def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> Point:
+        total = self.level() + sum(transient.values())
+        self.timeline.append((phase, path, total))
+        optim = sum(c.get("optimizer_states", 0) for c in self.resident.values())
+        point = Point(phase, path, total, self._breakdown(transient))
+        if self.best is None or total > self.best.total:
+            self.best = point
+            self.best_slack = sum(segment_slack(size) for _, size in self.live.values()) + self.resident_slack
+        if phase != "optimizer" and (self.best_first is None or total - optim > self.best_first.total):
+            bd = self._breakdown(transient)
+            for cats in bd.values():
+                cats["optimizer_states"] = 0
+            self.best_first = Point(phase, path, total - optim, bd)
+        return point
+
+    def _breakdown(self, transient: Mapping[str, int]) -> dict:
+        out = {}
+        for m in self.modules:
+            r = self.resident.get(m, {})
+            out[m] = {
+                "parameters": r.get("parameters", 0),
+                "gradients": self.grads.get(m, 0),
+                "optimizer_states": r.get("optimizer_states", 0),
+                "activations": self.live_by_module.get(m, 0),
+                "transient": transient.get(m, 0),
+            }
+        return out
+
+
+def segment_slack(size: int) -> int:
+    """Bytes a live block of `size` adds to reserved memory beyond itself.
+
+    Blocks of 10 MiB and more sit in segments rounded up to 2 MiB. Smaller blocks share
+    2 MiB (<= 1 MiB requests) or 20 MiB segments and are taken as packed without waste.
+    NB: this makes `reserved` a lower bound: fragmentation and blocks cached after an
+    earlier, differently shaped phase are not modelled.
+    """
+    if size < LARGE_SEGMENT_FROM:
+        return 0
+    return round_up(size, LARGE_SEGMENT_ROUND) - size
+
+
+def _shards(setup: Setup) -> tuple[int, int, int]:
+    """Divisors of (parameters, gradients, optimizer states) per GPU under ZeRO."""
+    dp, z = setup.dp, setup.zero
+    return (dp if z >= 3 else 1, dp if z >= 2 else 1, dp if z >= 1 else 1)
+
+
+def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+    p_div, g_div, o_div = _shards(setup)
+    modules = tuple(n.inst.module for n in nodes)
+    resident: dict = {}
+    for root in nodes:
+        totals = {"parameters": 0, "optimizer_states": 0, "buffers": 0, "gradients": 0}
+        for n in root.walk():
+            totals["parameters"] += n.cost.parameters
+            totals["optimizer_states"] += n.cost.optimizer_states
+            totals["buffers"] += n.cost.buffers
+            totals["gradients"] += n.cost.gradients
+        resident[root.inst.module] = totals
+    per_gpu = {
+        m: {
+            "parameters": _div(t["parameters"], p_div) + t["buffers"],
+            "optimizer_states": _div(t["optimizer_states"], o_div),
+        }
+        for m, t in resident.items()
+    }
+    state = _State(modules, per_gpu, first_charges(nodes))
+    state.resident_slack = sum(
+        segment_slack(_div(n.cost.parameters, p_div)) + segment_slack(_div(n.cost.optimizer_states, o_div))
+        for root in nodes
+        for n in root.walk()
+        if not n.children
+    )
+
+    def gather(node: Node) -> int:
+        # ZeRO-3 gathers a layer's full weights while it runs.
+        return node.cost.parameters - _div(node.cost.parameters, p_div) if p_div > 1 and not node.children else 0
+
+    def forward(node: Node, stack: dict, keep: bool, recompute: bool = False) -> None:
+        inst = node.inst
+        if inst.checkpointed and keep and not recompute:
+            forward(node, stack, keep=False)
+            state.charge(inst.module, node.cost.checkpoint)
+            return
+        if keep:
+            state.charge(inst.module, node.cost.saved)
+        t = _push(stack, inst.module, node.cost.transient_forward + gather(node))
+        if not node.children:
+            state.observe("forward", inst.path, t)
+        for c in node.children:
+            forward(c, t, keep)
+
+    def backward(node: Node, stack: dict) -> None:
+        inst = node.inst
+        if inst.checkpointed:
+            forward(node, stack, keep=True, recompute=True)
+        t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
+        for c in reversed(node.children):
+            backward(c, t)
+        if node.cost.gradients:
+            state.grads[inst.module] = state.grads.get(inst.module, 0) + _div(node.cost.gradients, g_div)
+        if not node.children:
+            state.observe("backward", inst.path, t)
+        state.free(inst.path, node.cost.saved + node.cost.checkpoint)
+
+    for root in nodes:
+        forward(root, {}, keep=True)
+    end_of_forward = dict(state.live_by_module)
+    for root in reversed(nodes):
+        backward(root, {})
+    trainable = _trainable_elements(nodes, setup)
+    largest = _largest_trainable(nodes, setup)
+    step = state.observe("optimizer", "optimizer.step", _step_transient(setup, trainable, largest, o_div, modules))
+
+    per_gpu_totals = {m: {**per_gpu[m], "gradients": _div(resident[m]["gradients"], g_div)} for m in modules}
+    # The seed paper's Eq. 1: the four factors summed, per GPU, activations as kept for backward.
+    seed_sum = sum(sum(c.values()) for c in per_gpu_totals.values()) + sum(end_of_forward.values())
+    return Estimate(
+        peak=state.best,
+        reserved=state.best.total + state.best_slack,
+        # Step 1 has no optimizer states before step() creates them; its step phase is
+        # the steady one.
+        first_step=max(state.best_first, step, key=lambda p: p.total),
+        timeline=tuple(state.timeline),
+        resident=per_gpu_totals,
+        activations_end_of_forward=end_of_forward,
+        seed_sum=seed_sum,
+        not_modelled=_not_modelled(setup),
+        trainable_params=trainable,
+    )
+
+
+def _push(stack: Mapping[str, int], module: str, extra: int) -> dict:
+    out = dict(stack)
+    if extra:
+        out[module] = out.get(module, 0) + extra
+    return out
+
+
+def _div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def _trainable_elements(nodes, setup: Setup) -> int:
+    return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable)
+
+
+def _largest_trainable(nodes, setup: Setup) -> int:
+    return max((n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable and not n.children), default=0)
+
+
+def step_temporaries(setup: Setup, trainable: int, largest: int) -> dict[str, int]:
+    """Bytes alive only during optimizer.step(), all ranks together (divide by the ZeRO shard).
+
+    - master_grads: mixed precision converts the 16-bit gradients to fp32 for the master
+      weights (DeepSpeed converts the whole flat partition at once; DOMAIN.md);
+    - foreach AdamW: `torch._foreach_sqrt(exp_avg_sqs)` returns a new tensor per state, a
+      full copy of the second moments (torch/optim/adam.py, _multi_tensor_adam);
+    - for-loop AdamW: `exp_avg_sq.sqrt()` and its quotient by the bias correction, one
+      parameter at a time: two copies of the largest parameter's state;
+    - fused AdamW and SGD (no weight decay, no Nesterov) update in place.
+    """
+    out = {"master_grads": setup.master_bytes * trainable}
+    if setup.optimizer.type == "adamw":
+        if setup.optimizer.impl == "foreach":
+            out["optimizer_temporaries"] = setup.state_bytes * trainable
+        elif setup.optimizer.impl == "forloop":
+            out["optimizer_temporaries"] = 2 * setup.state_bytes * largest
+    return out
+
+
+def _step_transient(setup: Setup, trainable: int, largest: int, o_div: int, modules) -> dict[str, int]:
+    total = sum(_div(v, o_div) for v in step_temporaries(setup, trainable, largest).values())
+    # NB: the temporaries belong to the optimizer, not a module; shown under the last
+    # module so that the breakdown still sums to the total.
+    return {modules[-1]: total} if total else {}
+
+
+def _not_modelled(setup: Setup) -> tuple[str, ...]:
+    out = []
+    if setup.dp > 1 and setup.zero == 0:
+        out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
+    if setup.zero >= 2 and setup.dp > 1:
+        out.append("ZeRO-2 reduce buckets and contiguous-gradient buffers (reduce_bucket_size, doubled with overlap_comm)")
+    if setup.zero >= 3 and setup.dp > 1:
+        out.append("ZeRO-3 prefetch beyond the running layer (stage3_prefetch_bucket_size, max_live_parameters)")
+    if setup.dp > 1:
+        out.append("NCCL communicator buffers (device figure only)")
+    return tuple(out)
