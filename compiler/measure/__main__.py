@@ -1,0 +1,16 @@
+"""`python -m compiler.measure ...`: the `memspec measure` command on its own."""
+
+import argparse
+import sys
+
+from . import cli
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="memspec measure", description=cli.DESCRIPTION)
+    cli.add_arguments(parser)
+    return cli.main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,156 @@
+"""`memspec measure`: measure one experiment, or every entry of a matrix, into records.
+
+Contract: `add_arguments(parser)` adds the subcommand's arguments (imports nothing heavy);
+`main(args)` runs it and returns the exit code: 0 ok, 1 the input cannot be measured (or
+torch/transformers are missing), 2 usage, 3 a bug (the only case that prints a traceback).
+Progress goes to stderr, one line per record; a record JSON goes to `-o` (or stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .experiment import ATTENTIONS, PRECISIONS, ExperimentError, expand_matrix, load_experiment, with_overrides
+
+DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors "
+               "(needs torch and transformers).")
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
+GIB = 2 ** 30
+
+
+def _modules(text: str) -> list[str]:
+    return [] if text in ("", "none") else [m.strip() for m in text.split(",")]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", nargs="?", help="experiment YAML (specs/experiments/*.yaml)")
+    parser.add_argument("--matrix", metavar="FILE", help="measure every entry of a matrix YAML into -o DIR")
+    parser.add_argument("-o", "--output", metavar="PATH",
+                        help="record file (single experiment; default stdout) or folder (--matrix)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps to run (>= 2; default 3)")
+    parser.add_argument("--name", help="record name (default: the experiment name plus overrides)")
+    parser.add_argument("--micro-batch", type=int, dest="micro_batch")
+    parser.add_argument("--seq-len", type=int, dest="seq_len")
+    parser.add_argument("--attention", choices=ATTENTIONS)
+    parser.add_argument("--precision", choices=PRECISIONS)
+    parser.add_argument("--trainable", type=_modules, metavar="M[,M]", help="e.g. projector,language")
+    parser.add_argument("--gradient-checkpointing", type=_modules, dest="gradient_checkpointing",
+                        metavar="M[,M]", help="e.g. language,vision; 'none' for off")
+    parser.add_argument("--no-parallel", action="store_true", dest="no_parallel",
+                        help="measure as one GPU without sharding (parallel: {dp: 1, zero: 0})")
+    parser.add_argument("--timeline", metavar="FILE", help="write the live-bytes timeline (JSON lines)")
+    parser.add_argument("--inventory", metavar="FILE",
+                        help="write the live activations at the end of the last forward")
+    parser.add_argument("--only", metavar="TEXT", help="with --matrix: entries whose name contains TEXT")
+
+
+OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "trainable", "gradient_checkpointing")
+
+
+def _override_label(key: str, value) -> str:
+    if key == "parallel":
+        return "dp1"
+    if isinstance(value, list):
+        return "+".join(value) or "none"
+    return {"micro_batch": f"b{value}", "seq_len": f"s{value}"}.get(key, str(value))
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _summary(record: dict) -> str:
+    peak = max(record["steps"][1:], key=lambda s: s["allocated"])
+    return (f"{record['allocated'] / GIB:8.2f} GiB steady, {record['allocated_first_step'] / GIB:8.2f} GiB step 1; "
+            f"peak in {peak['phase']} at {peak['op']} ({peak['module'] or '<root>'})")
+
+
+def _measure_one(name: str, exp: dict, args) -> dict:
+    from . import harness, record
+
+    measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline))
+    if args.timeline:
+        with open(args.timeline, "w", encoding="utf-8") as handle:
+            for row in measurement.timeline:
+                handle.write(json.dumps(row) + "\n")
+    if args.inventory:
+        Path(args.inventory).write_text(measurement.inventory, encoding="utf-8")
+    return record.build_record(name, exp, measurement, harness.config_sha256(exp["config"]))
+
+
+def _run_single(args) -> int:
+    from . import record
+
+    exp = load_experiment(args.experiment)
+    overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
+    if args.no_parallel:
+        overrides["parallel"] = {"dp": 1, "zero": 0}
+    exp = with_overrides(exp, **overrides)
+    name = args.name or "_".join([exp["experiment"]] + [_override_label(k, v) for k, v in overrides.items()])
+    started = time.perf_counter()
+    rec = _measure_one(name, exp, args)
+    if args.output:
+        record.write_record(rec, args.output)
+    else:
+        print(json.dumps(rec, indent=2))
+    _say(f"{name}: {_summary(rec)} [{time.perf_counter() - started:.1f} s]")
+    return EXIT_OK
+
+
+def _cost(exp: dict) -> tuple:
+    """Smaller first: tokens per step, then the model's config size, eager last."""
+    return (exp["micro_batch"] * exp["seq_len"], Path(exp["config"]).stat().st_size, exp["model"].name,
+            exp["attention"] == "eager")
+
+
+def _run_matrix(args) -> int:
+    from . import record
+
+    if not args.output:
+        _say("memspec measure --matrix needs -o DIR")
+        return EXIT_USAGE
+    out_dir = Path(args.output)
+    entries = [(n, e) for n, e in expand_matrix(args.matrix) if not args.only or args.only in n]
+    entries.sort(key=lambda item: _cost(item[1]))
+    started = time.perf_counter()
+    done = skipped = 0
+    for i, (name, exp) in enumerate(entries, 1):
+        path = out_dir / f"{name}.json"
+        if path.exists():
+            skipped += 1
+            _say(f"[{i}/{len(entries)}] {name}: present, skipped")
+            continue
+        t0 = time.perf_counter()
+        rec = _measure_one(name, exp, args)
+        record.write_record(rec, path)
+        done += 1
+        _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, "
+             f"{time.perf_counter() - started:.0f} s total]")
+    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix")
+    return EXIT_OK
+
+
+def main(args: argparse.Namespace) -> int:
+    if bool(args.experiment) == bool(args.matrix):
+        _say("memspec measure: give either an EXPERIMENT file or --matrix FILE")
+        return EXIT_USAGE
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        _say(f"memspec measure needs torch and transformers ({exc.name} is missing): "
+             "pip install 'memspec[measure]'")
+        return EXIT_INPUT
+    try:
+        return _run_matrix(args) if args.matrix else _run_single(args)
+    except ExperimentError as exc:
+        _say(f"error: {exc}")
+        return EXIT_INPUT
+    except Exception:  # noqa: BLE001 - a bug: show everything
+        traceback.print_exc()
+        return EXIT_BUG

@@ -1,0 +1,179 @@
+"""Make a traced CPU step allocate what the same step allocates on a CUDA GPU (sm80-sm90).
+
+Contract: `cuda_behaviour(...)` is a context manager that patches, for its duration, the few
+places where torch or transformers take a different path on CPU (or on fake tensors) than on
+CUDA, and returns the names of the behaviours it applied (recorded in each measurement).
+`kernel_scratch` names the bytes CUDA kernels allocate through the caching allocator inside
+one op, invisible to the dispatcher; `persistent_scratch` names those that stay allocated
+across ops. Every number cites the source it comes from.
+
+Patched (only while the context is active):
+- `torch.nn.functional.scaled_dot_product_attention` -> `aten._scaled_dot_product_flash_attention`
+  for 16-bit inputs without a mask (what CUDA's dispatcher picks on sm80-sm90; its autograd
+  node saves q, k, v, out and an fp32 logsumexp [b, heads, s]), or
+  `aten._scaled_dot_product_efficient_attention` otherwise (fp32 or a mask; logsumexp padded
+  to a multiple of 32). The CPU build would run the math kernel (s^2 scores in fp32). A
+  module attribute patch, not a TorchFunctionMode: function modes are not active during
+  checkpoint recomputation.
+- `torch.nn.functional.dropout` -> `aten.native_dropout` when training with 0 < p < 1 (CUDA's
+  fused kernel saves a bool mask; CPU saves a noise tensor in the input dtype).
+- `transformers.masking_utils.find_packed_sequence_indices` -> None for fake position ids:
+  transformers treats fake tensors as tracing and would then build a packed-sequence mask
+  and materialise a [b, 1, s, s] causal mask instead of using SDPA's `is_causal`.
+- `TRANSFORMERS_DISABLE_TORCH_CHECK=1`: the image-token count check reads tensor values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Iterator
+
+import torch
+
+FLASH_ATTENTION = "sdpa-flash-attention"
+EFFICIENT_ATTENTION = "sdpa-efficient-attention-for-fp32-or-masked"
+NATIVE_DROPOUT = "dropout-bool-mask"
+NO_PACKED_SEQUENCE_MASK = "no-packed-sequence-mask-on-fake-tensors"
+NO_TORCH_CHECK = "transformers-torch-check-disabled"
+STEP_ON_HOST = "optimizer-step-counters-on-host"
+FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
+MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
+MASKED_SELECT_SCRATCH = "masked-scatter-backward-nonzero-indices"
+CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
+
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash attention needs fp16/bf16 and a
+# head dim <= 256 (sm80-sm90).
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+
+# flash_api.cpp `mha_bwd` (PyTorch's vendored FlashAttention-2): `bool loop = true;`
+# softmax_d = empty({b, h, seqlen_q_rounded}, fp32); dq_accum = empty({b, seqlen_q_rounded,
+# h, head_size_rounded}, fp32) with seqlen_q_rounded = round_multiple(seqlen_q, 128) and
+# head_size_rounded = round_multiple(head_size, 32) for head_size <= 192, else 256.
+FLASH_BWD_SEQ_ROUND = 128
+FLASH_BWD_HEAD_ROUND = 32
+FLASH_BWD_MAX_ROUNDED_HEAD = 192
+FLASH_BWD_WIDE_HEAD = 256
+FP32_BYTES = 4
+INT64_BYTES = 8
+
+# aten/src/ATen/cuda/CublasHandlePool.cpp (parseChosenWorkspaceSize): default
+# CUBLAS_WORKSPACE_CONFIG is 32 MiB on Hopper (sm90), ":4096:2:16:8" (8 MiB + 128 KiB)
+# before it; allocated through the caching allocator and cached per (handle, stream); handles
+# are per thread. CUBLASLT_WORKSPACE_SIZE defaults to 1024 KiB, cached the same way.
+CUBLAS_WORKSPACE_BYTES_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_BYTES_SM80 = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+
+
+def _round_multiple(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _flash_backward_scratch(query: torch.Tensor) -> int:
+    """Bytes of softmax_d + dq_accum for one flash-attention backward (query [b, h, s, d])."""
+    b, h, s, d = query.shape
+    s_r = _round_multiple(s, FLASH_BWD_SEQ_ROUND)
+    d_r = _round_multiple(d, FLASH_BWD_HEAD_ROUND) if d <= FLASH_BWD_MAX_ROUNDED_HEAD else FLASH_BWD_WIDE_HEAD
+    return FP32_BYTES * b * h * s_r + FP32_BYTES * b * s_r * h * d_r
+
+
+def kernel_scratch(func, args, kwargs, out):
+    """Named bytes a CUDA kernel allocates inside `func` and frees before returning."""
+    if func is torch.ops.aten._scaled_dot_product_flash_attention_backward.default:
+        # args: grad_out, query, key, value, out, logsumexp, ...
+        return ((FLASH_BACKWARD_SCRATCH, _flash_backward_scratch(args[1])),)
+    if func in (torch.ops.aten.masked_scatter.default, torch.ops.aten.masked_scatter_.default):
+        # ATen/native/cuda/IndexKernel.cpp `masked_scatter__cuda`:
+        # maskPrefixSum = at::empty(self.sizes(), kLong). The out-of-place op (what LLaVA
+        # calls) is CompositeExplicitAutograd clone + masked_scatter_, one op to the tracer.
+        return ((MASKED_SCATTER_SCRATCH, INT64_BYTES * out.numel()),)
+    if func is torch.ops.aten.masked_scatter_backward.default:
+        # FunctionsManual.cpp masked_scatter_backward -> grad.masked_select(mask); CUDA
+        # masked_select indexes with the broadcast bool mask, whose nonzero() is an int64
+        # [n_selected, ndim] index tensor (n_selected = numel of the source = `sizes`).
+        grad, _, sizes = args
+        return ((MASKED_SELECT_SCRATCH, INT64_BYTES * grad.dim() * math.prod(sizes)),)
+    return ()
+
+
+def persistent_scratch(threads_with_gemms: int, sm90: bool = True) -> dict[str, int]:
+    """cuBLAS + cuBLASLt workspaces once `threads_with_gemms` threads have run a GEMM.
+
+    NB: the forward runs on the Python thread, CUDA backward on the autograd engine's device
+    thread; each has its own cuBLAS handle, hence its own cached workspaces.
+    """
+    per_thread = (CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80) + CUBLASLT_WORKSPACE_BYTES
+    return {CUBLAS_WORKSPACE: threads_with_gemms * per_thread} if threads_with_gemms else {}
+
+
+def _sdpa_as_cuda(original):
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if enable_gqa and key.shape[1] != query.shape[1]:
+            # NB: flash supports GQA natively on CUDA; repeat here only to keep shapes legal
+            # for the meta kernels (no LLaVA-1.5 model uses GQA).
+            groups = query.shape[1] // key.shape[1]
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        head_dim = query.shape[-1]
+        if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM:
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(
+                attn_mask.logical_not(), float("-inf"))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+    scaled_dot_product_attention.__wrapped__ = original
+    return scaled_dot_product_attention
+
+
+def _dropout_as_cuda(original):
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0.0 < p < 1.0 and not inplace:
+            return torch.ops.aten.native_dropout(input, p, training)[0]
+        return original(input, p, training, inplace)
+    dropout.__wrapped__ = original
+    return dropout
+
+
+def _packed_sequences_as_cuda(original):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def find_packed_sequence_indices(position_ids):
+        # NB: the harness never packs sequences: position ids are one arange per row, for
+        # which the real function returns None.
+        if isinstance(position_ids, FakeTensor):
+            return None
+        return original(position_ids)
+    return find_packed_sequence_indices
+
+
+@contextlib.contextmanager
+def cuda_behaviour(*, fake: bool) -> Iterator[list[str]]:
+    """Apply the CUDA emulation; yields the list of behaviour names applied."""
+    import torch.nn.functional as F
+    from transformers import masking_utils
+
+    applied = [FLASH_ATTENTION, EFFICIENT_ATTENTION, NATIVE_DROPOUT, NO_TORCH_CHECK]
+    saved_sdpa, saved_dropout = F.scaled_dot_product_attention, F.dropout
+    saved_packed = masking_utils.find_packed_sequence_indices
+    saved_env = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    F.scaled_dot_product_attention = _sdpa_as_cuda(saved_sdpa)
+    F.dropout = _dropout_as_cuda(saved_dropout)
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    if fake:
+        masking_utils.find_packed_sequence_indices = _packed_sequences_as_cuda(saved_packed)
+        applied.append(NO_PACKED_SEQUENCE_MASK)
+    try:
+        yield applied
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved_sdpa, saved_dropout
+        masking_utils.find_packed_sequence_indices = saved_packed
+        if saved_env is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = saved_env

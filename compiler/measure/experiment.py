@@ -1,0 +1,184 @@
+"""Read experiment files and measurement matrices into plain, fully defaulted mappings.
+
+Contract: `load_experiment(path)` returns the experiment as a dict with every default filled,
+`model` resolved to the model spec's path and `config` to its Hugging Face config.json;
+`expand_matrix(path)` returns (record name, experiment) pairs for every combination of a
+matrix file's axes, in the order the file lists them. `to_record(exp)` is the mapping a
+record stores (the spec path relative to the repository root, no absolute paths). Pure
+YAML and path handling: no torch here, so the CLI can import this to build its parser.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+MODULES = ("vision", "projector", "language")
+PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
+ATTENTIONS = ("flash_attention_2", "sdpa", "eager")
+OPTIMIZER_TYPES = ("adamw", "sgd")
+OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
+
+DEFAULTS: dict[str, Any] = {
+    "images_per_sample": 1,
+    "trainable": ["projector", "language"],
+    "precision": "bf16-mixed",
+    "optimizer": {"type": "adamw", "impl": "foreach"},
+    "gradient_checkpointing": [],
+    "attention": "sdpa",
+    "parallel": {"dp": 1, "zero": 0},
+}
+# Keys a record keeps, in this order; descriptive keys pass through when present.
+MEASURED_KEYS = (
+    "experiment", "model", "micro_batch", "seq_len", "images_per_sample", "trainable",
+    "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
+)
+DESCRIPTIVE_KEYS = ("summary", "gpu", "notes")
+# Forward order of the modules; a module gets gradients flowing through it when it or
+# anything before it is trainable.
+FORWARD_ORDER = MODULES
+
+
+class ExperimentError(ValueError):
+    """An experiment or matrix file that cannot be measured; the message says why."""
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except OSError as exc:
+        raise ExperimentError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def model_config_path(spec_path: Path) -> Path:
+    """The Hugging Face config.json a model spec names in `source.config`."""
+    spec = _read_yaml(spec_path)
+    try:
+        config = spec["source"]["config"]
+    except (TypeError, KeyError) as exc:
+        raise ExperimentError(f"{spec_path}: model spec has no source.config") from exc
+    return (spec_path.parent / config).resolve()
+
+
+def _check(exp: dict, where: str) -> None:
+    def fail(message: str) -> None:
+        raise ExperimentError(f"{where}: {message}")
+
+    for key in ("micro_batch", "seq_len"):
+        if not isinstance(exp.get(key), int) or exp[key] < 1:
+            fail(f"{key} must be a positive integer, got {exp.get(key)!r}")
+    for key in ("trainable", "gradient_checkpointing"):
+        unknown = sorted(set(exp[key]) - set(MODULES))
+        if unknown:
+            fail(f"{key}: unknown module(s) {unknown}; known: {list(MODULES)}")
+    if exp["precision"] not in PRECISIONS:
+        fail(f"precision {exp['precision']!r} is not one of {list(PRECISIONS)}")
+    if exp["attention"] not in ATTENTIONS:
+        fail(f"attention {exp['attention']!r} is not one of {list(ATTENTIONS)}")
+    optimizer = exp["optimizer"]
+    if optimizer.get("type") not in OPTIMIZER_TYPES:
+        fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
+    if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
+        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
+    if exp["parallel"].get("dp", 1) != 1 or exp["parallel"].get("zero", 0) != 0:
+        fail(f"parallel {exp['parallel']} cannot be measured here: only dp 1, zero 0 runs "
+             "on one process; measure sharded setups on GPUs")
+    if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
+        fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+
+
+def normalise(raw: dict, base_dir: Path, where: str) -> dict:
+    """Fill defaults and resolve `model` (relative to `base_dir`); check every field."""
+    if not isinstance(raw, dict):
+        raise ExperimentError(f"{where}: an experiment must be a mapping")
+    missing = [k for k in ("experiment", "model", "micro_batch", "seq_len") if k not in raw]
+    if missing:
+        raise ExperimentError(f"{where}: missing required key(s) {missing}")
+    exp = {**DEFAULTS, **raw}
+    exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") == "adamw" else {}),
+                        **exp["optimizer"]}
+    exp["parallel"] = {**DEFAULTS["parallel"], **exp["parallel"]}
+    exp["trainable"] = list(exp["trainable"])
+    exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
+    spec_path = (base_dir / exp["model"]).resolve()
+    exp["model"] = spec_path
+    exp["config"] = model_config_path(spec_path)
+    _check(exp, where)
+    return exp
+
+
+def load_experiment(path: str | Path) -> dict:
+    path = Path(path)
+    return normalise(_read_yaml(path), path.parent, str(path))
+
+
+def with_overrides(exp: dict, **overrides: Any) -> dict:
+    """A copy of `exp` with the non-None overrides applied and checked again."""
+    out = dict(exp)
+    out.update({k: v for k, v in overrides.items() if v is not None})
+    out["parallel"] = {**DEFAULTS["parallel"], **out["parallel"]}
+    _check(out, f"experiment {out['experiment']!r} with overrides")
+    return out
+
+
+def grad_flows(trainable: list[str]) -> list[str]:
+    """Modules a gradient flows through: trainable ones and everything after the first."""
+    first = min((FORWARD_ORDER.index(m) for m in trainable), default=len(FORWARD_ORDER))
+    return list(FORWARD_ORDER[first:])
+
+
+def _relative(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def to_record(exp: dict) -> dict:
+    """The experiment as a record stores it: measured keys in order, repo-relative model."""
+    out = {k: exp[k] for k in MEASURED_KEYS}
+    out["model"] = _relative(exp["model"])
+    out.update({k: exp[k] for k in DESCRIPTIVE_KEYS if k in exp})
+    return out
+
+
+def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
+    """Every combination of the matrix's axes as (record name, experiment).
+
+    Matrix file: `matrix` (name), `base` (fields shared by all entries), `axes` (an ordered
+    mapping from experiment key to either a list of values or a mapping label -> value).
+    Checkpointing a module no gradient flows through changes nothing, so such modules are
+    dropped from `gradient_checkpointing`.
+    """
+    path = Path(path)
+    matrix = _read_yaml(path)
+    if not isinstance(matrix, dict) or "axes" not in matrix:
+        raise ExperimentError(f"{path}: a matrix needs `axes`")
+    base = matrix.get("base", {})
+    axes = []
+    for key, values in matrix["axes"].items():
+        labelled = values.items() if isinstance(values, dict) else [(_label(key, v), v) for v in values]
+        axes.append([(key, label, value) for label, value in labelled])
+    out = []
+    for combo in itertools.product(*axes):
+        raw = {**base, **{key: value for key, _, value in combo}}
+        labels = "_".join(label for _, label, _ in combo)
+        raw["experiment"] = f"{matrix.get('matrix', path.stem)}_{labels}"
+        raw["gradient_checkpointing"] = [m for m in raw.get("gradient_checkpointing", [])
+                                         if m in grad_flows(raw.get("trainable", DEFAULTS["trainable"]))]
+        exp = normalise(raw, path.parent, f"{path} entry {labels}")
+        out.append((raw["experiment"], exp))
+    return out
+
+
+def _label(key: str, value: Any) -> str:
+    prefix = {"micro_batch": "b", "seq_len": "s"}.get(key, "")
+    return f"{prefix}{value}"

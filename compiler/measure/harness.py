@@ -1,0 +1,343 @@
+"""Build LLaVA from its config, set up one experiment, and trace training steps.
+
+Contract: `measure(exp, steps=...)` builds `LlavaForConditionalGeneration` from the
+experiment's config.json (random init, on fake tensors unless `fake=False`), applies the
+experiment (trainable modules, precision, optimizer, gradient checkpointing, attention),
+runs `steps` training steps under a `MemoryTracer` with the CUDA emulation of `emulation`,
+and returns a `Measurement`: the peak of every step with its phase, op, module and bytes by
+category. Nothing is downloaded and, on fake tensors, no tensor memory is touched.
+
+A step is what Hugging Face's Trainer runs: `loss = model(**batch).loss` (the output object
+dies at once), `loss.backward()`, the optimizer step, `zero_grad(set_to_none=True)`.
+Mixed precision ("bf16-mixed", "fp16-mixed") is DeepSpeed/Megatron style: the model holds
+16-bit weights and gradients; the optimizer holds fp32 master copies of the trainable
+weights, created at the first step together with its states; at each step every master gets
+an fp32 copy of its 16-bit gradient first, then the optimizer steps on the masters, the
+masters are copied back into the 16-bit weights, and the fp32 gradients are freed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import emulation
+from .tracer import (
+    BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
+    OPTIMIZER_STATES, PARAMETERS, PHASES, SETUP, MemoryTracer, ModuleScope, Peak,
+)
+
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bf16-mixed": torch.bfloat16,
+    "fp16-mixed": torch.float16,
+}
+MIXED = ("bf16-mixed", "fp16-mixed")
+# DeepSpeed fp16 `initial_scale_power` default 16 (deepspeed/runtime/fp16/loss_scaler.py).
+FP16_INITIAL_LOSS_SCALE = 2.0 ** 16
+# LLaVA-1.5 finetune recipe (scripts/v1_5/finetune.sh): learning rate 2e-5, weight decay 0.
+LEARNING_RATE = 2e-5
+WEIGHT_DECAY = 0.0
+ADAM_BETAS = (0.9, 0.999)
+# Token id of the text positions; any id other than the image token will do.
+TEXT_TOKEN_ID = 1
+IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
+MIN_STEPS = 2
+
+# transformers' attention implementation for each experiment value. flash_attention_2 needs
+# the flash-attn package and a GPU; its memory equals SDPA's flash kernel (both save q, k,
+# v, out and the fp32 logsumexp and allocate the same backward accumulators), so it runs as
+# SDPA routed to flash.
+ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "sdpa"}
+FA2_AS_SDPA = "flash_attention_2-measured-as-sdpa-flash"
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    step: int
+    allocated: int
+    traced: int
+    phase: str
+    op: str
+    module: str
+    breakdown: dict[str, int]
+    phases: dict[str, dict]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    steps: tuple[StepPeak, ...]
+    emulation: tuple[str, ...]
+    inventory: str
+    timeline: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def load_config(config_path: Path):
+    """LlavaConfig from a config.json, with the KV cache off (training)."""
+    from transformers import LlavaConfig
+
+    config = LlavaConfig(**json.loads(Path(config_path).read_text()))
+    # LLaVA's train.py sets `model.config.use_cache = False`; a cache only adds references.
+    config.text_config.use_cache = False
+    return config
+
+
+def config_sha256(config_path: Path) -> str:
+    return hashlib.sha256(Path(config_path).read_bytes()).hexdigest()
+
+
+def image_tokens_per_image(config) -> int:
+    """576 for CLIP ViT-L/14 at 336 px: one token per patch, CLS dropped ("default")."""
+    patches = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    return patches + (1 if config.vision_feature_select_strategy == "full" else 0)
+
+
+def module_groups(model) -> dict[str, list[torch.nn.Module]]:
+    """Experiment module names -> the Hugging Face submodules they mean."""
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def build_model(config, exp: dict):
+    from transformers import LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration._from_config(
+        config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=DTYPES[exp["precision"]])
+    model.train()
+    model.requires_grad_(False)
+    groups = module_groups(model)
+    for name in exp["trainable"]:
+        for module in groups[name]:
+            module.requires_grad_(True)
+    for name in exp["gradient_checkpointing"]:
+        # Transformers' default: non-reentrant torch.utils.checkpoint per decoder/encoder layer.
+        module = groups[name][0]
+        enable = getattr(module, "activation_checkpointing_enable", None) or module.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
+    return model
+
+
+def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
+    """pixel_values, input_ids (image tokens first in every sample) and labels."""
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    n_image = images * image_tokens_per_image(config)
+    if n_image > s:
+        raise ValueError(f"seq_len {s} is shorter than the {n_image} image tokens per sample")
+    size = config.vision_config.image_size
+    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
+    input_ids[:, :n_image] = config.image_token_id
+    labels = input_ids.clone()
+    labels[:, :n_image] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
+    if images:
+        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size,
+                                            dtype=DTYPES[exp["precision"]])
+    return batch
+
+
+def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.Optimizer:
+    """AdamW or SGD with the implementation flag passed explicitly.
+
+    NB: `_default_to_fused_or_foreach` rejects fake tensors and would pick the for-loop
+    implementation; CUDA's default is foreach.
+    """
+    impl = spec.get("impl", "foreach")
+    flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
+    if spec["type"] == "adamw":
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY, **flags)
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=spec.get("momentum", 0.0),
+                           weight_decay=WEIGHT_DECAY, **flags)
+
+
+class MasterWeightOptimizer:
+    """fp32 master weights around a torch optimizer (DeepSpeed bf16/fp16, Megatron)."""
+
+    def __init__(self, params: list[torch.Tensor], spec: dict, tracer: MemoryTracer, loss_scale: float) -> None:
+        self.params = params
+        self.spec = spec
+        self.tracer = tracer
+        self.loss_scale = loss_scale
+        self.masters: list[torch.Tensor] | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.masters is None:
+            self.masters = [p.detach().to(torch.float32, copy=True) for p in self.params]
+            self.tracer.relabel(self.masters, OPTIMIZER_STATES)
+            self.optimizer = make_torch_optimizer(self.masters, self.spec)
+        for master, p in zip(self.masters, self.params):
+            master.grad = p.grad.float()
+        self.tracer.relabel([m.grad for m in self.masters], MASTER_GRADIENTS)
+        if self.loss_scale != 1.0:
+            torch._foreach_mul_([m.grad for m in self.masters], 1.0 / self.loss_scale)
+        self.optimizer.step()
+        for master, p in zip(self.masters, self.params):
+            p.copy_(master)
+        for master in self.masters:
+            master.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return list(self.masters or []) + optimizer_state_tensors(self.optimizer)
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+class PlainOptimizer:
+    """A torch optimizer straight on the model's parameters (fp32, pure bf16)."""
+
+    def __init__(self, params: list[torch.Tensor], spec: dict) -> None:
+        self.optimizer = make_torch_optimizer(params, spec)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return optimizer_state_tensors(self.optimizer)
+
+
+def _host_ops() -> frozenset:
+    # torch.tensor(python_scalar) makes a host tensor on a CUDA machine (e.g. AdamW's
+    # per-parameter `step` counters and the `torch.tensor(1.0)` it adds to them).
+    return frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
+
+
+def _step_peak(tracer: MemoryTracer, step: int) -> StepPeak:
+    peak = tracer.step_peak(step)
+    phases = {}
+    for phase in PHASES:
+        p: Peak | None = tracer.peaks.get((step, phase))
+        if p is not None:
+            phases[phase] = {"allocated": p.allocated, "op": p.op, "module": p.module, "breakdown": p.breakdown()}
+    return StepPeak(step=step, allocated=peak.allocated, traced=peak.traced, phase=peak.phase, op=peak.op,
+                    module=peak.module, breakdown=peak.breakdown(), phases=phases)
+
+
+def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
+    total = sum(r[3] for r in rows)
+    lines = [title, f"{'bytes':>16}  {'count':>5}  module / dtype[shape] op", f"{total:>16}  {'':>5}  total"]
+    lines += [f"{nbytes:>16}  {count:>5}  {module or '<root>'}  {what}" for module, what, count, nbytes in rows]
+    return "\n".join(lines) + "\n"
+
+
+def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
+            emulate: bool = True, granularity: int | None = None) -> Measurement:
+    """Trace `steps` training steps of `exp`; see the module docstring."""
+    if steps < MIN_STEPS:
+        raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
+    started = time.perf_counter()
+    config = load_config(exp["config"])
+    fake_mode = None
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with (fake_mode or _nothing()):
+        model = build_model(config, exp)
+        batch = make_batch(config, exp)
+    if fake_mode is not None:
+        batch = {k: (fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+    scope = ModuleScope(model)
+    tracer_kwargs = {"granularity": granularity} if granularity else {}
+    tracer = MemoryTracer(
+        context=scope.context,
+        scratch=emulation.kernel_scratch if emulate else None,
+        host_ops=_host_ops() if emulate else frozenset(),
+        device="cpu",
+        timeline=timeline,
+        **tracer_kwargs,
+    )
+    tracer.register(model.parameters(), PARAMETERS)
+    tracer.register(model.buffers(), BUFFERS)
+    tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
+    if exp["precision"] in MIXED:
+        scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
+        optimizer = MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale)
+    else:
+        scale = 1.0
+        optimizer = PlainOptimizer(trainable, exp["optimizer"])
+
+    def enter_loss(module, args, output):
+        if tracer.phase == FORWARD:
+            tracer.phase = LOSS
+            scope.mark("loss")
+
+    model.lm_head.register_forward_hook(enter_loss)
+
+    inventory = ""
+    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake) if emulate else _nothing([])) as applied, tracer:
+        for step in range(1, steps + 1):
+            tracer.step = step
+            scope.reset_calls()
+            tracer.phase, scope.label = FORWARD, ""
+            if emulate:
+                tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
+            loss = model(**batch).loss
+            scope.unmark()
+            if step == steps:
+                inventory = format_inventory(
+                    tracer.inventory(), f"live activations at the end of forward, step {step}")
+            tracer.phase, scope.in_backward = BACKWARD, True
+            if emulate:
+                tracer.persistent = emulation.persistent_scratch(2)
+            (loss * scale if scale != 1.0 else loss).backward()
+            del loss
+            scope.in_backward = False
+            tracer.phase, scope.label = OPTIMIZER, "optimizer"
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracer.relabel(optimizer.state_tensors(), OPTIMIZER_STATES)
+            tracer.phase, scope.label = SETUP, ""
+    scope.remove()
+    names = list(applied)
+    if emulate and exp["attention"] == "flash_attention_2":
+        names.append(FA2_AS_SDPA)
+    if emulate:
+        names += [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH, emulation.MASKED_SCATTER_SCRATCH,
+                  emulation.MASKED_SELECT_SCRATCH, emulation.CUBLAS_WORKSPACE]
+    return Measurement(
+        steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),
+        emulation=tuple(names),
+        inventory=inventory,
+        timeline=tracer.timeline,
+        seconds=time.perf_counter() - started,
+    )
+
+
+class _nothing:
+    """A context manager that does nothing and yields `value`."""
+
+    def __init__(self, value=None) -> None:
+        self.value = value
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc) -> None:
+        return None

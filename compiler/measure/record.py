@@ -1,0 +1,103 @@
+"""Measured records: build, write, read and validate `memspec/measured/v1` JSON files.
+
+Contract: `build_record(name, exp, measurement)` returns the record mapping (bytes as
+integers, the experiment with its defaults, the software versions and the machine);
+`write_record` writes it as stable, indented JSON; `validate(record)` returns the schema
+violations as `$.path: message` strings (empty when valid). Only `build_record` needs the
+measurement's torch-free dataclasses; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .experiment import REPO_ROOT, to_record
+
+SCHEMA_ID = "memspec/measured/v1"
+SCHEMA_PATH = REPO_ROOT / "schemas" / "measured.schema.json"
+SOURCE_CPU_TRACE = "cpu-trace"
+PACKAGES = ("torch", "transformers", "peft")
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for package in PACKAGES:
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    out["python"] = platform.python_version()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "accelerator": None,
+        "note": "fake tensors on the CPU; no device memory is touched",
+    }
+
+
+def _step(step) -> dict[str, Any]:
+    return {
+        "step": step.step,
+        "allocated": step.allocated,
+        "traced": step.traced,
+        "phase": step.phase,
+        "op": step.op,
+        "module": step.module,
+        "breakdown": dict(step.breakdown),
+        "phases": step.phases,
+    }
+
+
+def steady_state(steps: list[dict]) -> dict:
+    """The highest step after the first (the first also creates the optimizer states)."""
+    return max(steps[1:], key=lambda s: s["allocated"])
+
+
+def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[str, Any]:
+    steps = [_step(s) for s in measurement.steps]
+    return {
+        "schema": SCHEMA_ID,
+        "name": name,
+        "experiment": to_record(exp),
+        "model_config_sha256": config_sha256,
+        "source": SOURCE_CPU_TRACE,
+        "versions": versions(),
+        "machine": machine(),
+        "emulation": list(measurement.emulation),
+        "steps": steps,
+        "allocated": steady_state(steps)["allocated"],
+        "allocated_first_step": steps[0]["allocated"],
+        "reserved": None,
+        "device": None,
+    }
+
+
+def write_record(record: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # NB: atomic, so an interrupted matrix run never leaves half a record
+
+
+def read_record(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def validate(record: dict) -> list[str]:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(record), key=lambda e: list(e.absolute_path))
+    return [f"{e.json_path}: {e.message}" for e in errors]

@@ -1,0 +1,349 @@
+"""Count the bytes a training step holds on the device, op by op, without a device.
+
+Contract: `MemoryTracer` is a `TorchDispatchMode`. Every tensor an op returns whose storage is
+new gets a `weakref.finalize` on that storage, so the tracer knows exactly which storages are
+alive after every op. Each storage is charged its byte size rounded up to the CUDA caching
+allocator's block granularity; the running total after each op, plus any kernel scratch the
+caller says that op allocates internally, is a candidate for the peak. The tracer works the
+same on fake tensors (no memory touched) and on real CPU tensors (used to prove it honest).
+
+Each storage carries a mutable `Allocation` record: its category (parameters, gradients,
+activations, ...), the phase and module path that created it, the op, dtype and shape. A peak
+keeps references to the records alive at that moment, so relabelling a record later (an
+optimizer state is only known to be one when `step()` returns) also corrects the breakdown
+of a peak already taken.
+
+`ModuleScope` answers "which module is running": a stack kept by forward pre/post hooks
+(which also fire during checkpoint recomputation), and, during backward, the module whose
+forward created the autograd node being executed (matched by autograd sequence numbers).
+
+Nothing here knows about models, precisions or CUDA emulation; see `harness` and
+`emulation`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+# c10/core/AllocatorConfig.h (torch 2.13): `kMinBlockSize = 512`, "all sizes are rounded to
+# at least 512 bytes"; the CUDA caching allocator rounds every request up to a multiple of it.
+CUDA_BLOCK_GRANULARITY = 512
+
+# Categories, in the order reports list them.
+PARAMETERS = "parameters"
+BUFFERS = "buffers"
+INPUTS = "inputs"
+GRADIENTS = "gradients"
+MASTER_GRADIENTS = "master_gradients"
+OPTIMIZER_STATES = "optimizer_states"
+ACTIVATIONS = "activations"
+RECOMPUTED = "recomputed_activations"
+BACKWARD_TEMPORARIES = "backward_temporaries"
+OPTIMIZER_TEMPORARIES = "optimizer_temporaries"
+OTHER = "other"
+CATEGORIES = (
+    PARAMETERS, BUFFERS, INPUTS, GRADIENTS, MASTER_GRADIENTS, OPTIMIZER_STATES,
+    ACTIVATIONS, RECOMPUTED, BACKWARD_TEMPORARIES, OPTIMIZER_TEMPORARIES, OTHER,
+)
+
+# Phases of a training step, in order. "loss" is the part of the model's forward after the
+# LM head (the causal-LM loss); "setup" is anything outside a step.
+SETUP, FORWARD, LOSS, BACKWARD, OPTIMIZER = "setup", "forward", "loss", "backward", "optimizer"
+PHASES = (FORWARD, LOSS, BACKWARD, OPTIMIZER)
+
+
+def round_up(nbytes: int, granularity: int) -> int:
+    """Bytes the caching allocator hands out for a request of `nbytes` (0 stays 0)."""
+    return -(-nbytes // granularity) * granularity
+
+
+def default_category(phase: str, recomputing: bool) -> str:
+    """What a storage created in `phase` is, until something relabels it."""
+    if phase in (FORWARD, LOSS):
+        return ACTIVATIONS
+    if phase == BACKWARD:
+        return RECOMPUTED if recomputing else BACKWARD_TEMPORARIES
+    if phase == OPTIMIZER:
+        return OPTIMIZER_TEMPORARIES
+    return OTHER
+
+
+@dataclass
+class Allocation:
+    """One live storage. Mutable on purpose: see the module docstring."""
+
+    nbytes: int
+    category: str
+    phase: str
+    module: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    alive: bool = True
+
+
+@dataclass
+class Peak:
+    """The highest point seen in one (step, phase) window."""
+
+    allocated: int = -1
+    traced: int = 0
+    phase: str = ""
+    op: str = ""
+    module: str = ""
+    records: list[Allocation] = field(default_factory=list)
+    scratch: tuple[tuple[str, int], ...] = ()
+
+    def breakdown(self) -> dict[str, int]:
+        """Bytes by category at the peak, then each named kernel scratch (`scratch.<name>`)."""
+        by_category: Counter[str] = Counter()
+        for record in self.records:
+            by_category[record.category] += record.nbytes
+        out = {c: by_category[c] for c in CATEGORIES if by_category[c]}
+        for name, nbytes in self.scratch:
+            out[f"scratch.{name}"] = out.get(f"scratch.{name}", 0) + nbytes
+        return out
+
+
+ScratchFn = Callable[[object, tuple, dict, object], Iterable[tuple[str, int]]]
+
+
+class MemoryTracer(TorchDispatchMode):
+    """Live storage bytes per category after every op, and the peak per (step, phase).
+
+    `context()` returns (module path, recomputing) for the op being run; `scratch(func, args,
+    kwargs, out)` names bytes a kernel allocates internally for the duration of that op;
+    `persistent` names bytes alive outside any tensor (workspaces), added to every point.
+    `host_ops` are ops whose outputs the emulated run keeps on the host, not the device.
+    `device` restricts counting to tensors on that device type (None counts all).
+    """
+
+    def __init__(
+        self,
+        *,
+        granularity: int = CUDA_BLOCK_GRANULARITY,
+        context: Callable[[], tuple[str, bool]] = lambda: ("", False),
+        scratch: ScratchFn | None = None,
+        host_ops: frozenset = frozenset(),
+        device: str | None = None,
+        timeline: bool = False,
+    ) -> None:
+        super().__init__()
+        self.granularity = granularity
+        self.context = context
+        self.scratch = scratch
+        self.host_ops = host_ops
+        self.device = device
+        self.keep_timeline = timeline
+        self.live: dict[int, Allocation] = {}
+        self.total = 0
+        self.by_category: Counter[str] = Counter()
+        self.persistent: dict[str, int] = {}
+        self.phase = SETUP
+        self.step = 0
+        self.peaks: dict[tuple[int, str], Peak] = {}
+        self.timeline: list[dict] = []
+        self.ops = 0
+
+    # -- storages -------------------------------------------------------------------------
+
+    def _track(self, tensor: torch.Tensor, category: str, module: str, op: str) -> Allocation | None:
+        if self.device is not None and tensor.device.type != self.device:
+            return None
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        record = self.live.get(key)
+        if record is not None:
+            return record
+        record = Allocation(
+            nbytes=round_up(storage.nbytes(), self.granularity),
+            category=category,
+            phase=self.phase,
+            module=module,
+            op=op,
+            dtype=str(tensor.dtype).removeprefix("torch."),
+            shape=tuple(tensor.shape),
+        )
+        self.live[key] = record
+        self.total += record.nbytes
+        self.by_category[category] += record.nbytes
+        weakref.finalize(storage, self._free, key)
+        return record
+
+    def _free(self, key: int) -> None:
+        record = self.live.pop(key, None)
+        if record is None:
+            return
+        record.alive = False
+        self.total -= record.nbytes
+        self.by_category[record.category] -= record.nbytes
+
+    def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "") -> None:
+        """Count tensors created before tracing began (weights, buffers, the batch)."""
+        for tensor in tensors:
+            self._track(tensor, category, module, "register")
+
+    def relabel(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Move the storages of `tensors` to `category` (they keep their history)."""
+        for tensor in tensors:
+            if tensor is None:
+                continue
+            record = self.live.get(tensor.untyped_storage()._cdata)
+            if record is None or record.category == category:
+                continue
+            self.by_category[record.category] -= record.nbytes
+            self.by_category[category] += record.nbytes
+            record.category = category
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        module, recomputing = self.context()
+        if func not in self.host_ops:
+            category = default_category(self.phase, recomputing)
+            name = func.__name__
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._track(t, category, module, name)
+        scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
+        self._observe(func.__name__, module, scratch)
+        return out
+
+    def _observe(self, op: str, module: str, scratch: tuple[tuple[str, int], ...]) -> None:
+        self.ops += 1
+        scratch = scratch + tuple(self.persistent.items())
+        point = self.total + sum(nbytes for _, nbytes in scratch)
+        peak = self.peaks.get((self.step, self.phase))
+        if peak is None or point > peak.allocated:
+            self.peaks[(self.step, self.phase)] = Peak(
+                allocated=point,
+                traced=self.total,
+                phase=self.phase,
+                op=op,
+                module=module,
+                records=list(self.live.values()),
+                scratch=scratch,
+            )
+        if self.keep_timeline:
+            self.timeline.append({
+                "step": self.step,
+                "phase": self.phase,
+                "module": module,
+                "op": op,
+                "allocated": point,
+                **{c: self.by_category[c] for c in CATEGORIES if self.by_category[c]},
+                **{f"scratch.{n}": b for n, b in scratch},
+            })
+
+    # -- reports --------------------------------------------------------------------------
+
+    def step_peak(self, step: int) -> Peak:
+        """The highest point over all phases of `step`."""
+        candidates = [p for (s, _), p in self.peaks.items() if s == step]
+        return max(candidates, key=lambda p: p.allocated)
+
+    def inventory(self, categories: tuple[str, ...] = (ACTIVATIONS,)) -> list[tuple[str, str, int, int]]:
+        """Live storages of `categories` as (module, "dtype[shape] op", count, bytes), largest first."""
+        groups: Counter[tuple[str, str]] = Counter()
+        counts: Counter[tuple[str, str]] = Counter()
+        for record in self.live.values():
+            if record.category not in categories:
+                continue
+            shape = "x".join(str(d) for d in record.shape)
+            key = (record.module, f"{record.dtype}[{shape}] {record.op}")
+            groups[key] += record.nbytes
+            counts[key] += 1
+        rows = [(m, what, counts[(m, what)], nbytes) for (m, what), nbytes in groups.items()]
+        return sorted(rows, key=lambda r: (-r[3], r[0], r[1]))
+
+
+class ModuleScope:
+    """Which module of `root` is running, in forward, in recomputation and in backward."""
+
+    def __init__(self, root: torch.nn.Module, prefix_map: Callable[[str], str] = lambda s: s) -> None:
+        self.names = {m: prefix_map(n) for n, m in root.named_modules()}
+        self.param_names = {p: prefix_map(n.rpartition(".")[0]) for n, p in root.named_parameters()}
+        self.stack: list[str] = []
+        self.starts: list[int] = []  # sequence number at each call's start, ascending
+        self.calls: list[list] = []  # [start, end, path, parent index]
+        self.open: list[int] = []
+        self.in_backward = False
+        self.label = ""  # overrides everything when set (e.g. "loss", "optimizer")
+        self.marks: list[list] = []  # [start, end, label]: forward code outside any module
+        self.handles = []
+        for module in self.names:
+            self.handles.append(module.register_forward_pre_hook(self._enter))
+            self.handles.append(module.register_forward_hook(self._exit, always_call=True))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def reset_calls(self) -> None:
+        """Forget the previous forward's call intervals (call before each forward)."""
+        self.starts.clear()
+        self.calls.clear()
+        self.open.clear()
+        self.marks.clear()
+
+    def mark(self, label: str) -> None:
+        """Name what runs from now on (until `unmark`), in forward and in its backward."""
+        self.label = label
+        self.marks.append([torch._C._autograd._get_sequence_nr(), None, label])
+
+    def unmark(self) -> None:
+        self.label = ""
+        if self.marks and self.marks[-1][1] is None:
+            self.marks[-1][1] = torch._C._autograd._get_sequence_nr()
+
+    def _enter(self, module, args) -> None:
+        path = self.names[module]
+        self.stack.append(path)
+        if not self.in_backward:
+            parent = self.open[-1] if self.open else -1
+            seq = torch._C._autograd._get_sequence_nr()
+            self.starts.append(seq)
+            self.calls.append([seq, None, path, parent])
+            self.open.append(len(self.calls) - 1)
+
+    def _exit(self, module, args, output) -> None:
+        self.stack.pop()
+        if not self.in_backward and self.open:
+            self.calls[self.open.pop()][1] = torch._C._autograd._get_sequence_nr()
+
+    def _path_of_node(self, node) -> str:
+        variable = getattr(node, "variable", None)
+        if variable is not None:  # AccumulateGrad: the parameter's owner
+            return self.param_names.get(variable, "")
+        seq = node._sequence_nr()
+        for start, end, label in self.marks:
+            if start <= seq and (end is None or seq < end):
+                return label
+        i = bisect.bisect_right(self.starts, seq) - 1
+        while i >= 0:
+            start, end, path, parent = self.calls[i]
+            if end is None or seq < end:
+                return path
+            i = parent
+        return ""
+
+    def context(self) -> tuple[str, bool]:
+        """(module path, whether this is a checkpoint recomputation inside backward)."""
+        if self.label:
+            return self.label, False
+        if self.in_backward:
+            if self.stack:
+                return self.stack[-1], True
+            node = torch._C._current_autograd_node()
+            return (self._path_of_node(node) if node is not None else ""), False
+        return (self.stack[-1] if self.stack else ""), False
