@@ -70,7 +70,7 @@ def text(r: Report) -> str:
         f"  first step {gib(e.first_step.total):>8} GiB  {e.first_step.total:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
         f"  seed sum   {gib(e.seed_sum):>8} GiB  {e.seed_sum:>16,} B   parameters + gradients + optimizer states + activations (seed paper Eq. 1)",
         "",
-        f"breakdown at the peak (GiB), {_where(e.peak)}",
+        f"breakdown at the peak (GiB), {_where(e.peak)}; parameters include buffers and the batch's input tensors",
         *breakdown_table(e.peak),
     ]
     if r.gpu is not None:
@@ -146,15 +146,14 @@ def table_tsv(rows: tuple[Row, ...]) -> str:
 def table_text(rows: tuple[Row, ...]) -> str:
     """Fixed-width view: indented paths, bytes per instance in MiB, counts."""
     mib = 1 << 20
-    head = f"{'path':<58} {'type':<20} {'n':>3} {'tr':>2} {'gf':>2} {'params':>10} {'grads':>10} {'optim':>10} {'acts':>10} {'fwd tmp':>10} {'bwd tmp':>10}"
+    head = f"{'path':<50} {'type':<20} {'n':>3} {'tr':>2} {'gf':>2} {'params':>10} {'grads':>10} {'optim':>10} {'acts':>10} {'fwd tmp':>10} {'bwd tmp':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
         def m(v):
             return "-" if v is None else f"{v / mib:.1f}"
 
-        path = "  " * r.depth + r.path.rsplit(".", 1)[-1] if r.depth else r.path
         lines.append(
-            f"{path:<58} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
+            f"{r.path:<50} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
             f"{m(r.parameters):>10} {m(r.gradients):>10} {m(r.optimizer_states):>10} {m(r.activations):>10} {m(r.transient_forward):>10} {m(r.transient_backward):>10}"
         )
     lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row")

@@ -282,6 +282,4 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("ZeRO-2 reduce buckets and contiguous-gradient buffers (reduce_bucket_size, doubled with overlap_comm)")
     if setup.zero >= 3 and setup.dp > 1:
         out.append("ZeRO-3 prefetch beyond the running layer (stage3_prefetch_bucket_size, max_live_parameters)")
-    if setup.dp > 1:
-        out.append("NCCL communicator buffers (device figure only)")
     return tuple(out)

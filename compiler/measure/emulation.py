@@ -153,19 +153,24 @@ def _packed_sequences_as_cuda(original):
 
 
 @contextlib.contextmanager
-def cuda_behaviour(*, fake: bool) -> Iterator[list[str]]:
-    """Apply the CUDA emulation; yields the list of behaviour names applied."""
+def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset()) -> Iterator[list[str]]:
+    """Apply the CUDA emulation, less the behaviours named in `skip`; yields the names applied."""
     import torch.nn.functional as F
     from transformers import masking_utils
 
-    applied = [FLASH_ATTENTION, EFFICIENT_ATTENTION, NATIVE_DROPOUT, NO_TORCH_CHECK]
     saved_sdpa, saved_dropout = F.scaled_dot_product_attention, F.dropout
     saved_packed = masking_utils.find_packed_sequence_indices
     saved_env = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
-    F.scaled_dot_product_attention = _sdpa_as_cuda(saved_sdpa)
-    F.dropout = _dropout_as_cuda(saved_dropout)
+    applied = []
+    if FLASH_ATTENTION not in skip:
+        F.scaled_dot_product_attention = _sdpa_as_cuda(saved_sdpa)
+        applied += [FLASH_ATTENTION, EFFICIENT_ATTENTION]
+    if NATIVE_DROPOUT not in skip:
+        F.dropout = _dropout_as_cuda(saved_dropout)
+        applied.append(NATIVE_DROPOUT)
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
-    if fake:
+    applied.append(NO_TORCH_CHECK)
+    if fake and NO_PACKED_SEQUENCE_MASK not in skip:
         masking_utils.find_packed_sequence_indices = _packed_sequences_as_cuda(saved_packed)
         applied.append(NO_PACKED_SEQUENCE_MASK)
     try:

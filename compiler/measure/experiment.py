@@ -90,7 +90,7 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
     if exp["parallel"].get("dp", 1) != 1 or exp["parallel"].get("zero", 0) != 0:
         fail(f"parallel {exp['parallel']} cannot be measured here: only dp 1, zero 0 runs "
-             "on one process; measure sharded setups on GPUs")
+             "on one process (the CLI's --no-parallel measures it unsharded)")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
 

@@ -242,8 +242,13 @@ def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
 
 
 def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
-            emulate: bool = True, granularity: int | None = None) -> Measurement:
-    """Trace `steps` training steps of `exp`; see the module docstring."""
+            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None) -> Measurement:
+    """Trace `steps` training steps of `exp`; see the module docstring.
+
+    `fake=False` runs on real CPU tensors; `emulate=False` turns the CUDA emulation off and
+    `skip` leaves out single behaviours (both for tests); `granularity` overrides the
+    allocator rounding (1 counts exact bytes).
+    """
     if steps < MIN_STEPS:
         raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
     started = time.perf_counter()
@@ -291,7 +296,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     model.lm_head.register_forward_hook(enter_loss)
 
     inventory = ""
-    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake) if emulate else _nothing([])) as applied, tracer:
+    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])) as applied, tracer:
         for step in range(1, steps + 1):
             tracer.step = step
             scope.reset_calls()

@@ -1,0 +1,77 @@
+"""`memspec check`: every spec, experiment and formula under the given paths, all errors at once.
+
+Contract: `check_paths(paths)` returns (files checked, diagnostics). The formula library is
+always checked, examples included, because every spec depends on it. Specs are compiled with
+one sample and the shortest sequence their images allow, so that a parameter count that
+disagrees with the formulas is found without an experiment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import Diagnostic, MemspecError
+from .load import load_yaml
+from .paths import formulas_dir
+
+
+def _yaml_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files.extend(sorted(q for q in p.rglob("*.yaml") if q.is_file()))
+        else:
+            files.append(p)
+    return files
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
+    from . import api
+    from .examples import run_examples
+
+    problems: list[Diagnostic] = []
+    checked: list[str] = []
+    library = None
+    try:
+        library = api.library(str(formulas_dir()))
+        problems.extend(run_examples(library))
+    except MemspecError as exc:
+        problems.extend(exc.diagnostics)
+    formula_root = formulas_dir().resolve()
+    for path in _yaml_files(paths):
+        name = _display(path)
+        checked.append(name)
+        if path.resolve().parent == formula_root:
+            continue  # checked with the library above
+        try:
+            kind = api.file_kind(load_yaml(name))
+            if kind == "formula":
+                from .formula import load_library
+
+                load_library(path.parent)  # a formula folder other than the built-in one
+            elif kind == "gpus":
+                api.gpu_catalog()
+            elif library is not None:
+                _compile(name, kind, library)
+        except MemspecError as exc:
+            problems.extend(exc.diagnostics)
+    unique = list(dict.fromkeys(problems))
+    return checked, unique
+
+
+def _compile(name: str, kind: str, library) -> None:
+    from . import api
+
+    if kind == "experiment":
+        spec, setup = api.load_inputs(name)
+    else:
+        spec = api.load_spec(name)
+        _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(spec.image_tokens, 1)})
+    api.run(spec, setup, library)
