@@ -125,6 +125,7 @@ def _fmt(v: Any) -> str:
 
 def layer_table(nodes: tuple[Node, ...]) -> tuple[Row, ...]:
     owner = first_charges(nodes)
+    dims: dict[int, str] = {}  # NB: identical instances share one scope object (expand's memo)
     groups: dict[tuple, list] = {}
     order: list[tuple] = []
     for root in nodes:
@@ -139,7 +140,7 @@ def layer_table(nodes: tuple[Node, ...]) -> tuple[Row, ...]:
                 inst.trainable,
                 inst.grad_flows,
                 inst.checkpointed,
-                _dims(inst),
+                dims[id(inst.scope)] if id(inst.scope) in dims else dims.setdefault(id(inst.scope), _dims(inst)),
                 cost.parameters,
                 cost.gradients,
                 cost.optimizer_states,

@@ -73,6 +73,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool)
 
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
+    _MEMO.clear()
     problems: list[Diagnostic] = []
     roots = []
     grad = False
@@ -92,9 +93,14 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
         seq = integer(m.seq, m.seq(scope))
 
         def locate(key, message, help, _path=m.path):
-            path = f"{_path}.inputs.{key}" if key else _path
+            if not key:
+                path = _path
+            elif message.startswith("missing input"):
+                path = f"{_path}.inputs"  # NB: a missing key is shown at the mapping that lacks it
+            else:
+                path = f"{_path}.inputs.{key}"
             line, col = spec.doc.where(path)
-            return Diagnostic("E206" if "must be" in message else "E203", spec.file, line, col, path, message, help)
+            return Diagnostic(_code(message), spec.file, line, col, path, message, help)
 
         try:
             root = _instance(
@@ -134,24 +140,52 @@ def _grad_out(inst: Instance) -> bool:
     return inst.grad_in or _grad_out(inst.children[-1])
 
 
+# Identical instances (the 32 decoder layers) bind to identical scopes: each distinct
+# (formula, inputs, context) is bound, and its children's expressions evaluated, once.
+_MEMO: dict = {}
+
+
+def _bound_scope(formula: Formula, given: Mapping[str, Any], context: dict, locate) -> dict:
+    key = ("bind", formula.layer_type, _freeze(given), _freeze(context))
+    if key not in _MEMO:
+        _MEMO[key] = bind(formula, given, context, locate)
+    return _MEMO[key]
+
+
+def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple) -> tuple:
+    key = ("child", child.path, c_formula.layer_type, scope_key, previous)
+    hit = _MEMO.get(key)
+    if hit is None:
+        count = integer(child.count, child.count(scope)) if child.count is not None else 1
+        c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else scope["batch"]
+        c_seq = integer(child.context["seq"], child.context["seq"](scope)) if "seq" in child.context else scope["seq"]
+        c_grad_in = bool(child.grad_in({**scope, "previous": previous})) if child.grad_in is not None else previous
+        c_reaches = bool(child.reaches_loss(scope)) if child.reaches_loss is not None else True
+        c_given = {k: (e.constant if _is_tensor(c_formula, k) else e(scope)) for k, e in child.inputs.items()}
+        hit = _MEMO[key] = (count, c_batch, c_seq, c_grad_in, c_reaches, c_given)
+    return hit
+
+
+def _freeze(mapping: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in mapping.items()))
+
+
 def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
               trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate) -> Instance:
     trainable = trainable and reaches_loss
     grad_in = grad_in and reaches_loss
-    scope = bind(formula, {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}, _context(setup, batch, seq, trainable, grad_in), locate)
+    scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
+    scope = _bound_scope(formula, scalars, _context(setup, batch, seq, trainable, grad_in), locate)
+    scope_key = (formula.layer_type, _freeze(scalars), batch, seq, trainable, grad_in)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     children = []
     previous = grad_in
     for child in formula.children:
-        count = integer(child.count, child.count(scope)) if child.count is not None else 1
+        c_formula = library[child.type]
+        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(child, c_formula, scope, previous, scope_key)
         if count == 0:
             continue
-        c_formula = library[child.type]
-        c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else batch
-        c_seq = integer(child.context["seq"], child.context["seq"](scope)) if "seq" in child.context else seq
-        c_grad_in = bool(child.grad_in({**scope, "previous": previous})) if child.grad_in is not None else previous
-        c_reaches = reaches_loss and (bool(child.reaches_loss(scope)) if child.reaches_loss is not None else True)
-        c_given = {k: (e.constant if _is_tensor(c_formula, k) else e(scope)) for k, e in child.inputs.items()}
+        c_reaches = reaches_loss and c_reaches
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         out = previous
         for i in range(count):
@@ -215,6 +249,13 @@ def _child_locate(child: Child, parent_locate):
         expr = child.inputs.get(key)
         if expr is None:
             return parent_locate("", message, help)
-        return expr.diag("E206" if "must be" in message else "E203", message, help)
+        return expr.diag(_code(message), message, help)
 
     return locate
+
+
+def _code(message: str) -> str:
+    """The code of a message from `formula.bind`: a missing input, a bad value or an unknown one."""
+    if message.startswith("missing input"):
+        return "E201"
+    return "E206" if "must be" in message else "E203"

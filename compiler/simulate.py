@@ -72,15 +72,11 @@ class _State:
     resident_slack: int = 0
     best: Point | None = None
     best_slack: int = 0
-    best_first: Point | None = None
+    best_first: tuple | None = None
     timeline: list = field(default_factory=list)
 
-    def level(self) -> int:
-        return (
-            sum(sum(c.values()) for c in self.resident.values())
-            + sum(self.grads.values())
-            + sum(self.live_by_module.values())
-        )
+    level: int = 0  # resident + gradients + live saved tensors, kept up to date
+    optim_resident: int = 0
 
     def charge(self, module: str, tensors) -> None:
         for name, size in tensors:
@@ -88,27 +84,36 @@ class _State:
                 size = round_up(size, ALLOCATOR_GRANULE)
                 self.live[name] = (module, size)
                 self.live_by_module[module] = self.live_by_module.get(module, 0) + size
+                self.level += size
 
     def free(self, path: str, tensors) -> None:
         for name, _ in tensors:
             if self.owner.get(name) == path and name in self.live:
                 module, size = self.live.pop(name)
                 self.live_by_module[module] -= size
+                self.level -= size
 
-    def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> Point:
-        total = self.level() + sum(transient.values())
+    def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> None:
+        total = self.level + sum(transient.values())
         self.timeline.append((phase, path, total))
-        optim = sum(c.get("optimizer_states", 0) for c in self.resident.values())
-        point = Point(phase, path, total, self._breakdown(transient))
         if self.best is None or total > self.best.total:
-            self.best = point
+            self.best = self._point(phase, path, total, transient)
             self.best_slack = sum(segment_slack(size) for _, size in self.live.values()) + self.resident_slack
-        if phase != "optimizer" and (self.best_first is None or total - optim > self.best_first.total):
-            bd = self._breakdown(transient)
-            for cats in bd.values():
-                cats["optimizer_states"] = 0
-            self.best_first = Point(phase, path, total - optim, bd)
+        first = total - self.optim_resident
+        if phase != "optimizer" and (self.best_first is None or first > self.best_first[2]):
+            # NB: a snapshot, made into a Point once at the end: this branch runs on most
+            # forward events.
+            self.best_first = (phase, path, first, dict(self.grads), dict(self.live_by_module), transient)
+
+    def first_point(self) -> Point:
+        phase, path, total, grads, live, transient = self.best_first
+        point = _State(self.modules, self.resident, self.owner, grads, {}, live)._point(phase, path, total, transient)
+        for cats in point.breakdown.values():
+            cats["optimizer_states"] = 0
         return point
+
+    def _point(self, phase: str, path: str, total: int, transient: Mapping[str, int]) -> Point:
+        return Point(phase, path, total, self._breakdown(transient))
 
     def _breakdown(self, transient: Mapping[str, int]) -> dict:
         out = {}
@@ -163,6 +168,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for m, t in resident.items()
     }
     state = _State(modules, per_gpu, first_charges(nodes))
+    state.level = sum(sum(c.values()) for c in per_gpu.values())
+    state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values())
     state.resident_slack = sum(
         segment_slack(_div(n.cost.parameters, p_div)) + segment_slack(_div(n.cost.optimizer_states, o_div))
         for root in nodes
@@ -196,7 +203,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for c in reversed(node.children):
             backward(c, t)
         if node.cost.gradients:
-            state.grads[inst.module] = state.grads.get(inst.module, 0) + _div(node.cost.gradients, g_div)
+            grad = _div(node.cost.gradients, g_div)
+            state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
+            state.level += grad
         if not node.children:
             state.observe("backward", inst.path, t)
         state.free(inst.path, node.cost.saved + node.cost.checkpoint)
@@ -208,7 +217,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         backward(root, {})
     trainable = _trainable_elements(nodes, setup)
     largest = _largest_trainable(nodes, setup)
-    step = state.observe("optimizer", "optimizer.step", _step_transient(setup, trainable, largest, o_div, modules))
+    step_transient = _step_transient(setup, trainable, largest, o_div, modules)
+    state.observe("optimizer", "optimizer.step", step_transient)
+    step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
 
     per_gpu_totals = {m: {**per_gpu[m], "gradients": _div(resident[m]["gradients"], g_div)} for m in modules}
     # The seed paper's Eq. 1: the four factors summed, per GPU, activations as kept for backward.
@@ -218,7 +229,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         reserved=state.best.total + state.best_slack,
         # Step 1 has no optimizer states before step() creates them; its step phase is
         # the steady one.
-        first_step=max(state.best_first, step, key=lambda p: p.total),
+        first_step=max(state.first_point(), step, key=lambda p: p.total),
         timeline=tuple(state.timeline),
         resident=per_gpu_totals,
         activations_end_of_forward=end_of_forward,

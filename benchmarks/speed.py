@@ -1,0 +1,63 @@
+"""Benchmark (not a test): how fast memspec starts and estimates.
+
+Prints: the cold CLI time of `memspec estimate` on a built-in experiment (median of 5 fresh
+processes), the import time of the estimating path, and in-process estimates per second
+with the formula library already loaded (the speed `fit` and sweeps see).
+
+    python benchmarks/speed.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
+
+
+def cold_cli(runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "compiler.cli", "estimate", EXPERIMENT], cwd=ROOT, check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def import_time(runs: int = 5) -> float:
+    code = "import time; t = time.perf_counter(); import compiler.api, compiler.render, compiler.cli; print(time.perf_counter() - t)"
+    out = [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout) for _ in range(runs)]
+    return statistics.median(out)
+
+
+def in_process(seconds: float = 3.0) -> tuple[float, float]:
+    sys.path.insert(0, str(ROOT))
+    from compiler.api import library, load_inputs, run
+
+    library()  # formulas loaded once, as a long-lived caller would
+    spec, setup = load_inputs(ROOT / EXPERIMENT)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        run(spec, setup)
+        n += 1
+    per_second = n / (time.perf_counter() - start)
+    start = time.perf_counter()
+    load_inputs(ROOT / EXPERIMENT)
+    load_ms = (time.perf_counter() - start) * 1000
+    return per_second, load_ms
+
+
+def main() -> None:
+    print(f"cold CLI 'memspec estimate {EXPERIMENT}': {cold_cli() * 1000:.0f} ms (median of 5 processes)")
+    print(f"import of the estimating path: {import_time() * 1000:.0f} ms (median of 5)")
+    per_second, load_ms = in_process()
+    print(f"in-process estimates (library loaded, inputs resolved): {per_second:.1f} per second ({1000 / per_second:.1f} ms each)")
+    print(f"loading + validating the experiment and its spec: {load_ms:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
