@@ -103,8 +103,9 @@ def _run_single(args) -> int:
 
 
 def _cost(exp: dict) -> tuple:
-    """Smaller first: tokens per step, then the model's config size, eager last."""
-    return (exp["micro_batch"] * exp["seq_len"], Path(exp["config"]).stat().st_size, exp["model"].name,
+    """Smaller first: tokens per step, then the language model's size, eager last."""
+    text = json.loads(Path(exp["config"]).read_text())["text_config"]
+    return (exp["micro_batch"] * exp["seq_len"], text["hidden_size"] * text["num_hidden_layers"],
             exp["attention"] == "eager")
 
 

@@ -13,7 +13,8 @@ Mixed precision ("bf16-mixed", "fp16-mixed") is DeepSpeed/Megatron style: the mo
 16-bit weights and gradients; the optimizer holds fp32 master copies of the trainable
 weights, created at the first step together with its states; at each step every master gets
 an fp32 copy of its 16-bit gradient first, then the optimizer steps on the masters, the
-masters are copied back into the 16-bit weights, and the fp32 gradients are freed.
+masters are copied back into the 16-bit weights, and the fp32 gradients are freed. A
+trainable weight without a gradient gets a zero fp32 gradient (DeepSpeed's flat partition).
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ class MasterWeightOptimizer:
             self.tracer.relabel(self.masters, OPTIMIZER_STATES)
             self.optimizer = make_torch_optimizer(self.masters, self.spec)
         for master, p in zip(self.masters, self.params):
-            master.grad = p.grad.float()
+            # NB: a trainable weight the loss never reaches (CLIP's last layer and
+            # post-layernorm: LLaVA reads layer -2) has no gradient; DeepSpeed's flat fp32
+            # gradient partition holds zeros for it, so it still gets Adam states.
+            master.grad = p.grad.float() if p.grad is not None else torch.zeros_like(master)
         self.tracer.relabel([m.grad for m in self.masters], MASTER_GRADIENTS)
         if self.loss_scale != 1.0:
             torch._foreach_mul_([m.grad for m in self.masters], 1.0 / self.loss_scale)
