@@ -55,7 +55,7 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
             if kind == "formula":
                 from .formula import load_library
 
-                load_library(path.parent)  # a formula folder other than the built-in one
+                problems.extend(run_examples(load_library(path.parent)))  # a formula folder other than the built-in one
             elif kind == "gpus":
                 api.gpu_catalog()
             elif library is not None:

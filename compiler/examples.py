@@ -9,11 +9,12 @@ from upstream. An example's `context.bytes` overrides single sizes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from .errors import Diagnostic, MemspecError
 from .evaluate import evaluate
-from .expand import _instance
+from .expand import _MEMO, _instance
 from .formula import Example, Formula, Library
 from .load import child_path
 from .resolve import Optimizer, Setup, derive_bytes
@@ -61,13 +62,19 @@ def evaluate_example(library: Library, formula: Formula, example: Example) -> di
 
 
 def run_examples(library: Library) -> list[Diagnostic]:
+    # NB: expand's memo is keyed by layer type; another library's 'linear' must not answer for this one's
+    _MEMO.clear()
     problems: list[Diagnostic] = []
     for formula in library.formulas.values():
         for example in formula.examples:
             try:
                 got = evaluate_example(library, formula, example)
             except MemspecError as exc:
-                problems.extend(exc.diagnostics)
+                # NB: an evaluation error is located at the expression; say which inputs made it
+                problems.extend(
+                    replace(d, message=f"{d.message} (in example '{example.name}')") if d.code == "E404" else d
+                    for d in exc.diagnostics
+                )
                 continue
             for key, want in example.expect.items():
                 if got[key] != want:

@@ -123,11 +123,13 @@ def _check_node(node, names: set[str]) -> None:
         names.add(node.name)
         return
     if isinstance(node, n.Getattr):
-        if not (isinstance(node.node, n.Name) and node.node.name == "bytes"):
+        if not (isinstance(node.node, n.Name) and node.node.name == "bytes") or node.attr.startswith("_"):
+            if isinstance(node.node, n.Getattr):
+                _check_node(node.node, names)  # NB: name the first refused access of a chain
             raise _Refused(f"attribute access '.{node.attr}' is not allowed; only bytes.<dtype> is")
         if node.attr not in BYTES_KEYS:
-            hint = did_you_mean(node.attr, BYTES_KEYS)
-            raise _Refused(f"unknown dtype 'bytes.{node.attr}'" + (f"; {hint}" if hint else ""))
+            hint = did_you_mean(node.attr, BYTES_KEYS) or f"dtypes: {', '.join(sorted(BYTES_KEYS))}"
+            raise _Refused(f"unknown dtype 'bytes.{node.attr}'; {hint}")
         names.add("bytes")
         return
     if isinstance(node, arithmetic):
@@ -150,14 +152,28 @@ def _check_node(node, names: set[str]) -> None:
         return
     if isinstance(node, n.Call):
         if not (isinstance(node.node, n.Name) and node.node.name in FUNCTIONS):
-            raise _Refused(f"only these functions may be called: {', '.join(sorted(FUNCTIONS))}")
+            called = f"'{node.node.name}()' is not allowed; " if isinstance(node.node, n.Name) else ""
+            raise _Refused(f"{called}only these functions may be called: {', '.join(sorted(FUNCTIONS))}")
         if node.kwargs or node.dyn_args or node.dyn_kwargs:
             raise _Refused("function calls take positional arguments only")
         for arg in node.args:
             _check_node(arg, names)
         return
-    kind = type(node).__name__
-    raise _Refused(f"{kind.lower()} is not allowed in a formula expression")
+    kind = _REFUSED_NODES.get(type(node).__name__, type(node).__name__.lower())
+    raise _Refused(f"{kind} is not allowed in a formula expression")
+
+
+# Jinja2 node names in the words of a formula's author.
+_REFUSED_NODES = {
+    "Getitem": "subscript 'x[...]'",
+    "Slice": "slice 'x[a:b]'",
+    "Filter": "filter 'x | f'",
+    "Test": "test 'x is ...'",
+    "Concat": "string concatenation '~'",
+    "List": "a list literal",
+    "Tuple": "a tuple literal",
+    "Dict": "a dict literal",
+}
 
 
 def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str], problems: list[Diagnostic]) -> Expr:
@@ -173,7 +189,9 @@ def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str],
         problems.append(doc.diag("E403", path, f"'{source}': {exc}", "formulas are integer arithmetic over declared names"))
         return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
     except Exception as exc:  # jinja2.TemplateSyntaxError and friends
-        problems.append(doc.diag("E402", path, f"cannot parse '{source}': {exc}"))
+        # NB: Jinja2 speaks of templates and appends "line 1"; keep its first line, in our words.
+        reason = str(getattr(exc, "message", None) or exc).splitlines()[0].replace("end of template", "end of expression")
+        problems.append(doc.diag("E402", path, f"cannot parse '{source}': {reason}"))
         return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
     for name in sorted(names - declared - set(FUNCTIONS)):
         hint = did_you_mean(name, declared)
@@ -407,12 +425,16 @@ def _link(formulas: dict[str, Formula], problems: list[Diagnostic]) -> dict[str,
                 continue
             children.append(_link_child(f, c, formulas[c.type], problems))
         linked[name] = Formula(**{**f.__dict__, "children": tuple(children)})
+    reported: set[frozenset[str]] = set()
     for name in linked:
         cycle = _find_cycle(name, linked, ())
-        if cycle and cycle[0] == name:
+        if cycle and cycle[0] == name and frozenset(cycle) not in reported:
+            # NB: one error per cycle, at the child entry of its first file that starts it
+            reported.add(frozenset(cycle))
             f = linked[name]
+            child = next(c for c in f.children if c.type == cycle[1])
             problems.append(
-                f.doc.diag("E303", "$.children", f"circular composite: {' -> '.join(cycle)}", "a layer type cannot contain itself")
+                f.doc.diag("E303", child_path(child.path, "type"), f"circular composite: {' -> '.join(cycle)}", "a layer type cannot contain itself")
             )
     return linked
 
@@ -550,7 +572,7 @@ def integer(expr: Expr, value: Any) -> int:
     """A factor's value, which must be an integer number of bytes."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise MemspecError(
-            expr.diag("E404", f"'{expr.source}' gave {value!r}, not an integer", "bytes are integers: use // for division, ceil_div() to round up")
+            expr.diag("E404", f"'{expr.source}' gave {value!r}, not an integer", "sizes and counts are integers: use // for division, ceil_div() to round up")
         )
     if value < 0:
         raise MemspecError(expr.diag("E404", f"'{expr.source}' gave {value}, a negative size"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError, did_you_mean
+from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from .formula import Expr, compile_expr
 from .load import Document, child_path, load_yaml
 
@@ -240,7 +240,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
     if problems:
-        raise MemspecError(problems)
+        # NB: problems only with flags are the command line's: exit 2, as argparse's own are
+        raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     values, master, state = derive_bytes(data["precision"], optimizer)
     return Setup(
         experiment=data.get("experiment", spec.model),
