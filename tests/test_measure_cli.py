@@ -1,0 +1,50 @@
+"""`memspec measure` end to end on two tiny LLaVAs, against committed expected records."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="measuring needs torch")
+pytest.importorskip("transformers", reason="measuring needs transformers")
+
+from compiler.measure import record  # noqa: E402
+from compiler.measure.__main__ import run  # noqa: E402
+
+TINY = Path(__file__).parent / "measured" / "tiny"
+# What the harness decides; versions and the machine may differ between runs.
+COMPARED = ("schema", "name", "experiment", "model_config_sha256", "source", "emulation", "steps",
+            "allocated", "allocated_first_step", "reserved", "device")
+
+
+@pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain"])
+def test_cli_reproduces_the_committed_record(name, tmp_path):
+    out = tmp_path / f"{name}.json"
+    assert run([str(TINY / f"{name}.yaml"), "--steps", "3", "-o", str(out)]) == 0
+    measured = record.read_record(out)
+    expected = record.read_record(TINY / "expected" / f"{name}.json")
+    assert record.validate(measured) == []
+    assert {k: measured[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+
+
+def test_overrides_rename_the_record(tmp_path):
+    out = tmp_path / "r.json"
+    argv = [str(TINY / "tiny-pretrain.yaml"), "--micro-batch", "1", "--seq-len", "32",
+            "--gradient-checkpointing", "language", "-o", str(out)]
+    assert run(argv) == 0
+    measured = json.loads(out.read_text())
+    assert measured["name"] == "tiny-pretrain_b1_s32_language"
+    assert (measured["experiment"]["micro_batch"], measured["experiment"]["seq_len"]) == (1, 32)
+    assert measured["experiment"]["gradient_checkpointing"] == ["language"]
+
+
+def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
+    experiment = tmp_path / "sharded.yaml"
+    experiment.write_text((TINY / "tiny-pretrain.yaml").read_text().replace("model: tiny-llava.yaml", f"model: {TINY / 'tiny-llava.yaml'}")
+                          + "parallel: {dp: 8, zero: 2}\n")
+    assert run([str(experiment)]) == 1
+    assert "only dp 1, zero 0" in capsys.readouterr().err
+
+
+def test_usage_errors():
+    assert run([]) == 2

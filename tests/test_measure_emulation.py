@@ -1,0 +1,141 @@
+"""Each CUDA behaviour the traced step emulates, pinned on tiny tensors and a tiny LLaVA."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="measuring needs torch")
+pytest.importorskip("transformers", reason="measuring needs transformers")
+
+import torch.nn.functional as F  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from compiler.measure import emulation, experiment, harness  # noqa: E402
+from compiler.measure.tracer import MemoryTracer, round_up  # noqa: E402
+
+TINY = Path(__file__).parent / "measured" / "tiny"
+BLOCK = 512
+B, HEADS, S, D = 2, 4, 256, 64  # s^2 = 65_536 elements per head: easy to spot
+
+
+def _tiny(**overrides) -> dict:
+    return experiment.with_overrides(experiment.load_experiment(TINY / "tiny-finetune.yaml"), **overrides)
+
+
+def _new_storages(fn, *shapes, dtype=torch.bfloat16, skip=frozenset()):
+    """Storages `fn` leaves alive (outputs and what autograd saved), as (op, dtype, shape, bytes)."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True, skip=skip):
+        inputs = [torch.empty(shape, dtype=dtype, requires_grad=True) for shape in shapes]
+        with MemoryTracer() as tracer:
+            tracer.register(inputs, "inputs")
+            out = fn(*inputs)  # noqa: F841 - keeps the graph (and its saved tensors) alive
+            return [(r.op, r.dtype, r.shape, r.nbytes) for r in tracer.live.values() if r.category != "inputs"]
+
+
+def _attention(q, k, v):
+    # q, k, v as transformers passes them: [b, heads, s, d] views of [b, s, heads, d]
+    q, k, v = (t.view(B, S, HEADS, D).transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_sdpa_runs_cudas_flash_kernel_and_saves_only_its_set():
+    live = _new_storages(_attention, *[(B, S, HEADS * D)] * 3)
+    # out [b, h, s, d] bf16 (2 * 2*4*256*64 = 262_144 B) + logsumexp fp32 [b, h, s]
+    # (4 * 2*4*256 = 8_192 B) + rng state uint64[2] and an unused uint64[] (512 B each)
+    assert sorted(n for *_, n in live) == [BLOCK, BLOCK, 4 * B * HEADS * S, 2 * B * HEADS * S * D]
+    assert {op for op, *_ in live} == {"_scaled_dot_product_flash_attention.default"}
+    assert not [shape for _, _, shape, _ in live if tuple(shape[-2:]) == (S, S)]
+
+
+def test_without_the_patch_the_cpu_kernel_runs():
+    live = _new_storages(_attention, *[(B, S, HEADS * D)] * 3, skip=frozenset({emulation.FLASH_ATTENTION}))
+    assert {op for op, *_ in live} == {"_scaled_dot_product_flash_attention_for_cpu.default"}
+
+
+def test_fp32_attention_takes_the_memory_efficient_kernel():
+    live = _new_storages(_attention, *[(B, S, HEADS * D)] * 3, dtype=torch.float32)
+    assert {op for op, *_ in live} == {"_scaled_dot_product_efficient_attention.default"}
+    # logsumexp padded to a multiple of 32 positions: 4 * 2*4*256 B
+    assert 4 * B * HEADS * S in [n for *_, n in live]
+
+
+def test_dropout_saves_a_bool_mask():
+    n = 1000
+    live = _new_storages(lambda x: F.dropout(x, p=0.1, training=True), (n,))
+    # output bf16 (2_000 B -> 2_048) + CUDA's bool mask (1_000 B -> 1_024)
+    assert sorted((dtype, nbytes) for _, dtype, _, nbytes in live) == [("bfloat16", 2048), ("bool", 1024)]
+    cpu = _new_storages(lambda x: F.dropout(x, p=0.1, training=True), (n,), skip=frozenset({emulation.NATIVE_DROPOUT}))
+    assert "bool" not in {dtype for _, dtype, _, _ in cpu}  # the CPU path saves a bf16 noise tensor
+
+
+def _forward_ops(measured: harness.Measurement, step: int = 2) -> Counter:
+    return Counter((row["op"], row["module"].split(".")[1] if "." in row["module"] else row["module"])
+                   for row in measured.timeline if row["step"] == step and row["phase"] == "forward")
+
+
+def test_vision_tower_and_language_model_both_take_flash():
+    measured = harness.measure(_tiny(), steps=2, timeline=True)
+    ops = _forward_ops(measured)
+    # 3 CLIP layers, 2 Llama layers (checkpointed: their recomputation is in backward)
+    assert ops[("_scaled_dot_product_flash_attention.default", "vision_tower")] == 3
+    assert ops[("_scaled_dot_product_flash_attention.default", "language_model")] == 2
+    assert not [op for op, _ in ops if "efficient" in op or "softmax" in op and op != "_log_softmax.default"]
+
+
+def test_no_causal_mask_is_materialised_under_checkpointing():
+    patched = harness.measure(_tiny(), steps=2, timeline=True)
+    assert not [op for op, _ in _forward_ops(patched) if "efficient_attention" in op]
+    unpatched = harness.measure(_tiny(), steps=2, timeline=True,
+                                skip=frozenset({emulation.NO_PACKED_SEQUENCE_MASK}))
+    # transformers sees fake position ids as tracing, builds a [b, 1, s, s] mask and SDPA
+    # can then not use flash
+    assert [op for op, _ in _forward_ops(unpatched) if "efficient_attention" in op]
+    assert "bool[2x1x48x48]" in unpatched.inventory  # kept for the recomputation
+    assert "bool[2x1x48x48]" not in patched.inventory
+
+
+def _activations_at_end_of_forward(measured: harness.Measurement) -> int:
+    return int(measured.inventory.splitlines()[2].split()[0])
+
+
+def test_eager_attention_keeps_the_s_squared_probabilities():
+    b, s, heads, layers = 2, 48, 4, 2  # tiny-finetune, checkpointing off
+    sdpa = harness.measure(_tiny(gradient_checkpointing=[]), steps=2)
+    eager = harness.measure(_tiny(gradient_checkpointing=[], attention="eager"), steps=2)
+    # Per layer eager saves fp32 softmax + bf16 probabilities (4 + 2 bytes per b*h*s^2) and
+    # copies of q, k, v and the output (the same bytes as flash's q, k, v, out); flash
+    # instead saves an fp32 logsumexp and two 512-byte rng tensors.
+    per_layer = 6 * b * heads * s * s - round_up(4 * b * heads * s, BLOCK) - 2 * BLOCK
+    assert per_layer == 108_032
+    assert _activations_at_end_of_forward(eager) - _activations_at_end_of_forward(sdpa) == layers * per_layer
+
+
+def _trainable_fp32_bytes(exp: dict) -> int:
+    config = harness.load_config(exp["config"])
+    with torch.device("meta"):
+        model = harness.build_model(config, exp)
+    return sum(round_up(4 * p.numel(), BLOCK) for p in model.parameters() if p.requires_grad)
+
+
+def test_foreach_adamw_holds_a_copy_of_the_second_moments():
+    exp = _tiny()
+    measured = harness.measure(exp, steps=2, timeline=True)
+    fp32 = _trainable_fp32_bytes(exp)
+    peak = measured.steps[1]
+    assert (peak.phase, peak.op) == ("optimizer", "_foreach_sqrt.default")
+    # masters + exp_avg + exp_avg_sq, fp32: 12 bytes per trainable parameter, and no
+    # per-parameter `step` counters (host tensors on CUDA)
+    assert peak.breakdown["optimizer_states"] == 3 * fp32
+    # torch._foreach_sqrt(exp_avg_sqs) is the temporary; fp32 gradients are alive too
+    assert peak.breakdown["optimizer_temporaries"] == fp32
+    assert peak.breakdown["master_gradients"] == fp32
+
+
+@pytest.mark.parametrize("impl, expected_op", [("fused", "_fused_adamw_.default"), ("forloop", "sqrt.default")])
+def test_other_adamw_implementations(impl, expected_op):
+    exp = _tiny(optimizer={"type": "adamw", "impl": impl})
+    measured = harness.measure(exp, steps=2, timeline=True)
+    ops = {row["op"] for row in measured.timeline if row["phase"] == "optimizer"}
+    assert expected_op in ops
+    assert not {op for op in ops if op.startswith("_foreach_sqrt")}

@@ -1,0 +1,65 @@
+"""Committed measured records are valid and self-consistent; the matrix expands as documented.
+
+Needs neither torch nor transformers.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from compiler.measure import record
+from compiler.measure.experiment import ExperimentError, expand_matrix, grad_flows
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = sorted((ROOT / "tests" / "measured").glob("**/*.json"))
+RECORDS = [p for p in RECORDS if p.name != "config.json"]
+MATRIX = ROOT / "specs" / "matrices" / "llava-1.5.yaml"
+
+
+def test_there_are_records():
+    assert RECORDS
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_record_is_valid_and_consistent(path):
+    rec = record.read_record(path)
+    assert record.validate(rec) == []
+    assert rec["name"] == path.stem
+    assert rec["allocated_first_step"] == rec["steps"][0]["allocated"]
+    assert rec["allocated"] == max(s["allocated"] for s in rec["steps"][1:])
+    for step in rec["steps"]:
+        assert sum(step["breakdown"].values()) == step["allocated"]
+        assert step["phases"][step["phase"]]["allocated"] == step["allocated"]
+    assert (ROOT / rec["experiment"]["model"]).is_file()
+
+
+def test_schema_rejects_a_float_byte_count():
+    rec = record.read_record(RECORDS[0])
+    rec["allocated"] = 1.5
+    assert record.validate(rec) == ["$.allocated: 1.5 is not of type 'integer'"]
+
+
+def test_matrix_expands_to_every_combination():
+    entries = expand_matrix(MATRIX)
+    names = [name for name, _ in entries]
+    assert len(names) == len(set(names)) == 2 * 3 * 3 * 2 * 2 * 2  # models trainable b s attention gc
+    exp = dict(entries)["llava-1.5_7b_proj-lang_b16_s2048_sdpa_gc-on"]
+    assert exp["gradient_checkpointing"] == ["language"]  # the frozen tower is not checkpointed
+    assert exp["trainable"] == ["projector", "language"]
+    assert (exp["micro_batch"], exp["seq_len"], exp["precision"]) == (16, 2048, "bf16-mixed")
+    full = dict(entries)["llava-1.5_13b_full_b1_s1024_eager_gc-on"]
+    assert full["gradient_checkpointing"] == ["language", "vision"]
+
+
+def test_gradients_flow_from_the_first_trainable_module_on():
+    assert grad_flows(["projector"]) == ["projector", "language"]
+    assert grad_flows(["vision", "language"]) == ["vision", "projector", "language"]
+    assert grad_flows([]) == []
+
+
+def test_unknown_modules_are_refused(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text(MATRIX.read_text().replace("proj: [projector]", "proj: [projektor]")
+                   .replace("../llava/", str(ROOT / "specs" / "llava") + "/"))
+    with pytest.raises(ExperimentError, match="unknown module"):
+        expand_matrix(bad)

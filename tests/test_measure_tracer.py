@@ -1,0 +1,95 @@
+"""The tracer counts what the allocator sees: checked against torch.profiler on real tensors."""
+
+import gc
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="measuring needs torch")
+pytest.importorskip("transformers", reason="measuring needs transformers")
+
+from torch._C._profiler import _EventType  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from compiler.measure import experiment, harness  # noqa: E402
+from compiler.measure.tracer import ACTIVATIONS, MemoryTracer, round_up  # noqa: E402
+
+TINY = Path(__file__).parent / "measured" / "tiny"
+TOLERANCE = 0.001  # 0.1 %
+
+
+def test_round_up_to_the_allocator_block():
+    assert round_up(0, 512) == 0  # an empty tensor allocates nothing
+    assert round_up(1, 512) == 512
+    assert round_up(512, 512) == 512
+    assert round_up(513, 512) == 1024
+
+
+def test_views_share_a_storage_and_frees_are_seen():
+    with FakeTensorMode(), MemoryTracer() as tracer:
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 B -> 4096
+        view = a[10:].view(-1, 10)
+        assert tracer.total == 4096
+        del a
+        assert tracer.total == 4096  # the view keeps the storage alive
+        del view
+        assert tracer.total == 0
+    assert tracer.peaks[(0, "setup")].allocated == 4096
+
+
+def _profiler_peak(prof) -> tuple[int, int]:
+    """Peak of the summed allocation events, and of the allocator's own running total.
+
+    NB: the running total counts the whole process; it starts from what was allocated
+    before profiling began, taken from the first event.
+    """
+    events = []
+
+    def walk(nodes):
+        for node in nodes:
+            if node.tag == _EventType.Allocation:
+                events.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated))
+            walk(node.children)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree())
+    events.sort()
+    running = peak = 0
+    for _, nbytes, _ in events:
+        running += nbytes
+        peak = max(peak, running)
+    _, first_bytes, first_total = events[0]
+    before = first_total - first_bytes
+    return peak, max(total for _, _, total in events) - before
+
+
+@pytest.mark.parametrize("precision, trainable, checkpointing", [
+    ("fp32", ["projector", "language"], ["language"]),
+    ("bf16-mixed", ["vision", "projector", "language"], []),
+])
+def test_tracer_agrees_with_the_profiler_on_real_tensors(precision, trainable, checkpointing):
+    exp = experiment.with_overrides(
+        experiment.load_experiment(TINY / "tiny-finetune.yaml"),
+        precision=precision, trainable=trainable, gradient_checkpointing=checkpointing, attention="eager")
+    gc.collect()  # what earlier tests left behind must not be freed inside the window
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # NB: parallel CPU kernels allocate per-thread scratch
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            measured = harness.measure(exp, steps=2, fake=False, emulate=False, granularity=1)
+    finally:
+        torch.set_num_threads(threads)
+    traced = max(step.allocated for step in measured.steps)
+    summed, running_total = _profiler_peak(prof)
+    assert abs(summed - traced) <= TOLERANCE * traced, (traced, summed)
+    assert abs(running_total - traced) <= TOLERANCE * traced, (traced, running_total)
+
+
+def test_inventory_groups_live_activations_by_module():
+    exp = experiment.load_experiment(TINY / "tiny-finetune.yaml")
+    measured = harness.measure(exp, steps=2)
+    lines = measured.inventory.splitlines()
+    assert lines[0] == "live activations at the end of forward, step 2"
+    # the loss keeps fp32 log-probabilities: b*s x vocab = 2*48 x 256 x 4 B = 98_304
+    assert "98304      1  loss  float32[96x256] _log_softmax.default" in measured.inventory
+    assert ACTIVATIONS in measured.steps[1].phases["forward"]["breakdown"]
