@@ -51,7 +51,8 @@ def _validated(path: str | Path, kind: str) -> Document:
 
 
 def file_kind(doc: Document) -> str:
-    """spec, experiment or formula, from the document's top-level keys."""
+    """spec, experiment, formula, gpus (the catalog) or matrix (a measuring plan), from the
+    document's top-level keys."""
     data = doc.data if isinstance(doc.data, dict) else {}
     if "experiment" in data:
         return "experiment"
@@ -59,6 +60,8 @@ def file_kind(doc: Document) -> str:
         return "formula"
     if "gpus" in data:
         return "gpus"
+    if "matrix" in data:
+        return "matrix"
     return "spec"
 
 
@@ -75,20 +78,24 @@ def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     doc = load_yaml(path)
     kind = file_kind(doc)
     if kind == "experiment":
-        doc = _validated(path, "experiment")
-        spec_path = Path(doc.file).parent / doc.data["model"]
-        if not spec_path.exists():
-            line, col = doc.where("$.model")
-            raise MemspecError(
-                Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
-                           f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
-            )
-        spec = load_spec(_relative(spec_path))
-        return spec, resolve_setup(doc, spec, overrides)
+        return experiment_inputs(_validated(path, "experiment"), Path(doc.file).parent, overrides)
     if kind != "spec":
         raise MemspecError(doc.diag("E208", "$", f"this is a {kind} file, not a model spec or an experiment"))
     spec = load_spec(path)
     return spec, resolve_setup(None, spec, overrides)
+
+
+def experiment_inputs(doc: Document, base: Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
+    """A validated experiment document whose `model:` is relative to `base`."""
+    spec_path = base / doc.data["model"]
+    if not spec_path.is_file():
+        line, col = doc.where("$.model")
+        raise MemspecError(
+            Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
+                       f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
+        )
+    spec = load_spec(_relative(spec_path))
+    return spec, resolve_setup(doc, spec, overrides)
 
 
 def _relative(path: Path) -> str:

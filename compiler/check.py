@@ -58,6 +58,8 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
                 problems.extend(run_examples(load_library(path.parent)))  # a formula folder other than the built-in one
             elif kind == "gpus":
                 api.gpu_catalog()
+            elif kind == "matrix":
+                pass  # a measuring plan: read by `memspec measure --matrix`, which checks it
             elif library is not None:
                 _compile(name, kind, library)
         except MemspecError as exc:

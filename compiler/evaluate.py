@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from .expand import Instance
+from .expand import Instance, _freeze
 from .formula import FACTOR_NAMES, Formula, integer
 
 
@@ -41,12 +41,8 @@ class Node:
             yield from c.walk()
 
 
-def _freeze(scope: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in scope.items()))
-
-
 def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
-    key = (formula.layer_type, _freeze(scope))
+    key = (id(formula), _freeze(scope))
     hit = memo.get(key)
     if hit is None:
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)

@@ -146,7 +146,7 @@ _MEMO: dict = {}
 
 
 def _bound_scope(formula: Formula, given: Mapping[str, Any], context: dict, locate) -> dict:
-    key = ("bind", formula.layer_type, _freeze(given), _freeze(context))
+    key = ("bind", id(formula), _freeze(given), _freeze(context))
     if key not in _MEMO:
         _MEMO[key] = bind(formula, given, context, locate)
     return _MEMO[key]
@@ -176,7 +176,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     grad_in = grad_in and reaches_loss
     scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
     scope = _bound_scope(formula, scalars, _context(setup, batch, seq, trainable, grad_in), locate)
-    scope_key = (formula.layer_type, _freeze(scalars), batch, seq, trainable, grad_in)
+    scope_key = (id(formula), _freeze(scalars), batch, seq, trainable, grad_in)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     children = []
     previous = grad_in

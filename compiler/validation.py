@@ -1,0 +1,184 @@
+"""`memspec validate`: every estimate against the memory measured for the same setup.
+
+Contract: `validate_records(paths)` reads measured records (JSON files whose `schema` is
+`memspec/measured/v1`, found recursively), estimates each record's experiment and returns one
+`Comparison` per record; `summarise` gives MAPE, median, worst and the count of
+under-estimates (an OOM the estimate would have let through) per measure. Records whose
+setup the estimator does not support yet are kept as `not estimated`, with the reason.
+This module never imports the measuring code.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import Diagnostic, MemspecError
+
+RECORD_SCHEMA = "memspec/measured/v1"
+MEASURES = ("allocated", "allocated_first_step", "reserved", "device")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    file: str
+    source: str
+    measured: dict[str, int | None]
+    estimated: dict[str, int] | None  # None: not estimated
+    reason: str | None = None  # why not estimated
+
+    def error(self, measure: str) -> float | None:
+        """Signed error in percent of the measurement; negative = under-estimate."""
+        m = self.measured.get(measure)
+        if self.estimated is None or not m:
+            return None
+        return 100.0 * (self.estimated[measure] - m) / m
+
+
+@dataclass(frozen=True)
+class Summary:
+    measure: str
+    count: int
+    mape: float
+    median: float
+    worst: float
+    worst_name: str
+    under: int
+
+
+def record_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        candidates = sorted(p.rglob("*.json")) if p.is_dir() else [p]
+        for f in candidates:
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                if not p.is_dir():
+                    raise MemspecError(Diagnostic("E101", str(f), 0, 0, "", "not a readable JSON record")) from None
+                continue
+            if isinstance(data, dict) and data.get("schema") == RECORD_SCHEMA:
+                files.append(f)
+    return files
+
+
+def _root() -> Path:
+    from .paths import data_root
+
+    return data_root()
+
+
+def compare(path: Path) -> Comparison:
+    from . import api
+    from .load import load_yaml_text
+    from .validate import load_schema, validate
+
+    import yaml
+
+    record = json.loads(path.read_text())
+    measured = {m: record.get(m) for m in MEASURES}
+    name = record.get("name", path.stem)
+    experiment = dict(record["experiment"])
+    experiment.setdefault("experiment", name)
+    doc = load_yaml_text(yaml.safe_dump(experiment, sort_keys=False), str(path))
+    problems = validate(doc, load_schema("experiment"))
+    if problems:
+        return Comparison(name, str(path), record.get("source", ""), measured, None, "; ".join(d.message for d in problems))
+    try:
+        spec, setup = api.experiment_inputs(doc, _root())
+        report = api.run(spec, setup)
+    except MemspecError as exc:
+        return Comparison(name, str(path), record.get("source", ""), measured, None, exc.diagnostics[0].message)
+    estimated = {
+        "allocated": report.allocated,
+        "allocated_first_step": report.estimate.first_step.total,
+        "reserved": report.reserved,
+        "device": report.device,
+    }
+    return Comparison(name, str(path), record.get("source", ""), measured, estimated)
+
+
+def validate_records(paths: list[Path]) -> list[Comparison]:
+    return [compare(f) for f in record_files(paths)]
+
+
+def summarise(comparisons: list[Comparison], measure: str) -> Summary | None:
+    errors = [(c.error(measure), c.name) for c in comparisons]
+    errors = [(e, n) for e, n in errors if e is not None]
+    if not errors:
+        return None
+    absolute = [abs(e) for e, _ in errors]
+    worst, worst_name = max(errors, key=lambda x: abs(x[0]))
+    return Summary(measure, len(errors), statistics.fmean(absolute), statistics.median(absolute), worst, worst_name, sum(1 for e, _ in errors if e < 0))
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 30):.2f}"
+
+
+def render(comparisons: list[Comparison]) -> str:
+    width = max([len(c.name) for c in comparisons] + [6])
+    lines = [f"{'record':<{width}}  {'measured GiB':>12}  {'estimated GiB':>13}  {'error %':>8}  {'first-step err %':>16}"]
+    for c in comparisons:
+        if c.estimated is None:
+            lines.append(f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {'not estimated':>13}  ({c.reason})")
+            continue
+        e, f = c.error("allocated"), c.error("allocated_first_step")
+        lines.append(
+            f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {_gib(c.estimated['allocated']):>13}  "
+            f"{e:>+8.2f}  {'-' if f is None else f'{f:+.2f}':>16}"
+        )
+    lines.append("")
+    for measure in MEASURES:
+        s = summarise(comparisons, measure)
+        if s is None:
+            continue
+        lines.append(
+            f"{measure:<21} n={s.count:<4} MAPE {s.mape:.2f}%  median {s.median:.2f}%  worst {s.worst:+.2f}% ({s.worst_name})  "
+            f"under-estimates {s.under}"
+        )
+    skipped = sum(1 for c in comparisons if c.estimated is None)
+    if skipped:
+        lines.append(f"not estimated: {skipped} record(s), kept until their setup is supported")
+    return "\n".join(lines) + "\n"
+
+
+def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None) -> list[str]:
+    """Failures of the allocated gate, as sentences."""
+    s = summarise(comparisons, "allocated")
+    out = []
+    if s is None:
+        return ["no record could be estimated"] if (max_mape is not None or max_worst is not None) else []
+    if max_mape is not None and s.mape > max_mape:
+        out.append(f"allocated MAPE {s.mape:.2f}% exceeds {max_mape}%")
+    if max_worst is not None and abs(s.worst) > max_worst:
+        out.append(f"worst allocated error {s.worst:+.2f}% ({s.worst_name}) exceeds {max_worst}%")
+    return out
+
+
+def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
+    return {
+        "records": [
+            {"name": c.name, "file": c.file, "measured": c.measured, "estimated": c.estimated, "reason": c.reason,
+             "error_pct": {m: c.error(m) for m in MEASURES}}
+            for c in comparisons
+        ],
+        "summary": {m: (s.__dict__ if (s := summarise(comparisons, m)) else None) for m in MEASURES},
+    }
+
+
+def main(args) -> int:
+    comparisons = validate_records([Path(p) for p in args.paths])
+    if args.format == "json":
+        sys.stdout.write(json.dumps(as_data(comparisons), indent=2) + "\n")
+    else:
+        sys.stdout.write(render(comparisons))
+    failures = gate(comparisons, args.max_mape, args.max_worst)
+    for f in failures:
+        sys.stderr.write(f"validate: {f}\n")
+    return 1 if failures else 0
