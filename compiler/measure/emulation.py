@@ -21,6 +21,9 @@ Patched (only while the context is active):
   transformers treats fake tensors as tracing and would then build a packed-sequence mask
   and materialise a [b, 1, s, s] causal mask instead of using SDPA's `is_causal`.
 - `TRANSFORMERS_DISABLE_TORCH_CHECK=1`: the image-token count check reads tensor values.
+- `LayerNormStatsInFp32`, a dispatch mode under the tracer: `native_layer_norm` on 16-bit
+  inputs returns its saved mean and rstd in fp32 on CUDA (accumulate type), in the input
+  dtype on CPU (torch/_refs `native_layer_norm`: "if input.device.type in ['cpu', 'mtia']").
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ import os
 from typing import Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 FLASH_ATTENTION = "sdpa-flash-attention"
 EFFICIENT_ATTENTION = "sdpa-efficient-attention-for-fp32-or-masked"
 NATIVE_DROPOUT = "dropout-bool-mask"
 NO_PACKED_SEQUENCE_MASK = "no-packed-sequence-mask-on-fake-tensors"
 NO_TORCH_CHECK = "transformers-torch-check-disabled"
+LAYER_NORM_STATS_FP32 = "layer-norm-mean-rstd-fp32"
 STEP_ON_HOST = "optimizer-step-counters-on-host"
 FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
@@ -107,6 +112,16 @@ def persistent_scratch(threads_with_gemms: int, sm90: bool = True) -> dict[str, 
     """
     per_thread = (CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80) + CUBLASLT_WORKSPACE_BYTES
     return {CUBLAS_WORKSPACE: threads_with_gemms * per_thread} if threads_with_gemms else {}
+
+
+class LayerNormStatsInFp32(TorchDispatchMode):
+    """Give `native_layer_norm`'s mean and rstd CUDA's dtype (fp32) for 16-bit inputs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.native_layer_norm.default and out[1].dtype != torch.float32:
+            out = (out[0], out[1].float(), out[2].float())
+        return out
 
 
 def _sdpa_as_cuda(original):

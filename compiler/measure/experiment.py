@@ -88,11 +88,16 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
     if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
         fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
-    if exp["parallel"].get("dp", 1) != 1 or exp["parallel"].get("zero", 0) != 0:
-        fail(f"parallel {exp['parallel']} cannot be measured here: only dp 1, zero 0 runs "
-             "on one process (the CLI's --no-parallel measures it unsharded)")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+
+
+def check_measurable(exp: dict) -> None:
+    """Refuse what one process cannot measure: data parallelism and ZeRO sharding."""
+    if exp["parallel"].get("dp", 1) != 1 or exp["parallel"].get("zero", 0) != 0:
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: parallel {exp['parallel']} cannot be measured here: "
+            "only dp 1, zero 0 runs on one process (the CLI's --no-parallel measures it unsharded)")
 
 
 def normalise(raw: dict, base_dir: Path, where: str) -> dict:

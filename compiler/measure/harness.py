@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import emulation
+from .experiment import check_measurable
 from .tracer import (
     BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
     OPTIMIZER_STATES, PARAMETERS, PHASES, SETUP, MemoryTracer, ModuleScope, Peak,
@@ -253,6 +254,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     `skip` leaves out single behaviours (both for tests); `granularity` overrides the
     allocator rounding (1 counts exact bytes).
     """
+    check_measurable(exp)
     if steps < MIN_STEPS:
         raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
     started = time.perf_counter()
@@ -300,7 +302,8 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     model.lm_head.register_forward_hook(enter_loss)
 
     inventory = ""
-    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])) as applied, tracer:
+    stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
+    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])) as applied, stats_mode, tracer:
         for step in range(1, steps + 1):
             tracer.step = step
             scope.reset_calls()
@@ -325,6 +328,8 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
             tracer.phase, scope.label = SETUP, ""
     scope.remove()
     names = list(applied)
+    if emulate and fake:
+        names.append(emulation.LAYER_NORM_STATS_FP32)
     if emulate and exp["attention"] == "flash_attention_2":
         names.append(FA2_AS_SDPA)
     if emulate:
