@@ -17,7 +17,7 @@ from .evaluate import evaluate
 from .expand import _MEMO, _instance
 from .formula import Example, Formula, Library
 from .load import child_path
-from .resolve import Optimizer, Setup, derive_bytes
+from .resolve import Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {"batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1}
 
@@ -29,6 +29,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         experiment="example", file="", micro_batch=1, seq_len=1, images_per_sample=context.get("images", 1),
         trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
         gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, gpu=None,
+        target=gpu_catalog()[1].default_gpu,
         bytes=values, master_bytes=master, state_bytes=state,
     )
 

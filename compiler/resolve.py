@@ -42,6 +42,7 @@ DEFAULTS: Mapping[str, Any] = {
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
 EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample"})
 SGD_DEFAULT_MOMENTUM = 0.9
+KIB = 1 << 10
 MIB = 1 << 20
 
 
@@ -50,12 +51,16 @@ class Gpu:
     key: str
     name: str
     memory: int  # bytes
+    arch: str  # sm80, sm90, ...
+    workspace: int  # cuBLAS + cuBLASLt workspace bytes per GEMM thread
+    gemm_threads: int  # threads holding one workspace each in a steady-state step
 
 
 @dataclass(frozen=True)
 class DeviceConstants:
     cuda_context: int
     nccl_per_communicator: int
+    default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
 
 
 @lru_cache(maxsize=1)
@@ -68,9 +73,23 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     problems = validate(doc, load_schema("gpus"))
     if problems:
         raise MemspecError(problems)
-    gpus = {k: Gpu(k, v["name"], v["memory_mib"] * MIB) for k, v in doc.data["gpus"].items()}
+    alloc = doc.data["allocator"]
+
+    def per_arch(key: str, arch: str) -> int:
+        values = alloc[key]["value"]
+        return values.get(arch, values["default"])
+
+    gpus = {
+        k: Gpu(
+            k, v["name"], v["memory_mib"] * MIB, v["arch"],
+            (per_arch("cublas_workspace_kib", v["arch"]) + per_arch("cublaslt_workspace_kib", v["arch"])) * KIB,
+            per_arch("gemm_threads", v["arch"]),
+        )
+        for k, v in doc.data["gpus"].items()
+    }
     d = doc.data["device"]
-    return gpus, DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB)
+    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]])
+    return gpus, consts
 
 
 @dataclass(frozen=True)
@@ -120,7 +139,8 @@ class Setup:
     attention: str
     dp: int
     zero: int
-    gpu: Gpu | None
+    gpu: Gpu | None  # the GPU asked about (fits / headroom)
+    target: Gpu  # the GPU whose architecture the estimate assumes: `gpu`, else the catalog's default
     bytes: Mapping[str, int]  # param, grad, optim, act + the fixed dtypes
     master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
     state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
@@ -234,8 +254,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                 "seq_len counts the LLM positions of the text and the image tokens together",
             )
     gpu = None
+    gpus, consts = gpu_catalog()
     if data.get("gpu"):
-        gpus, _ = gpu_catalog()
         gpu = gpus.get(data["gpu"])
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
@@ -257,6 +277,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         dp=parallel["dp"],
         zero=parallel["zero"],
         gpu=gpu,
+        target=gpu or consts.default_gpu,
         bytes=values,
         master_bytes=master,
         state_bytes=state,

@@ -30,6 +30,7 @@ from .evaluate import Node, first_charges
 from .resolve import Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
+WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
 # c10/cuda/CUDACachingAllocator.cpp
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
@@ -75,7 +76,9 @@ class _State:
     best_first: tuple | None = None
     timeline: list = field(default_factory=list)
 
-    level: int = 0  # resident + gradients + live saved tensors, kept up to date
+    level: int = 0  # resident + workspaces + gradients + live saved tensors, kept up to date
+    workspace: int = 0  # cuBLAS/cuBLASLt workspaces of a steady-state step
+    first_forward_workspace: int = 0  # step 1's forward has run GEMMs on one thread only
     optim_resident: int = 0
 
     def charge(self, module: str, tensors) -> None:
@@ -99,7 +102,7 @@ class _State:
         if self.best is None or total > self.best.total:
             self.best = self._point(phase, path, total, transient)
             self.best_slack = sum(segment_slack(size) for _, size in self.live.values()) + self.resident_slack
-        first = total - self.optim_resident
+        first = total - self.optim_resident - (self.workspace - self.first_forward_workspace if phase == "forward" else 0)
         if phase != "optimizer" and (self.best_first is None or first > self.best_first[2]):
             # NB: a snapshot, made into a Point once at the end: this branch runs on most
             # forward events.
@@ -107,7 +110,9 @@ class _State:
 
     def first_point(self) -> Point:
         phase, path, total, grads, live, transient = self.best_first
-        point = _State(self.modules, self.resident, self.owner, grads, {}, live)._point(phase, path, total, transient)
+        state = _State(self.modules, self.resident, self.owner, grads, {}, live)
+        state.workspace = self.first_forward_workspace if phase == "forward" else self.workspace
+        point = state._point(phase, path, total, transient)
         for cats in point.breakdown.values():
             cats["optimizer_states"] = 0
         return point
@@ -117,6 +122,8 @@ class _State:
 
     def _breakdown(self, transient: Mapping[str, int]) -> dict:
         out = {}
+        # NB: cuBLAS workspaces belong to no module; a row of their own keeps the sum exact.
+        zero = dict.fromkeys(CATEGORIES, 0)
         for m in self.modules:
             r = self.resident.get(m, {})
             out[m] = {
@@ -126,6 +133,7 @@ class _State:
                 "activations": self.live_by_module.get(m, 0),
                 "transient": transient.get(m, 0),
             }
+        out[WORKSPACE] = {**zero, "transient": self.workspace}
         return out
 
 
@@ -168,7 +176,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for m, t in resident.items()
     }
     state = _State(modules, per_gpu, first_charges(nodes))
-    state.level = sum(sum(c.values()) for c in per_gpu.values())
+    trainable = _trainable_elements(nodes, setup)
+    # NB: with nothing trainable there is no backward (and no optimizer step) to walk.
+    state.workspace = (setup.target.gemm_threads if trainable else 1) * setup.target.workspace
+    state.first_forward_workspace = setup.target.workspace
+    state.level = sum(sum(c.values()) for c in per_gpu.values()) + state.workspace
     state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values())
     state.resident_slack = sum(
         segment_slack(_div(n.cost.parameters, p_div)) + segment_slack(_div(n.cost.optimizer_states, o_div))
@@ -213,9 +225,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     for root in nodes:
         forward(root, {}, keep=True)
     end_of_forward = dict(state.live_by_module)
-    for root in reversed(nodes):
-        backward(root, {})
-    trainable = _trainable_elements(nodes, setup)
+    if trainable:
+        for root in reversed(nodes):
+            backward(root, {})
     largest = _largest_trainable(nodes, setup)
     step_transient = _step_transient(setup, trainable, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)

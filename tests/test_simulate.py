@@ -2,6 +2,8 @@
 
 Model: a = linear 8 -> 16 (frozen), b = linear 16 -> 4 (trainable); fp32, AdamW foreach;
 micro-batch 2 x seq 3 = 6 tokens. bytes: param 4, grad 4, optim 8 (exp_avg + exp_avg_sq), act 4.
+No --gpu: the catalog's default GPU (H100, sm90) decides the cuBLAS workspaces, 32 MiB +
+1 MiB (cuBLASLt) per GEMM thread, two threads (forward and autograd) in a steady-state step.
 """
 
 import textwrap
@@ -9,6 +11,8 @@ import textwrap
 import pytest
 
 from compiler.api import estimate
+
+WORKSPACE = (32 + 1) * 2**20  # per thread
 
 SPEC = """\
 model: two-linears
@@ -34,7 +38,7 @@ def report(tmp_path, monkeypatch):
 
 
 def test_timeline_by_hand(report):
-    resident = 128 * 4 + 64 * 4 + 64 * 8  # weights 512 + 256, AdamW states of b 512 = 1280
+    resident = 128 * 4 + 64 * 4 + 64 * 8 + 2 * WORKSPACE  # weights 512 + 256, AdamW states of b 512, workspaces
     saved_b = 512  # b's input 6 * 16 * 4 = 384 B, rounded up to the allocator's 512 B
     assert [t for _, _, t in report.estimate.timeline] == [
         resident + 6 * 16 * 4,  # forward a: frozen, nothing upstream: saves nothing; its output 384 B
@@ -44,12 +48,20 @@ def test_timeline_by_hand(report):
         resident + 64 * 4 + 64 * 4,  # step: foreach sqrt(exp_avg_sq) copy, 64 * 4 B
     ]
     assert report.estimate.peak.phase == "backward" and report.estimate.peak.path == "b"
-    assert report.allocated == 2528
+    assert report.allocated == 2528 + 2 * WORKSPACE
 
 
 def test_first_step_has_no_optimizer_states_before_step(report):
     first = report.estimate.first_step
-    assert (first.phase, first.path, first.total) == ("backward", "b", 2528 - 64 * 8)
+    assert (first.phase, first.path, first.total) == ("backward", "b", 2528 - 64 * 8 + 2 * WORKSPACE)
+
+
+def test_first_forward_holds_one_workspace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(textwrap.dedent(SPEC))
+    # Without gradients nothing runs backward-only work: the first step's forward is its peak.
+    r = estimate("spec.yaml", micro_batch=2, seq_len=3, trainable=[], precision="fp32")
+    assert (r.estimate.first_step.phase, r.estimate.first_step.total) == ("forward", 128 * 4 + 64 * 4 + 6 * 16 * 4 + WORKSPACE)
 
 
 def test_seed_sum_is_the_plain_sum_of_four_factors(report):
