@@ -70,7 +70,9 @@ def text(r: Report) -> str:
         f"  first step {gib(e.first_step.total):>8} GiB  {e.first_step.total:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
         f"  seed sum   {gib(e.seed_sum):>8} GiB  {e.seed_sum:>16,} B   parameters + gradients + optimizer states + activations (seed paper Eq. 1)",
         "",
-        f"breakdown at the peak (GiB), {_where(e.peak)}; parameters include buffers and the batch's input tensors",
+        f"breakdown at the peak (GiB), {_where(e.peak)}; parameters include buffers and the batch's input tensors,",
+        f"'cublas' is the cuBLAS/cuBLASLt workspaces of {s.target.gemm_threads} GEMM threads on {s.target.key} ({s.target.arch})"
+        + ("" if r.gpu else ", the default GPU: pass --gpu for yours"),
         *breakdown_table(e.peak),
     ]
     if r.gpu is not None:
@@ -119,6 +121,7 @@ def as_data(r: Report) -> dict[str, Any]:
         "resident": e.resident,
         "activations_end_of_forward": e.activations_end_of_forward,
         "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
+        "target_gpu": {"key": s.target.key, "arch": s.target.arch, "workspace_per_thread": s.target.workspace},
         "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory, "headroom": r.gpu.memory - r.device},
         "not_modelled": list(e.not_modelled),
     }
