@@ -48,3 +48,9 @@ def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
 
 def test_usage_errors():
     assert run([]) == 2
+    assert run([str(TINY / "tiny-pretrain.yaml"), "--steps", "1"]) == 2
+
+
+def test_a_sequence_shorter_than_the_image_tokens_is_refused(capsys):
+    assert run([str(TINY / "tiny-pretrain.yaml"), "--seq-len", "8"]) == 1
+    assert "shorter than the 16 image tokens" in capsys.readouterr().err

@@ -140,6 +140,9 @@ def main(args: argparse.Namespace) -> int:
     if bool(args.experiment) == bool(args.matrix):
         _say("memspec measure: give either an EXPERIMENT file or --matrix FILE")
         return EXIT_USAGE
+    if args.steps < 2:
+        _say("memspec measure: --steps must be at least 2 (step 1 creates the optimizer states)")
+        return EXIT_USAGE
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import emulation
-from .experiment import check_measurable
+from .experiment import ExperimentError, check_measurable
 from .tracer import (
     BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
     OPTIMIZER_STATES, PARAMETERS, PHASES, SETUP, MemoryTracer, ModuleScope, Peak,
@@ -134,7 +134,8 @@ def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
     b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
     n_image = images * image_tokens_per_image(config)
     if n_image > s:
-        raise ValueError(f"seq_len {s} is shorter than the {n_image} image tokens per sample")
+        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
+                              f"{n_image} image tokens per sample")
     size = config.vision_config.image_size
     input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
     input_ids[:, :n_image] = config.image_token_id
