@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +77,6 @@ class Measurement:
     emulation: tuple[str, ...]
     inventory: str
     timeline: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def load_config(config_path: Path):
@@ -247,6 +245,49 @@ def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _make_optimizer(exp: dict, trainable: list[torch.Tensor], tracer: MemoryTracer):
+    if exp["precision"] in MIXED:
+        scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
+        return MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale), scale
+    return PlainOptimizer(trainable, exp["optimizer"]), 1.0
+
+
+def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ...]:
+    names = list(applied)
+    if fake:
+        names.append(emulation.LAYER_NORM_STATS_FP32)
+    if exp["attention"] == "flash_attention_2":
+        names.append(FA2_AS_SDPA)
+    return tuple(names + [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH,
+                          emulation.MASKED_SCATTER_SCRATCH, emulation.MASKED_SELECT_SCRATCH,
+                          emulation.CUBLAS_WORKSPACE])
+
+
+def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: MemoryTracer,
+                scope: ModuleScope, emulate: bool, after_forward=None) -> None:
+    """One Trainer step, telling the tracer and the module scope where it is."""
+    tracer.step = step
+    scope.reset_calls()
+    tracer.phase, scope.label = FORWARD, ""
+    if emulate:
+        tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
+    loss = model(**batch).loss  # the output object (logits) dies here
+    scope.unmark()
+    if after_forward is not None:
+        after_forward()
+    tracer.phase, scope.in_backward = BACKWARD, True
+    if emulate:
+        tracer.persistent = emulation.persistent_scratch(2)
+    (loss * scale if scale != 1.0 else loss).backward()
+    del loss
+    scope.in_backward = False
+    tracer.phase, scope.label = OPTIMIZER, "optimizer"
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    tracer.relabel(optimizer.state_tensors(), OPTIMIZER_STATES)
+    tracer.phase, scope.label = SETUP, ""
+
+
 def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
             emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None) -> Measurement:
     """Trace `steps` training steps of `exp`; see the module docstring.
@@ -258,13 +299,12 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     check_measurable(exp)
     if steps < MIN_STEPS:
         raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
-    started = time.perf_counter()
     config = load_config(exp["config"])
     fake_mode = None
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        fake_mode = FakeTensorMode()
     with (fake_mode or _nothing()):
         model = build_model(config, exp)
         batch = make_batch(config, exp)
@@ -272,28 +312,21 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         batch = {k: (fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
     scope = ModuleScope(model)
-    tracer_kwargs = {"granularity": granularity} if granularity else {}
     tracer = MemoryTracer(
         context=scope.context,
         scratch=emulation.kernel_scratch if emulate else None,
         host_ops=_host_ops() if emulate else frozenset(),
         device="cpu",
         timeline=timeline,
-        **tracer_kwargs,
+        **({"granularity": granularity} if granularity else {}),
     )
     tracer.register(model.parameters(), PARAMETERS)
     tracer.register(model.buffers(), BUFFERS)
     tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
-
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
-    if exp["precision"] in MIXED:
-        scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
-        optimizer = MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale)
-    else:
-        scale = 1.0
-        optimizer = PlainOptimizer(trainable, exp["optimizer"])
+    optimizer, scale = _make_optimizer(exp, trainable, tracer)
 
     def enter_loss(module, args, output):
         if tracer.phase == FORWARD:
@@ -302,46 +335,23 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
 
     model.lm_head.register_forward_hook(enter_loss)
 
-    inventory = ""
+    behaviour = emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])
     stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
-    with (fake_mode or _nothing()), (emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])) as applied, stats_mode, tracer:
+    inventory = []
+
+    def take_inventory() -> None:
+        inventory.append(format_inventory(tracer.inventory(), f"live activations at the end of forward, step {steps}"))
+
+    with (fake_mode or _nothing()), behaviour as applied, stats_mode, tracer:
         for step in range(1, steps + 1):
-            tracer.step = step
-            scope.reset_calls()
-            tracer.phase, scope.label = FORWARD, ""
-            if emulate:
-                tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
-            loss = model(**batch).loss
-            scope.unmark()
-            if step == steps:
-                inventory = format_inventory(
-                    tracer.inventory(), f"live activations at the end of forward, step {step}")
-            tracer.phase, scope.in_backward = BACKWARD, True
-            if emulate:
-                tracer.persistent = emulation.persistent_scratch(2)
-            (loss * scale if scale != 1.0 else loss).backward()
-            del loss
-            scope.in_backward = False
-            tracer.phase, scope.label = OPTIMIZER, "optimizer"
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            tracer.relabel(optimizer.state_tensors(), OPTIMIZER_STATES)
-            tracer.phase, scope.label = SETUP, ""
+            _train_step(step, model, batch, optimizer, scale, tracer, scope, emulate,
+                        after_forward=take_inventory if step == steps else None)
     scope.remove()
-    names = list(applied)
-    if emulate and fake:
-        names.append(emulation.LAYER_NORM_STATS_FP32)
-    if emulate and exp["attention"] == "flash_attention_2":
-        names.append(FA2_AS_SDPA)
-    if emulate:
-        names += [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH, emulation.MASKED_SCATTER_SCRATCH,
-                  emulation.MASKED_SELECT_SCRATCH, emulation.CUBLAS_WORKSPACE]
     return Measurement(
         steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),
-        emulation=tuple(names),
-        inventory=inventory,
+        emulation=_emulation_names(applied, exp, fake) if emulate else (),
+        inventory=inventory[0],
         timeline=tracer.timeline,
-        seconds=time.perf_counter() - started,
     )
 
 
