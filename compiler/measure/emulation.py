@@ -127,12 +127,8 @@ class LayerNormStatsInFp32(TorchDispatchMode):
 def _sdpa_as_cuda(original):
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
-        if enable_gqa and key.shape[1] != query.shape[1]:
-            # NB: flash supports GQA natively on CUDA; repeat here only to keep shapes legal
-            # for the meta kernels (no LLaVA-1.5 model uses GQA).
-            groups = query.shape[1] // key.shape[1]
-            key = key.repeat_interleave(groups, dim=1)
-            value = value.repeat_interleave(groups, dim=1)
+        # NB: CUDA's flash kernel takes fewer KV heads natively (enable_gqa), and so do the
+        # meta kernels: k and v pass as they are. No LLaVA-1.5 model uses GQA.
         head_dim = query.shape[-1]
         if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM:
             return torch.ops.aten._scaled_dot_product_flash_attention(

@@ -151,7 +151,6 @@ class MemoryTracer(TorchDispatchMode):
         self.step = 0
         self.peaks: dict[tuple[int, str], Peak] = {}
         self.timeline: list[dict] = []
-        self.ops = 0
 
     # -- storages -------------------------------------------------------------------------
 
@@ -220,7 +219,6 @@ class MemoryTracer(TorchDispatchMode):
         return out
 
     def _observe(self, op: str, module: str, scratch: tuple[tuple[str, int], ...]) -> None:
-        self.ops += 1
         scratch = scratch + tuple(self.persistent.items())
         point = self.total + sum(nbytes for _, nbytes in scratch)
         peak = self.peaks.get((self.step, self.phase))
