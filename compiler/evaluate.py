@@ -23,7 +23,8 @@ class Cost:
     gradients: int
     optimizer_states: int
     buffers: int
-    saved: tuple[tuple[str, int], ...]  # (tensor, bytes) in declaration order, zeros dropped
+    saved: tuple[tuple[str, int], ...]  # (tensor, bytes) kept for backward, in declaration order, zeros dropped
+    held: tuple[tuple[str, int], ...]  # (tensor, bytes) alive until the forward ends, not kept for backward
     checkpoint: tuple[tuple[str, int], ...]  # kept instead of `saved` by a checkpointing unit
     transient_forward: int
     transient_backward: int
@@ -62,9 +63,13 @@ def evaluate(roots: tuple[Instance, ...]) -> tuple[Node, ...]:
 def _node(inst: Instance, memo: dict) -> Node:
     f = inst.formula
     factors, saved, ckpt, tf, tb = _numbers(f, inst.scope, memo)
+    if inst.flat_states:
+        params, grads, _, buffers = factors
+        factors = (params, grads, params // inst.scope["bytes"]["param"] * inst.scope["bytes"]["optim"], buffers)
     cost = Cost(
         *factors,
-        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b),
+        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "backward"),
+        held=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "forward"),
         checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
         transient_forward=tf,
         transient_backward=tb,
@@ -93,6 +98,7 @@ class Row:
     optimizer_states: int
     buffers: int
     activations: int | None  # None: everything it saves is charged to an earlier row
+    held: int  # alive from this row until the forward ends (model outputs), not kept for backward
     transient_forward: int
     transient_backward: int
 
@@ -142,6 +148,7 @@ def layer_table(nodes: tuple[Node, ...]) -> tuple[Row, ...]:
                 cost.optimizer_states,
                 cost.buffers,
                 acts,
+                sum(b for _, b in cost.held),
                 cost.transient_forward,
                 cost.transient_backward,
             )

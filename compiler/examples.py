@@ -19,7 +19,9 @@ from .formula import Example, Formula, Library
 from .load import child_path
 from .resolve import Optimizer, Setup, derive_bytes, gpu_catalog
 
-DEFAULT_CONTEXT: Mapping[str, Any] = {"batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1}
+DEFAULT_CONTEXT: Mapping[str, Any] = {
+    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "checkpointing": False,
+}
 
 
 def example_setup(context: Mapping[str, Any]) -> Setup:
@@ -46,7 +48,7 @@ def evaluate_example(library: Library, formula: Formula, example: Example) -> di
     inst = _instance(
         library, formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
         given=example.inputs, tensors={}, setup=setup, batch=ctx["batch"], seq=ctx["seq"], trainable=ctx["trainable"],
-        grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=False, checkpointed=False, locate=locate,
+        grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=ctx["checkpointing"], checkpointed=False, locate=locate,
     )
     (root,) = evaluate((inst,))
     out = {"parameters": 0, "gradients": 0, "optimizer_states": 0, "buffers": 0}

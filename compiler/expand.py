@@ -7,7 +7,8 @@ evaluated in (context + inputs + lets), the concrete names of the tensors it rea
 its grad-flow flags, computed in forward order:
 
 - `trainable`: the module is in the setup's trainable set and the instance's output reaches
-  the loss (a layer whose output nothing reads gets no gradient, hence no optimizer state);
+  the loss (a layer whose output nothing reads gets no gradient; with a mixed-precision
+  optimizer it still gets fp32 master weights and states: `flat_states`);
 - `grad_in`: the instance's input requires grad; by default the previous sibling's output
   (the parent's input for a first child), or a child's own `grad_in:` expression;
 - `grad_flows`: `trainable or grad_in` — autograd records the instance's ops.
@@ -42,6 +43,9 @@ class Instance:
     grad_flows: bool
     checkpointed: bool  # this instance is a gradient-checkpointing unit
     children: tuple["Instance", ...]
+    # Its parameters require grad but get none (the output reaches no loss), and a mixed-
+    # precision optimizer keeps fp32 masters and states for every such parameter anyway.
+    flat_states: bool = False
 
     def local(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -58,7 +62,7 @@ class Instance:
             yield from c.walk()
 
 
-def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool) -> dict[str, Any]:
+def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool) -> dict[str, Any]:
     return {
         "batch": batch,
         "seq": seq,
@@ -69,6 +73,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool)
         "bytes": dict(setup.bytes),
         "attention": setup.attention,
         "images": setup.images_per_sample,
+        "checkpointing": checkpointing,
     }
 
 
@@ -172,11 +177,15 @@ def _freeze(mapping: Mapping[str, Any]) -> tuple:
 
 def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
               trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate) -> Instance:
-    trainable = trainable and reaches_loss
+    # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached
+    # or not; torch's own optimizers skip a parameter whose .grad stays None.
+    requires_grad = trainable
+    flat_states = requires_grad and not reaches_loss and setup.master_bytes > 0
+    trainable = requires_grad and reaches_loss
     grad_in = grad_in and reaches_loss
     scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
-    scope = _bound_scope(formula, scalars, _context(setup, batch, seq, trainable, grad_in), locate)
-    scope_key = (id(formula), _freeze(scalars), batch, seq, trainable, grad_in)
+    scope = _bound_scope(formula, scalars, _context(setup, batch, seq, trainable, grad_in, checkpointing), locate)
+    scope_key = (id(formula), _freeze(scalars), batch, seq, trainable, grad_in, checkpointing)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     children = []
     previous = grad_in
@@ -203,7 +212,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
                 setup=setup,
                 batch=c_batch,
                 seq=c_seq,
-                trainable=trainable,
+                trainable=requires_grad,
                 grad_in=c_grad_in if i == 0 else out,
                 reaches_loss=c_reaches,
                 checkpointing=checkpointing,
@@ -226,6 +235,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         grad_flows=trainable or grad_in,
         checkpointed=checkpointed,
         children=tuple(children),
+        flat_states=flat_states,
     )
 
 

@@ -35,6 +35,7 @@ CONTEXT_NAMES = frozenset(
         "bytes",  # element sizes, see BYTES_KEYS
         "attention",  # attention implementation: flash_attention_2 | sdpa | eager
         "images",  # images per sample
+        "checkpointing",  # the module's layers are gradient-checkpointing units
     }
 )
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
@@ -221,6 +222,7 @@ class Saved:
 
     tensor: str  # a local name, or "{input}" naming a tensor-typed input
     bytes: Expr
+    until: str = "backward"  # backward: freed by its charger's backward; forward: when the forward ends
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ def _compile_saved(entries, doc, base, declared, inputs, problems) -> tuple[Save
                     did_you_mean(ref, tensors) or f"tensor inputs: {', '.join(tensors) or 'none'}",
                 )
             )
-        out.append(Saved(tensor, compile_expr(entry["bytes"], doc, child_path(path, "bytes"), declared, problems)))
+        out.append(Saved(tensor, compile_expr(entry["bytes"], doc, child_path(path, "bytes"), declared, problems), entry.get("until", "backward")))
     return tuple(out)
 
 

@@ -16,7 +16,7 @@ from .simulate import CATEGORIES, Point
 GIB = 1 << 30
 TABLE_COLUMNS = (
     "path", "type", "count", "trainable", "grad_flows", "checkpointed", "dims",
-    "parameters", "gradients", "optimizer_states", "buffers", "activations", "transient_forward", "transient_backward",
+    "parameters", "gradients", "optimizer_states", "buffers", "activations", "held", "transient_forward", "transient_backward",
 )  # fmt: skip
 
 

@@ -70,6 +70,7 @@ class _State:
     grads: dict = field(default_factory=dict)  # module -> bytes
     live: dict = field(default_factory=dict)  # tensor -> (module, bytes)
     live_by_module: dict = field(default_factory=dict)
+    kept: set = field(default_factory=set)  # names saved for backward (not only held)
     resident_slack: int = 0
     best: Point | None = None
     best_slack: int = 0
@@ -81,13 +82,23 @@ class _State:
     first_forward_workspace: int = 0  # step 1's forward has run GEMMs on one thread only
     optim_resident: int = 0
 
-    def charge(self, module: str, tensors) -> None:
+    def charge(self, module: str, tensors, kept: bool = False) -> None:
         for name, size in tensors:
+            if kept:
+                self.kept.add(name)
             if name not in self.live:
                 size = round_up(size, ALLOCATOR_GRANULE)
                 self.live[name] = (module, size)
                 self.live_by_module[module] = self.live_by_module.get(module, 0) + size
                 self.level += size
+
+    def release(self, tensors) -> None:
+        """Free the forward's held outputs, except those something saved for backward."""
+        for name, _ in tensors:
+            if name in self.live and name not in self.kept:
+                module, size = self.live.pop(name)
+                self.live_by_module[module] -= size
+                self.level -= size
 
     def free(self, path: str, tensors) -> None:
         for name, _ in tensors:
@@ -193,24 +204,31 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         # ZeRO-3 gathers a layer's full weights while it runs.
         return node.cost.parameters - _div(node.cost.parameters, p_div) if p_div > 1 and not node.children else 0
 
-    def forward(node: Node, stack: dict, keep: bool, recompute: bool = False) -> None:
+    def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
+        """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
         inst = node.inst
-        if inst.checkpointed and keep and not recompute:
+        if inst.checkpointed and keep and phase == "forward":
             forward(node, stack, keep=False)
-            state.charge(inst.module, node.cost.checkpoint)
+            state.charge(inst.module, node.cost.checkpoint, kept=True)
             return
         if keep:
-            state.charge(inst.module, node.cost.saved)
+            state.charge(inst.module, node.cost.saved, kept=True)
+        if phase == "forward":
+            state.charge(inst.module, node.cost.held)
+            held.extend(node.cost.held)
+        # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
+        # would-be saved tensors still exist while it runs.
         t = _push(stack, inst.module, node.cost.transient_forward + gather(node))
         if not node.children:
-            state.observe("forward", inst.path, t)
+            unkept = 0 if keep else sum(b for _, b in node.cost.saved)
+            state.observe(phase, inst.path, _push(t, inst.module, unkept))
         for c in node.children:
-            forward(c, t, keep)
+            forward(c, t, keep, phase)
 
     def backward(node: Node, stack: dict) -> None:
         inst = node.inst
         if inst.checkpointed:
-            forward(node, stack, keep=True, recompute=True)
+            forward(node, stack, keep=True, phase="backward")
         t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
         for c in reversed(node.children):
             backward(c, t)
@@ -222,8 +240,10 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             state.observe("backward", inst.path, t)
         state.free(inst.path, node.cost.saved + node.cost.checkpoint)
 
+    held: list = []  # tensors the model's outputs keep until the forward ends
     for root in nodes:
         forward(root, {}, keep=True)
+    state.release(held)
     end_of_forward = dict(state.live_by_module)
     if trainable:
         for root in reversed(nodes):
@@ -263,7 +283,9 @@ def _div(n: int, d: int) -> int:
 
 
 def _trainable_elements(nodes, setup: Setup) -> int:
-    return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable)
+    """Parameters the optimizer steps: those with gradients, and those with flat states
+    (their fp32 gradients are zero-filled and stepped like the others)."""
+    return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states)
 
 
 def _largest_trainable(nodes, setup: Setup) -> int:

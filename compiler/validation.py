@@ -85,6 +85,12 @@ def compare(path: Path) -> Comparison:
     name = record.get("name", path.stem)
     experiment = dict(record["experiment"])
     experiment.setdefault("experiment", name)
+    # The estimate must assume the GPU the measurement ran on (or emulated): it decides the
+    # cuBLAS workspaces. CPU traces emulate the catalog's default GPU unless they say which.
+    if record.get("emulated_gpu"):
+        experiment["gpu"] = record["emulated_gpu"]
+    elif record.get("source") == "cpu-trace":
+        experiment.pop("gpu", None)
     doc = load_yaml_text(yaml.safe_dump(experiment, sort_keys=False), str(path))
     problems = validate(doc, load_schema("experiment"))
     if problems:

@@ -40,7 +40,7 @@ def test_frozen_module_downstream_of_a_trainable_one_saves_for_its_input_gradien
     assert norm.grad_flows and not norm.trainable
     assert norm.activations == T * H * 4 + T * 4  # fp32 copy of x + fp32 rstd; no weight gradient
     core = stage1["language.layers[0:32].self_attn.core"]
-    assert core.activations == 4 * T * H * 2 + 32 * 1024 * 2 * 4  # q, k, v, out + fp32 logsumexp [b, heads, s]
+    assert core.activations == 4 * T * H * 2 + 32 * 1024 * 2 * 4 + 16 + 8  # q, k, v, out + fp32 logsumexp [b, heads, s] + philox seed, offset
 
 
 def test_frozen_linear_saves_no_input(stage1):
@@ -80,8 +80,21 @@ def test_layers_past_the_feature_layer_get_no_gradient_even_when_trainable():
     r = rows(["vision", "projector", "language"])
     dead = r["vision.unused_layers[0].mlp.fc1"]
     live = r["vision.layers[0:23].mlp.fc1"]
-    assert live.trainable and live.gradients == (1024 * 4096 + 4096) * 2
-    assert not dead.trainable and dead.gradients == 0 and dead.optimizer_states == 0 and dead.activations == 0
+    n = 1024 * 4096 + 4096
+    assert live.trainable and live.gradients == n * 2
+    assert not dead.trainable and dead.gradients == 0 and dead.activations == 0
+    # bf16-mixed: the optimizer's flat fp32 partition covers every parameter that requires
+    # grad, reached or not: master 4 + exp_avg 4 + exp_avg_sq 4 bytes each.
+    assert dead.optimizer_states == n * 12
+
+
+def test_torch_optimizers_skip_parameters_without_gradients():
+    r = estimate(
+        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["vision", "projector", "language"],
+        precision="bf16",
+    )
+    dead = {row.path: row for row in r.rows}["vision.unused_layers[0].mlp.fc1"]
+    assert dead.optimizer_states == 0  # torch.optim.AdamW creates no state for a parameter whose .grad is None
 
 
 def test_every_factor_grows_with_tokens():
