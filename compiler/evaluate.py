@@ -23,6 +23,7 @@ class Cost:
     gradients: int
     optimizer_states: int
     buffers: int
+    buffer_tensors: tuple[int, ...]  # each buffer tensor's bytes (buffers is their sum)
     saved: tuple[tuple[str, int], ...]  # (tensor, bytes) kept for backward, in declaration order, zeros dropped
     held: tuple[tuple[str, int], ...]  # (tensor, bytes) alive until the forward ends, not kept for backward
     checkpoint: tuple[tuple[str, int], ...]  # kept instead of `saved` by a checkpointing unit
@@ -46,7 +47,9 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     key = (id(formula), _freeze(scope))
     hit = memo.get(key)
     if hit is None:
+        buffers = tuple(integer(e, e(scope)) for e in formula.buffers)
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
+        factors = (*factors, sum(buffers), buffers)
         saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
@@ -64,8 +67,8 @@ def _node(inst: Instance, memo: dict) -> Node:
     f = inst.formula
     factors, saved, ckpt, tf, tb = _numbers(f, inst.scope, memo)
     if inst.flat_states:
-        params, grads, _, buffers = factors
-        factors = (params, grads, params // inst.scope["bytes"]["param"] * inst.scope["bytes"]["optim"], buffers)
+        params, grads, _, *buffers = factors
+        factors = (params, grads, params // inst.scope["bytes"]["param"] * inst.scope["bytes"]["optim"], *buffers)
     cost = Cost(
         *factors,
         saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "backward"),

@@ -41,7 +41,7 @@ CONTEXT_NAMES = frozenset(
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
 # fixed dtypes are named so that a formula never carries a bare 4 or 8.
 BYTES_KEYS = frozenset({"param", "grad", "optim", "act", "fp32", "int64", "bool"})
-FACTOR_NAMES = ("parameters", "gradients", "optimizer_states", "buffers")
+FACTOR_NAMES = ("parameters", "gradients", "optimizer_states")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -254,7 +254,8 @@ class Formula:
     summary: str
     inputs: tuple[Input, ...]
     lets: tuple[tuple[str, Expr], ...]
-    factors: Mapping[str, Expr]
+    factors: Mapping[str, Expr]  # parameters, gradients, optimizer_states
+    buffers: tuple[Expr, ...]  # one per buffer tensor
     activations: tuple[Saved, ...]
     transient: Mapping[str, Expr]
     checkpoint: tuple[Saved, ...]
@@ -345,7 +346,17 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     factors = {
         name: compile_expr(value, doc, child_path("$.factors", name), scope, problems)
         for name, value in (data.get("factors") or {}).items()
+        if name != "buffers"
     }
+    # Buffers are listed one tensor each: the allocator rounds every tensor on its own.
+    raw_buffers = (data.get("factors") or {}).get("buffers")
+    buffer_path = child_path("$.factors", "buffers")
+    if isinstance(raw_buffers, list):
+        buffers = tuple(compile_expr(v, doc, child_path(buffer_path, i), scope, problems) for i, v in enumerate(raw_buffers))
+    elif raw_buffers is not None:
+        buffers = (compile_expr(raw_buffers, doc, buffer_path, scope, problems),)
+    else:
+        buffers = ()
     transient = {
         name: compile_expr(value, doc, child_path("$.transient", name), scope, problems)
         for name, value in (data.get("transient") or {}).items()
@@ -370,6 +381,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         inputs=tuple(inputs.values()),
         lets=tuple(lets),
         factors=factors,
+        buffers=buffers,
         activations=activations,
         transient=transient,
         checkpoint=checkpoint,

@@ -176,7 +176,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for n in root.walk():
             totals["parameters"] += n.cost.parameters
             totals["optimizer_states"] += n.cost.optimizer_states
-            totals["buffers"] += n.cost.buffers
+            totals["buffers"] += sum(round_up(b, ALLOCATOR_GRANULE) for b in n.cost.buffer_tensors)
             totals["gradients"] += n.cost.gradients
         resident[root.inst.module] = totals
     per_gpu = {
