@@ -65,7 +65,7 @@ class Estimate:
 @dataclass
 class _State:
     modules: tuple[str, ...]
-    resident: dict  # module -> category -> bytes (parameters, optimizer_states incl. buffers in parameters)
+    resident: dict  # module -> {parameters (buffers included), optimizer_states}, per GPU
     owner: dict  # tensor -> owning path
     grads: dict = field(default_factory=dict)  # module -> bytes
     live: dict = field(default_factory=dict)  # tensor -> (module, bytes)
@@ -92,20 +92,22 @@ class _State:
                 self.live_by_module[module] = self.live_by_module.get(module, 0) + size
                 self.level += size
 
+    def _drop(self, name: str) -> None:
+        module, size = self.live.pop(name)
+        self.live_by_module[module] -= size
+        self.level -= size
+
     def release(self, tensors) -> None:
         """Free the forward's held outputs, except those something saved for backward."""
         for name, _ in tensors:
             if name in self.live and name not in self.kept:
-                module, size = self.live.pop(name)
-                self.live_by_module[module] -= size
-                self.level -= size
+                self._drop(name)
 
     def free(self, path: str, tensors) -> None:
+        """Free the tensors `path` charged, once its backward has run."""
         for name, _ in tensors:
             if self.owner.get(name) == path and name in self.live:
-                module, size = self.live.pop(name)
-                self.live_by_module[module] -= size
-                self.level -= size
+                self._drop(name)
 
     def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> None:
         total = self.level + sum(transient.values())
