@@ -139,7 +139,7 @@ def _check(args) -> int:
         sys.stdout.write(f"ok: {len(checked)} files checked\n")
     if problems:
         if args.format != "json":
-            sys.stderr.write(MemspecError(problems).render() + "\n")
+            sys.stderr.write(MemspecError(problems).render(source=True) + "\n")
         return 1
     return 0
 
@@ -168,11 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return COMMANDS[args.command](args)
-    except UsageError as exc:
-        sys.stderr.write(exc.render() + "\n")
-        return exc.exit_code
-    except MemspecError as exc:
-        sys.stderr.write(exc.render() + "\n")
+    except MemspecError as exc:  # UsageError included
+        sys.stderr.write(exc.render(source=True) + "\n")
         return exc.exit_code
     except BrokenPipeError:
         return 0

@@ -43,8 +43,9 @@ class Diagnostic:
     message: str
     help: str | None = None
 
-    def render(self) -> str:
-        """`file:line:col: CODE path: message`, then `help: ...` on its own line.
+    def render(self, source: bool = False) -> str:
+        """`file:line:col: CODE path: message`, then `help: ...` on its own line; with
+        `source`, the offending line of the file and a caret under the column between them.
 
         NB: unknown parts of the location are left out rather than shown as 0
         (`file: CODE ...`, `file:line: CODE ...`), and with no file at all (command-line
@@ -54,6 +55,9 @@ class Diagnostic:
         location = _location(self.file, self.line, self.col)
         if location:
             text = f"{location}: {text}"
+        excerpt = _excerpt(self.file, self.line, self.col) if source else ""
+        if excerpt:
+            text = f"{text}\n{excerpt}"
         if self.help is not None:
             text = f"{text}\nhelp: {self.help}"
         return text
@@ -67,6 +71,23 @@ def _location(file: str, line: int, col: int) -> str:
     if col <= 0:
         return f"{file}:{line}"
     return f"{file}:{line}:{col}"
+
+
+def _excerpt(file: str, line: int, col: int) -> str:
+    """The source line with its number and a caret under `col`, as compilers show it."""
+    if not file or line <= 0:
+        return ""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    if line > len(lines):
+        return ""
+    number = str(line)
+    gutter = " " * len(number)
+    caret = f"\n{gutter} | {' ' * (col - 1)}^" if col > 0 else ""
+    return f"{gutter} |\n{number} | {lines[line - 1]}{caret}"
 
 
 def _sort_key(diagnostic: Diagnostic) -> tuple[str, int, int]:
@@ -88,9 +109,10 @@ class MemspecError(Exception):
         self.diagnostics: tuple[Diagnostic, ...] = tuple(sorted(diagnostics, key=_sort_key))
         super().__init__(self.diagnostics)
 
-    def render(self) -> str:
-        """All diagnostics, blank-line separated, then `N errors` when there is more than one."""
-        blocks = [d.render() for d in self.diagnostics]
+    def render(self, source: bool = False) -> str:
+        """All diagnostics, blank-line separated, then `N errors` when there is more than one;
+        `source` adds each one's line of the file (what the CLI prints)."""
+        blocks = [d.render(source) for d in self.diagnostics]
         if len(blocks) > 1:
             blocks.append(f"{len(blocks)} errors")
         return "\n\n".join(blocks)
