@@ -51,8 +51,8 @@ def _validated(path: str | Path, kind: str) -> Document:
 
 
 def file_kind(doc: Document) -> str:
-    """spec, experiment, formula, gpus (the catalog) or matrix (a measuring plan), from the
-    document's top-level keys."""
+    """spec, experiment, formula, gpus (the catalog), matrix (a measuring plan) or family (an
+    import mapping), from the document's top-level keys."""
     data = doc.data if isinstance(doc.data, dict) else {}
     if "experiment" in data:
         return "experiment"
@@ -62,6 +62,8 @@ def file_kind(doc: Document) -> str:
         return "gpus"
     if "matrix" in data:
         return "matrix"
+    if "family" in data:
+        return "family"
     return "spec"
 
 

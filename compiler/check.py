@@ -60,12 +60,25 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
                 api.gpu_catalog()
             elif kind == "matrix":
                 pass  # a measuring plan: read by `memspec measure --matrix`, which checks it
+            elif kind == "family":
+                _check_family(name)
             elif library is not None:
                 _compile(name, kind, library)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
     unique = list(dict.fromkeys(problems))
     return checked, unique
+
+
+def _check_family(name: str) -> None:
+    """An import mapping, validated against its schema when the importer ships one."""
+    from .paths import schema_path
+    from .validate import load_schema, validate
+
+    if schema_path("family").exists():
+        problems = validate(load_yaml(name), load_schema("family"))
+        if problems:
+            raise MemspecError(problems)
 
 
 def _compile(name: str, kind: str, library) -> None:
