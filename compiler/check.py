@@ -71,14 +71,10 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
 
 
 def _check_family(name: str) -> None:
-    """An import mapping, validated against its schema when the importer ships one."""
-    from .paths import schema_path
-    from .validate import load_schema, validate
+    """An import mapping: its schema, and every expression compiled against its config names."""
+    from .family import load_family
 
-    if schema_path("family").exists():
-        problems = validate(load_yaml(name), load_schema("family"))
-        if problems:
-            raise MemspecError(problems)
+    load_family(name)
 
 
 def _compile(name: str, kind: str, library) -> None:

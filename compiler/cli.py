@@ -18,10 +18,20 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/llava/llava-1.5-7b.yaml --micro-batch 8 --seq-len 2048 \\
       --trainable projector,language --zero 2 --dp 8 --gpu h100-80gb
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
+  memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
 """
 TABLE_EXAMPLES = """examples:
   memspec table specs/experiments/llava-1.5-7b-pretrain.yaml --format tsv
   memspec table specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 1024
+"""
+IMPORT_EXAMPLES = """examples:
+  memspec import llava-hf/llava-1.5-7b-hf -o specs/llava/llava-1.5-7b-hf.yaml
+  memspec import ./checkpoints/my-finetune/            # a local folder; prints the spec
+  memspec import meta-llama/Llama-2-7b-hf --revision main --format json
+
+A hub id reads config.json, preprocessor_config.json and the safetensors headers only (never
+the weights), cached by huggingface_hub; set HF_TOKEN for gated or private repos and
+HF_HUB_OFFLINE=1 to use the cache only.
 """
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
@@ -74,14 +84,24 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
     e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("file", help="an experiment (specs/experiments/*.yaml) or a model spec")
+    e.add_argument("file", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first")
     _knobs(e)
+    e.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     e.add_argument("--format", choices=["text", "json"], default="text")
 
     t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("file")
     _knobs(t)
+    t.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     t.add_argument("--format", choices=["text", "tsv", "json"], default="text")
+
+    i = sub.add_parser("import", help="write a model spec from a Hugging Face checkpoint (hub id or local folder)", epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("source", help="a hub repo id (owner/name) or a folder with config.json and *.safetensors")
+    i.add_argument("-o", "--output", metavar="FILE", help="write the spec here (default: print it)")
+    i.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    i.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id (default: main)")
+    i.add_argument("--model", metavar="NAME", help="the spec's model name (default: the repo or folder name)")
+    i.add_argument("--format", choices=["yaml", "json"], default="yaml")
 
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
@@ -103,18 +123,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _estimate(args) -> int:
-    from . import api, render
+def _report(args):
+    """An estimate of a spec or experiment file, or of a hub id / model folder imported in memory."""
+    from . import api
+    from .importer import is_source
 
-    report = api.estimate(args.file, **overrides(args))
+    if is_source(args.file):
+        from .importer import source_inputs
+
+        return api.run(*source_inputs(args.file, overrides(args), args.revision))
+    if args.revision:
+        raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
+    return api.estimate(args.file, **overrides(args))
+
+
+def _estimate(args) -> int:
+    from . import render
+
+    report = _report(args)
     sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
     return 0
 
 
 def _table(args) -> int:
-    from . import api, render
+    from . import render
 
-    report = api.estimate(args.file, **overrides(args))
+    report = _report(args)
     if args.format == "tsv":
         sys.stdout.write(render.table_tsv(report.rows))
     elif args.format == "json":
@@ -124,6 +158,24 @@ def _table(args) -> int:
         sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in report.rows], indent=2) + "\n")
     else:
         sys.stdout.write(render.table_text(report.rows))
+    return 0
+
+
+def _import(args) -> int:
+    import json
+
+    from .importer import import_spec, write_spec
+
+    imported = import_spec(args.source, args.revision, args.model)
+    text = json.dumps(imported.data, indent=2) + "\n" if args.format == "json" else imported.text
+    if args.output:
+        write_spec(args.output, text, args.force)
+        total = sum(m["parameters"] for m in imported.data["modules"].values())
+        sys.stderr.write(f"wrote {args.output}: {imported.data['model']}, {len(imported.data['modules'])} modules, {total:,} parameters ({imported.family} family)\n")
+    else:
+        sys.stdout.write(text)
+    if imported.header_parameters is None:
+        sys.stderr.write("note: no safetensors in the checkpoint; the parameter counts come from config.json arithmetic (see the spec's notes)\n")
     return 0
 
 
@@ -158,7 +210,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "table": _table, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "table": _table, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,3 +32,8 @@ def formulas_dir() -> Path:
 
 def specs_dir() -> Path:
     return data_root() / "specs"
+
+
+def families_dir() -> Path:
+    """`specs/families/`: one Hugging Face family mapping per file, read by `memspec import`."""
+    return specs_dir() / "families"

@@ -1,0 +1,262 @@
+"""Family mappings: how a Hugging Face config.json becomes a spec's modules, as data.
+
+Contract: `load_families(folder)` reads every `specs/families/<family>.yaml`, validates each
+against `schemas/family.schema.json` and compiles its expressions in the formulas' sandbox
+(`formula.compile_expr`): every name an expression uses must be a config name declared
+above it (or `image_tokens`, for module inputs), so a typo fails when the family loads. It
+returns a frozen `Families` (model_type -> `Family`), or raises one `MemspecError` with
+every problem of every file.
+
+`Family.read(config, processor)` maps the Hugging Face keys to the family's neutral names
+(aliases tried in order, a null value counting as absent, then the config class's default
+or a derivation) and returns `Values`; `Family.inputs(values)` and `Family.context(values)`
+give a module's spec inputs and context expressions. Nothing here reads files other than
+the family files, and nothing prints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError, did_you_mean
+from .formula import Expr, _env, compile_expr
+from .load import Document, child_path, load_yaml
+
+_MISSING = object()  # a key absent from config.json (or null there)
+
+
+@dataclass(frozen=True)
+class ConfigValue:
+    name: str
+    keys: tuple[str, ...]  # "config.a.b" / "processor.a.b", first present wins
+    default: Any  # _MISSING when none
+    derive: Expr | None
+    path: str  # JSON path in the family file
+
+
+@dataclass(frozen=True)
+class Template:
+    """A spec expression with `{{ expr }}` holes filled from config values at import."""
+
+    source: str
+    file: str
+    path: str
+
+    def render(self, values: Mapping[str, Any]) -> str:
+        return _env().from_string(self.source).render(**values).strip()
+
+
+@dataclass(frozen=True)
+class FamilyModule:
+    name: str
+    type: str
+    inputs: Mapping[str, Expr]
+    context: Mapping[str, Template]  # batch, seq
+    tensors: tuple[str, ...]  # tensor-name prefixes
+    trainable: bool | None
+    doc: str | None
+
+
+@dataclass(frozen=True)
+class Requirement:
+    check: Expr
+    message: str
+
+
+@dataclass(frozen=True)
+class Values:
+    """The neutral config values and where each came from (for the spec's comments)."""
+
+    values: Mapping[str, Any]
+    origin: Mapping[str, str]  # name -> "config.text_config.hidden_size" | "default" | "derived: ..."
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    file: str
+    summary: Template
+    model_types: tuple[str, ...]
+    config: tuple[ConfigValue, ...]
+    requires: tuple[Requirement, ...]
+    image_tokens: Expr
+    modules: tuple[FamilyModule, ...]
+    ignore_tensors: tuple[str, ...]
+    notes: tuple[str, ...]
+    doc: Document
+
+    def read(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> Values:
+        """Neutral values from the Hugging Face files; `where` names the source in errors
+        ("repo 'x', revision 'y'" or "folder 'd'")."""
+        roots = {"config": config, "processor": processor or {}}
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        problems: list[Diagnostic] = []
+        for c in self.config:
+            found = _MISSING
+            for key in c.keys:
+                root, *parts = key.split(".")
+                found = _lookup(roots[root], parts)
+                if found is not _MISSING:
+                    origin[c.name] = ("config.json " if root == "config" else "preprocessor_config.json ") + key.split(".", 1)[1]
+                    break
+            if found is _MISSING and c.derive is not None:
+                if not c.derive.names <= values.keys():
+                    continue  # NB: what it derives from is missing, and that is reported already
+                found = c.derive(values)
+                origin[c.name] = f"derived: {c.derive.source}"
+            elif found is _MISSING and c.default is not _MISSING:
+                found = c.default
+                origin[c.name] = f"default ({', '.join(k.split('.', 1)[1] for k in c.keys)} not set)"
+            if found is _MISSING:
+                problems.append(Diagnostic(
+                    "E706", "", 0, 0, "",
+                    f"{where}: config.json has none of {', '.join(k.split('.', 1)[1] for k in c.keys)} (the {self.name} family's '{c.name}')",
+                    f"add the key to config.json, or give '{c.name}' a default in {self.file}",
+                ))
+                continue
+            if isinstance(found, float) and found.is_integer():
+                found = int(found)
+            if not isinstance(found, (int, bool, str)):
+                problems.append(Diagnostic(
+                    "E713", "", 0, 0, "",
+                    f"{where}: config value {origin[c.name]} = {found!r} is not an integer, boolean or string (the {self.name} family's '{c.name}')",
+                    f"check config.json against {self.file}",
+                ))
+                continue
+            values[c.name] = found
+        if problems:
+            raise MemspecError(problems)
+        unmet = [r for r in self.requires if not r.check(values)]
+        if unmet:
+            raise MemspecError([
+                Diagnostic("E713", "", 0, 0, "", f"{where}: not supported by the {self.name} family: {r.check.source} is false ({r.message})",
+                           f"the values read: {_show_names(values, r.check.names)}; a family for this variant is a new file in specs/families/ (docs/adding-a-family.md)")
+                for r in unmet
+            ])
+        return Values(values, origin)
+
+
+def _lookup(data: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if not isinstance(data, Mapping) or part not in data:
+            return _MISSING
+        data = data[part]
+    return _MISSING if data is None else data
+
+
+def _show_names(values: Mapping[str, Any], names) -> str:
+    return ", ".join(f"{n} = {values[n]!r}" for n in sorted(names) if n in values)
+
+
+@dataclass(frozen=True)
+class Families:
+    by_model_type: Mapping[str, Family]
+    folder: str
+
+    def get(self, model_type: Any, where: str) -> Family:
+        family = self.by_model_type.get(model_type) if isinstance(model_type, str) else None
+        if family is None:
+            known = sorted(self.by_model_type)
+            shown = f"'{model_type}'" if isinstance(model_type, str) else "missing"
+            hint = did_you_mean(model_type, known) if isinstance(model_type, str) else None
+            raise MemspecError(Diagnostic(
+                "E708", "", 0, 0, "",
+                f"{where}: model_type {shown} is not covered by any family (covered: {', '.join(known)})",
+                (hint + " " if hint else "") + f"a family is one YAML file in {self.folder}/ (docs/adding-a-family.md)",
+            ))
+        return family
+
+
+# --------------------------------------------------------------------------- loading
+
+_TEMPLATE_HOLE = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+def _compile_template(value: str, doc: Document, path: str, declared: frozenset[str], problems: list[Diagnostic]) -> Template:
+    """A string whose `{{ expr }}` holes are checked like formula expressions."""
+    rest = _TEMPLATE_HOLE.sub("", value)
+    if "{%" in rest or "{#" in rest:
+        problems.append(doc.diag("E403", path, f"'{value}': only {{{{ expr }}}} holes are allowed"))
+    for hole in _TEMPLATE_HOLE.findall(value):
+        compile_expr(hole.strip(), doc, path, declared, problems)
+    return Template(value, doc.file, path)
+
+
+def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
+    data = doc.data
+    stem = Path(doc.file).stem
+    if data["family"] != stem:
+        problems.append(doc.diag("E206", "$.family", f"family '{data['family']}' must equal the file stem '{stem}'"))
+    declared: set[str] = set()
+    config = []
+    for name, entry in data["config"].items():
+        path = child_path("$.config", name)
+        derive = None
+        if "derive" in entry:
+            derive = compile_expr(entry["derive"], doc, child_path(path, "derive"), frozenset(declared), problems)
+        config.append(ConfigValue(name, tuple(entry.get("keys", ())), entry.get("default", _MISSING), derive, path))
+        declared.add(name)
+    names = frozenset(declared)
+    requires = tuple(
+        Requirement(compile_expr(r["check"], doc, child_path(child_path("$.requires", i), "check"), names, problems), r["message"])
+        for i, r in enumerate(data.get("requires") or ())
+    )
+    image_tokens = compile_expr(data["image_tokens"], doc, "$.image_tokens", names, problems)
+    with_tokens = names | {"image_tokens"}
+    modules = []
+    for name, m in data["modules"].items():
+        path = child_path("$.modules", name)
+        inputs = {k: compile_expr(v, doc, child_path(child_path(path, "inputs"), k), with_tokens, problems) for k, v in m["inputs"].items()}
+        context = {k: _compile_template(m["context"][k], doc, child_path(child_path(path, "context"), k), with_tokens, problems) for k in ("batch", "seq")}
+        modules.append(FamilyModule(name, m["type"], inputs, context, tuple(m["tensors"]), m.get("trainable"), m.get("doc")))
+    summary = _compile_template(data["summary"], doc, "$.summary", with_tokens | {"repo"}, problems)
+    return Family(
+        name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
+        config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
+        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc,
+    )
+
+
+def load_family(path: str | Path) -> Family:
+    """One family file, validated and compiled."""
+    from .validate import load_schema, validate
+
+    doc = load_yaml(path)
+    problems = validate(doc, load_schema("family"))
+    if problems:
+        raise MemspecError(problems)
+    problems = []
+    family = _compile_family(doc, problems)
+    if problems:
+        raise MemspecError(problems)
+    return family
+
+
+def load_families(folder: str | Path) -> Families:
+    problems: list[Diagnostic] = []
+    by_type: dict[str, Family] = {}
+    for path in sorted(Path(folder).glob("*.yaml")):
+        try:
+            family = load_family(_display(path))
+        except MemspecError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        for i, model_type in enumerate(family.model_types):
+            if model_type in by_type:
+                problems.append(family.doc.diag("E207", child_path("$.model_types", i), f"model_type '{model_type}' is already covered by {by_type[model_type].file}"))
+            by_type[model_type] = family
+    if problems:
+        raise MemspecError(problems)
+    return Families(by_type, _display(Path(folder)))
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+

@@ -1,0 +1,219 @@
+"""Header-only safetensors checkpoints for the import tests, and the script that writes them.
+
+`python tests/hubfixtures.py` rewrites `tests/fixtures/hub/<name>/`: each model's real
+config.json (copied from the hub repos, as of their current main), and the real tensor names,
+dtypes, shapes and shard layout in safetensors headers with no data section: the 8-byte
+little-endian header length, then the JSON header, whose data_offsets are consistent (each
+tensor spans its dtype size x its elements, back to back from 0) as if the data followed.
+`sparse_copy` appends that data section as a hole, so that `safetensors.safe_open` accepts a
+fixture without the file taking disk space.
+
+NB: the header's order of names and the split into shards follow the hub's files only
+roughly; reconciliation depends on neither.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from math import prod
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "hub"
+DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8}
+
+
+# --------------------------------------------------------------------------- tensor lists
+
+def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False) -> list[tuple[str, str, list[int]]]:
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = c.get("head_dim") or h // nh
+    out = [(f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        out += [
+            (p + "input_layernorm.weight", dtype, [h]),
+            (p + "self_attn.q_proj.weight", dtype, [nh * hd, h]),
+            (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
+            (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]),
+            (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+        ]
+        if inv_freq:  # a buffer that checkpoints saved before transformers 4.31 made it non-persistent
+            out.append((p + "self_attn.rotary_emb.inv_freq", "F32", [hd // 2]))
+    out.append((f"{prefix}norm.weight", dtype, [h]))
+    if head:
+        out.append((head, dtype, [c["vocab_size"], h]))
+    return out
+
+
+def clip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
+    h, inter, p, size = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["image_size"]
+    e = prefix + "embeddings."
+    out = [
+        (e + "class_embedding", dtype, [h]),
+        (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
+        (e + "position_embedding.weight", dtype, [(size // p) ** 2 + 1, h]),
+        (prefix + "pre_layrnorm.weight", dtype, [h]),
+        (prefix + "pre_layrnorm.bias", dtype, [h]),
+    ]
+    for i in range(v["num_hidden_layers"]):
+        q = f"{prefix}encoder.layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            out += [(q + f"self_attn.{proj}.weight", dtype, [h, h]), (q + f"self_attn.{proj}.bias", dtype, [h])]
+        out += [
+            (q + "layer_norm1.weight", dtype, [h]), (q + "layer_norm1.bias", dtype, [h]),
+            (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
+            (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
+            (q + "layer_norm2.weight", dtype, [h]), (q + "layer_norm2.bias", dtype, [h]),
+        ]
+    out += [(prefix + "post_layernorm.weight", dtype, [h]), (prefix + "post_layernorm.bias", dtype, [h])]
+    return out
+
+
+def llava_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    t, v = c["text_config"], c["vision_config"]
+    projector = [
+        ("multi_modal_projector.linear_1.weight", dtype, [t["hidden_size"], v["hidden_size"]]),
+        ("multi_modal_projector.linear_1.bias", dtype, [t["hidden_size"]]),
+        ("multi_modal_projector.linear_2.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
+        ("multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
+    ]
+    language = llama_tensors({**t, "vocab_size": t.get("vocab_size", c.get("vocab_size"))}, "language_model.model.", "language_model.lm_head.weight", dtype)
+    return language + projector + clip_tensors(v, "vision_tower.vision_model.", dtype)
+
+
+def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
+    """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
+    out = []
+    for name, dtype, shape in llama_tensors(c, dtype="F16"):
+        if name.endswith("proj.weight"):
+            n = prod(shape)
+            out += [
+                (name, "U8", [n // 2, 1]),
+                (name + ".absmax", "F32", [n // 64]),
+                (name + ".quant_map", "F32", [16]),
+                (name + ".quant_state.bitsandbytes__nf4", "U8", [96]),
+            ]
+        else:
+            out.append((name, dtype, shape))
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+
+def header_bytes(tensors: list[tuple[str, str, list[int]]]) -> tuple[bytes, int]:
+    """(length prefix + JSON header, size of the data section it describes)."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape in tensors:
+        size = prod(shape) * DTYPE_BYTES[dtype]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)  # safetensors pads the header to 8 bytes with spaces
+    return len(body).to_bytes(8, "little") + body, offset
+
+
+def write_checkpoint(folder: Path, config: dict, tensors: list, shards: int = 1, processor: dict | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if processor is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    if shards == 1:
+        (folder / "model.safetensors").write_bytes(header_bytes(tensors)[0])
+        return
+    total = sum(prod(s) * DTYPE_BYTES[d] for _, d, s in tensors)
+    weight_map, groups, acc = {}, [[] for _ in range(shards)], 0
+    for t in tensors:
+        k = min(acc * shards // total, shards - 1)
+        groups[k].append(t)
+        acc += prod(t[2]) * DTYPE_BYTES[t[1]]
+    for k, group in enumerate(groups, 1):
+        name = f"model-{k:05d}-of-{shards:05d}.safetensors"
+        (folder / name).write_bytes(header_bytes(group)[0])
+        weight_map.update({t[0]: name for t in group})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def sparse_copy(src: Path, dst: Path) -> None:
+    """A fixture shard with its data section appended as a hole (no disk space used)."""
+    raw = src.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + length])
+    data = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    with open(dst, "wb") as f:
+        f.write(raw)
+        f.truncate(len(raw) + data)
+
+
+def hub_cache(cache: Path, repo: str, fixture: str, commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """huggingface_hub's cache layout for `repo` at `commit` (refs/main), files copied from a fixture."""
+    base = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = base / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+    for f in (FIXTURES / fixture).iterdir():
+        shutil.copy(f, snapshot / f.name)
+    return snapshot
+
+
+# --------------------------------------------------------------------------- the fixtures
+
+LLAMA_2_7B = {
+    "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+    "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": True,
+    "vocab_size": 32000,
+}
+LLAMA_3_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True,
+    "vocab_size": 128256,
+}
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "use_cache": True, "vocab_size": 128256,
+}
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 128,
+    "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256,
+    "tie_word_embeddings": False, "torch_dtype": "float16",
+}
+TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
+
+
+def write_all() -> None:
+    llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
+    llava = json.loads((llava_dir / "config.json").read_text())
+    processor = json.loads((llava_dir / "preprocessor_config.json").read_text())
+    if FIXTURES.exists():
+        shutil.rmtree(FIXTURES)
+    write_checkpoint(FIXTURES / "llava-1.5-7b-hf", llava, llava_tensors(llava), shards=3, processor=processor)
+    write_checkpoint(FIXTURES / "Llama-2-7b-hf", LLAMA_2_7B, llama_tensors(LLAMA_2_7B, inv_freq=True), shards=2)
+    write_checkpoint(FIXTURES / "Meta-Llama-3-8B", LLAMA_3_8B, llama_tensors(LLAMA_3_8B, dtype="BF16"), shards=4)
+    write_checkpoint(FIXTURES / "Llama-3.2-1B", LLAMA_3_2_1B, llama_tensors(LLAMA_3_2_1B, head=None, dtype="BF16"))
+    write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
+
+
+if __name__ == "__main__":
+    write_all()
+    sys.stdout.write(f"wrote {FIXTURES}\n")

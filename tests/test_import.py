@@ -1,0 +1,427 @@
+"""`memspec import`: specs from config.json + safetensors headers, offline, on header-only fixtures.
+
+The fixtures (tests/fixtures/hub/, written by tests/hubfixtures.py) carry each model's real
+config.json and its real tensor names, dtypes and shapes, without the weights. Nothing here
+reaches the network: hub ids resolve in a huggingface_hub cache laid out under tmp_path with
+offline mode on, and hub failures are raised by a stand-in for the download.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hubfixtures as hf
+from compiler import api, hub, importer
+from compiler.cli import main
+from compiler.errors import MemspecError
+from compiler.resolve import resolve_setup
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = hf.FIXTURES
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    """Offline mode and an empty cache: a test that would reach the network fails instead."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path / "memspec-cache"))
+    monkeypatch.chdir(ROOT)
+
+
+def _error(fn, *args, **kwargs) -> str:
+    with pytest.raises(MemspecError) as exc:
+        fn(*args, **kwargs)
+    return exc.value.render()
+
+
+# --------------------------------------------------------------------------- counts
+
+@pytest.mark.parametrize(
+    "fixture, modules",
+    [
+        # 32 * 202_383_360 layers + 2 * 131_072_000 embeddings/head (vocab 32000) + norm 4096
+        ("Llama-2-7b-hf", {"language": 6_738_415_616}),
+        # 32 * 218_112_000 layers (GQA: k, v 1024 x 4096) + 2 * 525_336_576 (vocab 128256) + 4096
+        ("Meta-Llama-3-8B", {"language": 8_030_261_248}),
+        # 16 * 60_821_504 layers + one 262_668_288 embedding (tied: no lm_head tensor) + 2048
+        ("Llama-3.2-1B", {"language": 1_235_814_400}),
+        # 303_507_456 + 20_979_712 + 6_738_939_904 = 7_063_427_072
+        ("llava-1.5-7b-hf", {"vision": 303_507_456, "projector": 20_979_712, "language": 6_738_939_904}),
+    ],
+)
+def test_parameters_per_module_equal_the_header(fixture, modules):
+    imported = importer.import_spec(str(FIX / fixture))
+    assert imported.header_parameters == modules
+    assert importer.formula_counts(imported.spec) == modules
+    assert {m.name: m.parameters for m in imported.spec.modules} == modules
+
+
+def test_total_parameters():
+    assert sum(importer.import_spec(str(FIX / "llava-1.5-7b-hf")).header_parameters.values()) == 7_063_427_072
+
+
+def test_gqa_and_tied_embeddings_reach_the_spec():
+    llama3 = importer.import_spec(str(FIX / "Meta-Llama-3-8B")).data["modules"]["language"]["inputs"]
+    assert (llama3["n_heads"], llama3["n_kv_heads"], llama3["head_dim"]) == (32, 8, 128)
+    small = importer.import_spec(str(FIX / "Llama-3.2-1B"))
+    assert small.data["modules"]["language"]["inputs"]["tie_embeddings"] is True
+    assert small.data["image_tokens"] == 0
+    assert small.data["modules"]["language"]["context"] == {"batch": "micro_batch", "seq": "seq_len"}
+
+
+def test_buffers_are_set_aside_and_said_so():
+    data = importer.import_spec(str(FIX / "Llama-2-7b-hf")).data
+    assert "Left out of the counts as buffers, not parameters: model.layers.{0..31}.self_attn.rotary_emb.inv_freq x32 F32[64]." in data["notes"]
+
+
+@pytest.mark.parametrize("fixture", ["Llama-3.2-1B", "Llama-2-7b-hf"])
+def test_safetensors_reads_the_fixture_headers(fixture, tmp_path):
+    from safetensors import safe_open
+
+    for shard in sorted((FIX / fixture).glob("*.safetensors")):
+        full = tmp_path / shard.name
+        hf.sparse_copy(shard, full)  # the data section as a hole: the header's offsets must add up
+        ours = {t.name: t.shape for t in hub.tensors_of(hub.read_header(shard, "x"), shard.name, "x")}
+        with safe_open(str(full), framework="numpy") as f:
+            assert sorted(f.keys()) == sorted(ours)
+            name = next(iter(ours))
+            assert tuple(f.get_slice(name).get_shape()) == ours[name]
+
+
+# --------------------------------------------------------------------------- LLaVA against the hand-written spec
+
+def _inputs_with_defaults(module) -> dict:
+    formula = api.library()[module.type]
+    out = {i.name: i.default for i in formula.inputs if i.has_default and i.type != "tensor"}
+    out.update(module.inputs)
+    return out
+
+
+def test_llava_import_reproduces_the_hand_written_spec():
+    ours = importer.import_spec(str(FIX / "llava-1.5-7b-hf")).spec
+    theirs = api.load_spec("specs/llava/llava-1.5-7b.yaml")
+    assert [m.name for m in ours.modules] == [m.name for m in theirs.modules]
+    assert ours.image_tokens == theirs.image_tokens == 576
+    for a, b in zip(ours.modules, theirs.modules):
+        assert (a.type, a.parameters) == (b.type, b.parameters)
+        assert _inputs_with_defaults(a) == _inputs_with_defaults(b)
+        for knobs in ({"micro_batch": 3, "images_per_sample": 2, "seq_len": 2048}, {"micro_batch": 1, "images_per_sample": 1, "seq_len": 600}):
+            scope = {**knobs, **a.inputs}
+            assert (a.batch(scope), a.seq(scope)) == (b.batch({**knobs, **b.inputs}), b.seq({**knobs, **b.inputs}))
+
+
+@pytest.mark.parametrize("experiment", ["llava-1.5-7b-finetune", "llava-1.5-7b-pretrain", "llava-1.5-7b-seed-s2048-b8-dp4"])
+def test_llava_import_estimates_exactly_like_the_hand_written_spec(experiment):
+    from compiler.load import load_yaml
+    from compiler.render import table_tsv
+
+    spec, setup = api.load_inputs(f"specs/experiments/{experiment}.yaml")
+    mine = importer.import_spec(str(FIX / "llava-1.5-7b-hf")).spec
+    a = api.run(spec, setup)
+    b = api.run(mine, resolve_setup(load_yaml(f"specs/experiments/{experiment}.yaml"), mine))
+    assert (a.allocated, a.reserved, a.device, a.estimate.first_step.total) == (b.allocated, b.reserved, b.device, b.estimate.first_step.total)
+    assert table_tsv(a.rows) == table_tsv(b.rows)
+
+
+# --------------------------------------------------------------------------- the hub path, from a local cache
+
+def test_hub_id_from_the_cache(tmp_path):
+    from huggingface_hub import constants
+
+    hf.hub_cache(Path(constants.HF_HUB_CACHE), "llava-hf/llava-1.5-7b-hf", "llava-1.5-7b-hf", COMMIT)
+    imported = importer.import_spec("llava-hf/llava-1.5-7b-hf")
+    assert imported.data["source"] == {"repo": "llava-hf/llava-1.5-7b-hf", "revision": COMMIT}
+    local = importer.import_spec(str(FIX / "llava-1.5-7b-hf"))
+    assert imported.data["modules"] == local.data["modules"]
+    assert f"revision: {COMMIT}" in imported.text
+
+
+def test_hub_header_cached_by_memspec_when_the_shards_are_not(tmp_path):
+    """The weights are not in huggingface_hub's cache: the header memspec kept is used."""
+    from huggingface_hub import constants
+
+    snapshot = hf.hub_cache(Path(constants.HF_HUB_CACHE), "meta-llama/Llama-3.2-1B", "Llama-3.2-1B", COMMIT)
+    header = hub.read_header(snapshot / "model.safetensors", "x")
+    (snapshot / "model.safetensors").unlink()
+    with pytest.raises(MemspecError, match="E703"):
+        importer.import_spec("meta-llama/Llama-3.2-1B")
+    # a placeholder for the weights file keeps `model.safetensors` known to exist offline
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm": "model.safetensors"}}))
+    kept = hub.cache_dir() / "meta-llama--Llama-3.2-1B" / COMMIT / "model.safetensors.header.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(header))
+    assert importer.import_spec("meta-llama/Llama-3.2-1B").header_parameters == {"language": 1_235_814_400}
+
+
+def test_revision_is_honoured(tmp_path):
+    from huggingface_hub import constants
+
+    hf.hub_cache(Path(constants.HF_HUB_CACHE), "meta-llama/Llama-2-7b-hf", "Llama-2-7b-hf", COMMIT)
+    assert importer.import_spec("meta-llama/Llama-2-7b-hf", revision=COMMIT).data["source"]["revision"] == COMMIT
+
+
+# --------------------------------------------------------------------------- errors, pinned
+
+def test_offline_and_not_cached():
+    assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf") == (
+        "E703 repo 'meta-llama/Llama-2-7b-hf', revision 'main': config.json is not in the local cache and HF_HUB_OFFLINE is set\n"
+        "help: run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"
+    )
+
+
+def _raising(cls):
+    def download(repo, filename, revision):
+        err = cls.__new__(cls)
+        Exception.__init__(err, "from the hub")
+        raise err
+
+    return download
+
+
+def test_repo_not_found(monkeypatch):
+    from huggingface_hub import errors
+
+    monkeypatch.setattr(hub, "_download", _raising(errors.RepositoryNotFoundError))
+    assert _error(importer.import_spec, "nobody/nothing") == (
+        "E701 repo 'nobody/nothing', revision 'main': repository not found on the Hugging Face hub (or it is private)\n"
+        "help: check the id (owner/name); for a private repo set HF_TOKEN (or run `hf auth login`)"
+    )
+
+
+def test_gated(monkeypatch):
+    from huggingface_hub import errors
+
+    monkeypatch.setattr(hub, "_download", _raising(errors.GatedRepoError))
+    assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf", revision="main") == (
+        "E702 repo 'meta-llama/Llama-2-7b-hf', revision 'main': the repository is gated: your account has not been granted access, or no token was sent\n"
+        "help: accept the license on https://huggingface.co/meta-llama/Llama-2-7b-hf, then set HF_TOKEN (or run `hf auth login`) and retry"
+    )
+
+
+def test_revision_not_found(monkeypatch):
+    from huggingface_hub import errors
+
+    monkeypatch.setattr(hub, "_download", _raising(errors.RevisionNotFoundError))
+    assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf", revision="v9") == (
+        "E704 repo 'meta-llama/Llama-2-7b-hf', revision 'v9': revision not found\n"
+        "help: give a branch, tag or commit of the repo with --revision"
+    )
+
+
+def test_not_a_source():
+    assert _error(importer.import_spec, "no-such-folder") == (
+        "E701 'no-such-folder': is neither a model folder nor a Hugging Face repo id (owner/name)\n"
+        "help: give a folder holding config.json and *.safetensors, or a repo id such as meta-llama/Llama-2-7b-hf"
+    )
+
+
+def test_folder_without_config(tmp_path):
+    assert _error(importer.import_spec, str(tmp_path)) == (
+        f"E705 folder '{tmp_path}': no config.json\n"
+        "help: a model folder holds config.json next to its *.safetensors files"
+    )
+
+
+def _folder(tmp_path: Path, config: dict, tensors: list | None = None) -> str:
+    folder = tmp_path / "model"
+    hf.write_checkpoint(folder, config, tensors if tensors is not None else hf.llama_tensors(config))
+    return str(folder)
+
+
+def test_config_missing_a_required_key(tmp_path):
+    config = {k: v for k, v in hf.TINY_LLAMA.items() if k != "hidden_size"}
+    folder = _folder(tmp_path, config, hf.llama_tensors(hf.TINY_LLAMA))
+    assert _error(importer.import_spec, folder) == (
+        f"E706 folder '{folder}': config.json has none of hidden_size, n_embd (the llama family's 'hidden')\n"
+        "help: add the key to config.json, or give 'hidden' a default in specs/families/llama.yaml"
+    )
+
+
+def test_unknown_model_type(tmp_path):
+    folder = _folder(tmp_path, {**hf.TINY_LLAMA, "model_type": "lama"}, hf.llama_tensors(hf.TINY_LLAMA))
+    assert _error(importer.import_spec, folder) == (
+        f"E708 folder '{folder}': model_type 'lama' is not covered by any family (covered: llama, llava)\n"
+        "help: did you mean 'llama'? a family is one YAML file in specs/families/ (docs/adding-a-family.md)"
+    )
+
+
+def test_truncated_header(tmp_path):
+    folder = _folder(tmp_path, hf.TINY_LLAMA)
+    shard = Path(folder) / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert _error(importer.import_spec, folder).startswith(
+        f"E707 folder '{folder}': model.safetensors is truncated: its header declares "
+    )
+    shard.write_bytes(b"\x01\x02")
+    assert _error(importer.import_spec, folder) == (
+        f"E707 folder '{folder}': model.safetensors is truncated: 2 bytes, fewer than the 8-byte header length\n"
+        "help: the file is incomplete: download it again"
+    )
+
+
+def test_oversized_header(tmp_path):
+    folder = _folder(tmp_path, hf.TINY_LLAMA)
+    (Path(folder) / "model.safetensors").write_bytes((200_000_000).to_bytes(8, "little") + b"{}")
+    assert _error(importer.import_spec, folder) == (
+        f"E707 folder '{folder}': model.safetensors: header length 200,000,000 bytes exceeds safetensors' limit of 100,000,000\n"
+        "help: the file is not a safetensors file or is corrupt"
+    )
+
+
+def test_header_not_json(tmp_path):
+    folder = _folder(tmp_path, hf.TINY_LLAMA)
+    (Path(folder) / "model.safetensors").write_bytes((4).to_bytes(8, "little") + b"{oops")
+    assert _error(importer.import_spec, folder).startswith(f"E707 folder '{folder}': model.safetensors: the header is not valid JSON")
+
+
+def test_unassigned_tensor(tmp_path):
+    folder = _folder(tmp_path, hf.TINY_LLAMA, hf.llama_tensors(hf.TINY_LLAMA) + [("score.weight", "F16", [2, 64])])
+    assert _error(importer.import_spec, folder) == (
+        f"E709 folder '{folder}': 1 header tensors belong to no module of the llama family: score.weight F16[2, 64]\n"
+        "help: the module prefixes are lm_head., model.; add the missing prefix (or a buffer suffix under ignore_tensors) in specs/families/llama.yaml"
+    )
+
+
+def test_count_mismatch_names_the_tensors(tmp_path):
+    # header: embeddings 256 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128 + 2 * 64) + norm 64 = 106_816;
+    # a config.json saying intermediate 96 makes the formulas count 3 * 64 * 32 * 2 = 12_288 fewer
+    folder = _folder(tmp_path, {**hf.TINY_LLAMA, "intermediate_size": 96}, hf.llama_tensors(hf.TINY_LLAMA))
+    assert _error(importer.import_spec, folder) == (
+        f"E710 folder '{folder}': module 'language': the formulas count 94,528 parameters, the header 106,816 (off by -12,288); its tensors: "
+        "model.embed_tokens.weight F16[256, 64]; model.layers.{0..1}.input_layernorm.weight x2 F16[64]; "
+        "model.layers.{0..1}.self_attn.q_proj.weight x2 F16[64, 64]; model.layers.{0..1}.self_attn.k_proj.weight x2 F16[32, 64]; "
+        "model.layers.{0..1}.self_attn.v_proj.weight x2 F16[32, 64]; model.layers.{0..1}.self_attn.o_proj.weight x2 F16[64, 64]; "
+        "model.layers.{0..1}.post_attention_layernorm.weight x2 F16[64]; model.layers.{0..1}.mlp.gate_proj.weight x2 F16[128, 64]; and 4 more groups\n"
+        "help: check the module's inputs in specs/families/llama.yaml against config.json, and its tensor prefixes against the header"
+    )
+
+
+def test_quantized_is_not_estimated_yet():
+    folder = str(FIX / "tiny-llama-bnb-4bit")
+    assert _error(importer.import_spec, folder) == (
+        f"E711 folder '{folder}': quantized checkpoint (bitsandbytes: 14 weights stored as U8 (e.g. model.layers.0.self_attn.q_proj.weight); "
+        "42 companion tensors (.absmax, .quant_map, .quant_state.bitsandbytes__nf4)): not estimated yet\n"
+        "help: memspec counts 16- and 32-bit weights only; import the unquantized base model instead"
+    )
+
+
+def test_bin_only_falls_back_to_config_arithmetic(tmp_path, capsys):
+    folder = tmp_path / "bin-only"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(hf.LLAMA_2_7B))
+    (folder / "pytorch_model.bin").write_bytes(b"")
+    imported = importer.import_spec(str(folder))
+    assert imported.header_parameters is None
+    assert imported.data["modules"]["language"]["parameters"] == 6_738_415_616
+    assert any(n.startswith("No safetensors in the checkpoint (pytorch_model.bin)") for n in imported.data["notes"])
+    assert main(["import", str(folder)]) == 0
+    out = capsys.readouterr()
+    assert "the formulas' count: no safetensors header to read" in out.out
+    assert out.err.startswith("note: no safetensors in the checkpoint")
+
+
+# --------------------------------------------------------------------------- the command
+
+def test_import_prints_and_writes(tmp_path, capsys):
+    folder = "tests/fixtures/hub/Llama-3.2-1B"
+    assert main(["import", folder]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# Imported by `memspec import tests/fixtures/hub/Llama-3.2-1B` with the llama family")
+    out = tmp_path / "specs" / "llama" / "llama-3.2-1b.yaml"
+    assert main(["import", folder, "-o", str(out)]) == 0
+    assert out.read_text() == printed
+    assert main(["check", str(out)]) == 0
+    assert "parameters: 1_235_814_400   # header: 146 tensors, BF16 x146" in printed
+
+
+def test_import_json(capsys):
+    assert main(["import", str(FIX / "Meta-Llama-3-8B"), "--format", "json", "--model", "llama-3-8b"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == "llama-3-8b"
+    assert data["modules"]["language"]["parameters"] == 8_030_261_248
+
+
+def test_never_overwrites_without_force(tmp_path, capsys):
+    out = tmp_path / "spec.yaml"
+    out.write_text("keep me\n")
+    assert main(["import", str(FIX / "Llama-3.2-1B"), "-o", str(out)]) == 1
+    assert capsys.readouterr().err == f"{out}: E712 already exists; not overwritten\nhelp: pass --force to replace it, or choose another -o path\n"
+    assert out.read_text() == "keep me\n"
+    assert main(["import", str(FIX / "Llama-3.2-1B"), "-o", str(out), "--force"]) == 0
+    assert out.read_text().startswith("# Imported by")
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    out = tmp_path / "spec.yaml"
+    out.write_text("old\n")
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(importer.os, "replace", fail)
+    with pytest.raises(OSError):
+        importer.write_spec(out, "new\n", force=True)
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no temporary file left
+
+
+def test_estimate_a_folder_or_hub_id(capsys):
+    from huggingface_hub import constants
+
+    assert main(["estimate", str(FIX / "Llama-3.2-1B"), "--micro-batch", "2", "--seq-len", "1024", "--format", "json"]) == 0
+    folder = json.loads(capsys.readouterr().out)
+    hf.hub_cache(Path(constants.HF_HUB_CACHE), "meta-llama/Llama-3.2-1B", "Llama-3.2-1B", COMMIT)
+    assert main(["estimate", "meta-llama/Llama-3.2-1B", "--micro-batch", "2", "--seq-len", "1024", "--format", "json"]) == 0
+    by_id = json.loads(capsys.readouterr().out)
+    assert folder["peak"] == by_id["peak"] if "peak" in folder else folder["allocated"] == by_id["allocated"]
+
+
+def test_estimate_needs_micro_batch_and_seq_len(capsys):
+    assert main(["estimate", str(FIX / "Llama-3.2-1B")]) == 1
+    err = capsys.readouterr().err
+    assert "E201 $.micro_batch: missing micro-batch\nhelp: give --micro-batch N or use an experiment file" in err
+    assert "E201 $.seq_len: missing seq-len" in err
+
+
+def test_imported_text_equals_hand_written_numbers():
+    text = importer.import_spec(str(FIX / "llava-1.5-7b-hf")).text
+    for line in ("parameters: 303_507_456", "parameters: 20_979_712", "parameters: 6_738_939_904", "image_tokens: 576"):
+        assert line in text
+
+
+# --------------------------------------------------------------------------- families and imports
+
+def test_family_files_check(capsys):
+    assert main(["check", "specs/families"]) == 0
+
+
+def test_family_expression_typo_is_located(tmp_path, capsys):
+    bad = tmp_path / "llama.yaml"
+    bad.write_text((ROOT / "specs" / "families" / "llama.yaml").read_text().replace("derive: hidden // n_heads", "derive: hiden // n_heads"))
+    assert main(["check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:14:45: E401 $.config.head_dim.derive: undeclared name 'hiden' in 'hiden // n_heads'" in err
+    assert err.endswith("help: did you mean 'hidden'?\n")
+
+
+def test_estimating_a_spec_never_imports_huggingface_hub():
+    code = (
+        "import sys\nfrom compiler.cli import main\n"
+        "rc = main(['estimate', 'specs/experiments/llava-1.5-7b-finetune.yaml', '--format', 'json'])\n"
+        "sys.stderr.write('HUB=' + str('huggingface_hub' in sys.modules) + '\\n')\nsys.exit(rc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "HUB=False" in out.stderr
+    out = subprocess.run([sys.executable, "-c", "import compiler, compiler.hub, compiler.importer, sys; print('huggingface_hub' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
