@@ -21,6 +21,15 @@ Codes (stable; never reuse a retired one):
     E108 ambiguous boolean (yes/no/on/off)           E208 other schema violation
     E109 ambiguous number (leading zero)
     E110 explicit tag
+
+    memspec import (a hub id or a model folder; each message names the repo and revision):
+    E701 repo not found, or neither a folder nor a repo id   E708 no family covers the model_type
+    E702 gated repo: access not granted or no token          E709 header tensors no module claims
+    E703 offline (HF_HUB_OFFLINE, no network), not cached    E710 formulas' and header's counts differ
+    E704 revision not found (or --revision for a folder)     E711 quantized checkpoint: not estimated yet
+    E705 config.json missing or not valid JSON               E712 output file exists (no --force)
+    E706 config.json lacks a key a family needs (no default) E713 config value unusable / unsupported variant
+    E707 safetensors header truncated, oversized, not JSON, inconsistent, or a shard missing
 """
 
 from __future__ import annotations
