@@ -15,7 +15,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .experiment import ATTENTIONS, PRECISIONS, ExperimentError, expand_matrix, load_experiment, with_overrides
+from .experiment import (
+    ATTENTIONS, PRECISIONS, ExperimentError, expand_matrix, label, load_experiment, with_overrides,
+)
 
 DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors "
                "(needs torch and transformers).")
@@ -52,14 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "trainable", "gradient_checkpointing")
 
 
-def _override_label(key: str, value) -> str:
-    if key == "parallel":
-        return "dp1"
-    if isinstance(value, list):
-        return "+".join(value) or "none"
-    return {"micro_batch": f"b{value}", "seq_len": f"s{value}"}.get(key, str(value))
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -91,7 +85,7 @@ def _run_single(args) -> int:
     if args.no_parallel:
         overrides["parallel"] = {"dp": 1, "zero": 0}
     exp = with_overrides(exp, **overrides)
-    name = args.name or "_".join([exp["experiment"]] + [_override_label(k, v) for k, v in overrides.items()])
+    name = args.name or "_".join([exp["experiment"]] + [label(k, v) for k, v in overrides.items()])
     started = time.perf_counter()
     rec = _measure_one(name, exp, args)
     if args.output:

@@ -170,12 +170,12 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
     base = matrix.get("base", {})
     axes = []
     for key, values in matrix["axes"].items():
-        labelled = values.items() if isinstance(values, dict) else [(_label(key, v), v) for v in values]
+        labelled = values.items() if isinstance(values, dict) else [(label(key, v), v) for v in values]
         axes.append([(key, label, value) for label, value in labelled])
     out = []
     for combo in itertools.product(*axes):
         raw = {**base, **{key: value for key, _, value in combo}}
-        labels = "_".join(label for _, label, _ in combo)
+        labels = "_".join(name for _, name, _ in combo)
         raw["experiment"] = f"{matrix.get('matrix', path.stem)}_{labels}"
         raw["gradient_checkpointing"] = [m for m in raw.get("gradient_checkpointing", [])
                                          if m in grad_flows(raw.get("trainable", DEFAULTS["trainable"]))]
@@ -184,6 +184,10 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
     return out
 
 
-def _label(key: str, value: Any) -> str:
-    prefix = {"micro_batch": "b", "seq_len": "s"}.get(key, "")
-    return f"{prefix}{value}"
+def label(key: str, value: Any) -> str:
+    """A short name for one experiment value: b16, s2048, projector+language, dp1-zero0, sdpa."""
+    if isinstance(value, list):
+        return "+".join(value) or "none"
+    if key == "parallel":
+        return f"dp{value['dp']}-zero{value['zero']}"
+    return {"micro_batch": f"b{value}", "seq_len": f"s{value}"}.get(key, str(value))
