@@ -119,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="+", help="measured record files or folders (tests/measured/)")
     v.add_argument("--max-mape", type=float, metavar="PCT", help="exit 1 when the allocated MAPE exceeds PCT")
     v.add_argument("--max-worst", type=float, metavar="PCT", help="exit 1 when any record's |error| exceeds PCT")
+    v.add_argument("--max-under", type=int, metavar="N", help="exit 1 when more than N estimates are below their measurement")
     v.add_argument("--format", choices=["text", "json"], default="text")
     return p
 

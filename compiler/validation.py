@@ -154,12 +154,15 @@ def render(comparisons: list[Comparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None) -> list[str]:
+def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None, max_under: int | None = None) -> list[str]:
     """Failures of the allocated gate, as sentences."""
     s = summarise(comparisons, "allocated")
     out = []
     if s is None:
-        return ["no record could be estimated"] if (max_mape is not None or max_worst is not None) else []
+        asked = (max_mape, max_worst, max_under) != (None, None, None)
+        return ["no record could be estimated"] if asked else []
+    if max_under is not None and s.under > max_under:
+        out.append(f"{s.under} estimate(s) below the measurement (at most {max_under} allowed)")
     if max_mape is not None and s.mape > max_mape:
         out.append(f"allocated MAPE {s.mape:.2f}% exceeds {max_mape}%")
     if max_worst is not None and abs(s.worst) > max_worst:
@@ -184,7 +187,7 @@ def main(args) -> int:
         sys.stdout.write(json.dumps(as_data(comparisons), indent=2) + "\n")
     else:
         sys.stdout.write(render(comparisons))
-    failures = gate(comparisons, args.max_mape, args.max_worst)
+    failures = gate(comparisons, args.max_mape, args.max_worst, args.max_under)
     for f in failures:
         sys.stderr.write(f"validate: {f}\n")
     return 1 if failures else 0

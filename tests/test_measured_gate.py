@@ -26,5 +26,5 @@ def test_records_exist_and_are_estimated(comparisons):
 
 def test_gate(comparisons):
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["allocated"]
-    failures = gate(comparisons, limits["max_mape_pct"], limits["max_worst_pct"])
+    failures = gate(comparisons, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"])
     assert failures == [], render(comparisons)
