@@ -23,6 +23,7 @@ class Cost:
     gradients: int
     optimizer_states: int
     buffers: int
+    param_tensors: tuple[int, ...]  # each parameter tensor's bytes (parameters is their sum)
     buffer_tensors: tuple[int, ...]  # each buffer tensor's bytes (buffers is their sum)
     saved: tuple[tuple[str, int], ...]  # (tensor, bytes) kept for backward, in declaration order, zeros dropped
     held: tuple[tuple[str, int], ...]  # (tensor, bytes) alive until the forward ends, not kept for backward
@@ -47,9 +48,10 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     key = (id(formula), _freeze(scope))
     hit = memo.get(key)
     if hit is None:
+        params = tuple(integer(e, e(scope)) for e in formula.param_tensors)
         buffers = tuple(integer(e, e(scope)) for e in formula.buffers)
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
-        factors = (*factors, sum(buffers), buffers)
+        factors = (sum(params), *factors, sum(buffers), tuple(b for b in params if b), tuple(b for b in buffers if b))
         saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0

@@ -41,7 +41,7 @@ CONTEXT_NAMES = frozenset(
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
 # fixed dtypes are named so that a formula never carries a bare 4 or 8.
 BYTES_KEYS = frozenset({"param", "grad", "optim", "act", "fp32", "int64", "bool"})
-FACTOR_NAMES = ("parameters", "gradients", "optimizer_states")
+FACTOR_NAMES = ("gradients", "optimizer_states")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -254,8 +254,9 @@ class Formula:
     summary: str
     inputs: tuple[Input, ...]
     lets: tuple[tuple[str, Expr], ...]
-    factors: Mapping[str, Expr]  # parameters, gradients, optimizer_states
-    buffers: tuple[Expr, ...]  # one per buffer tensor
+    factors: Mapping[str, Expr]  # gradients, optimizer_states
+    param_tensors: tuple[Expr, ...]  # bytes of each parameter tensor
+    buffers: tuple[Expr, ...]  # bytes of each buffer tensor
     activations: tuple[Saved, ...]
     transient: Mapping[str, Expr]
     checkpoint: tuple[Saved, ...]
@@ -343,20 +344,16 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         lets.append((name, compile_expr(value, doc, path, frozenset(declared), problems)))
         declared.add(name)
     scope = frozenset(declared)
+    raw_factors = data.get("factors") or {}
     factors = {
         name: compile_expr(value, doc, child_path("$.factors", name), scope, problems)
-        for name, value in (data.get("factors") or {}).items()
-        if name != "buffers"
+        for name, value in raw_factors.items()
+        if name not in ("parameters", "buffers")
     }
-    # Buffers are listed one tensor each: the allocator rounds every tensor on its own.
-    raw_buffers = (data.get("factors") or {}).get("buffers")
-    buffer_path = child_path("$.factors", "buffers")
-    if isinstance(raw_buffers, list):
-        buffers = tuple(compile_expr(v, doc, child_path(buffer_path, i), scope, problems) for i, v in enumerate(raw_buffers))
-    elif raw_buffers is not None:
-        buffers = (compile_expr(raw_buffers, doc, buffer_path, scope, problems),)
-    else:
-        buffers = ()
+    # Parameters and buffers may be listed one tensor each: the allocator rounds every
+    # tensor on its own.
+    param_tensors = _compile_tensor_list(raw_factors.get("parameters"), doc, "parameters", scope, problems)
+    buffers = _compile_tensor_list(raw_factors.get("buffers"), doc, "buffers", scope, problems)
     transient = {
         name: compile_expr(value, doc, child_path("$.transient", name), scope, problems)
         for name, value in (data.get("transient") or {}).items()
@@ -381,6 +378,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         inputs=tuple(inputs.values()),
         lets=tuple(lets),
         factors=factors,
+        param_tensors=param_tensors,
         buffers=buffers,
         activations=activations,
         transient=transient,
@@ -391,6 +389,15 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         examples=examples,
         doc=doc,
     )
+
+
+def _compile_tensor_list(raw, doc: Document, name: str, scope: frozenset[str], problems) -> tuple[Expr, ...]:
+    path = child_path("$.factors", name)
+    if isinstance(raw, list):
+        return tuple(compile_expr(v, doc, child_path(path, i), scope, problems) for i, v in enumerate(raw))
+    if raw is not None:
+        return (compile_expr(raw, doc, path, scope, problems),)
+    return ()
 
 
 def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], problems) -> Child:

@@ -163,6 +163,36 @@ def segment_slack(size: int) -> int:
     return round_up(size, LARGE_SEGMENT_ROUND) - size
 
 
+def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tuple[int, int, int]:
+    """Per-GPU allocated bytes of one layer's weights, gradients and optimizer states.
+
+    Unsharded, every tensor is its own allocation, rounded to the allocator's granule: a
+    weight, its gradient, and with a master-weight optimizer its fp32 master copy and each
+    state. Sharded by ZeRO, they live in flat partitions: the total divided by the ranks.
+    """
+    c = node.cost
+    elements = [t // setup.bytes["param"] for t in c.param_tensors]
+    params = sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors) if p_div == 1 else _div(c.parameters, p_div)
+    if not c.gradients:
+        grads = 0
+    elif g_div == 1:
+        grads = sum(round_up(e * setup.bytes["grad"], ALLOCATOR_GRANULE) for e in elements)
+    else:
+        grads = _div(c.gradients, g_div)
+    if not c.optimizer_states:
+        states = 0
+    elif o_div == 1:
+        n_states = (setup.bytes["optim"] - setup.master_bytes) // setup.state_bytes
+        states = sum(
+            (round_up(e * setup.master_bytes, ALLOCATOR_GRANULE) if setup.master_bytes else 0)
+            + n_states * round_up(e * setup.state_bytes, ALLOCATOR_GRANULE)
+            for e in elements
+        )
+    else:
+        states = _div(c.optimizer_states, o_div)
+    return params, grads, states
+
+
 def _shards(setup: Setup) -> tuple[int, int, int]:
     """Divisors of (parameters, gradients, optimizer states) per GPU under ZeRO."""
     dp, z = setup.dp, setup.zero
@@ -172,24 +202,25 @@ def _shards(setup: Setup) -> tuple[int, int, int]:
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     p_div, g_div, o_div = _shards(setup)
     modules = tuple(n.inst.module for n in nodes)
+    blocks = {id(n): _blocks(n, setup, p_div, g_div, o_div) for r in nodes for n in r.walk()}
     resident: dict = {}
+    per_gpu: dict = {}
     for root in nodes:
-        totals = {"parameters": 0, "optimizer_states": 0, "buffers": 0, "gradients": 0}
-        for n in root.walk():
-            totals["parameters"] += n.cost.parameters
-            totals["optimizer_states"] += n.cost.optimizer_states
-            totals["buffers"] += sum(round_up(b, ALLOCATOR_GRANULE) for b in n.cost.buffer_tensors)
-            totals["gradients"] += n.cost.gradients
-        resident[root.inst.module] = totals
-    per_gpu = {
-        m: {
-            "parameters": _div(t["parameters"], p_div) + t["buffers"],
-            "optimizer_states": _div(t["optimizer_states"], o_div),
+        walk = list(root.walk())
+        resident[root.inst.module] = {
+            "parameters": sum(n.cost.parameters for n in walk),
+            "gradients": sum(n.cost.gradients for n in walk),
+            "optimizer_states": sum(n.cost.optimizer_states for n in walk),
+            "buffers": sum(n.cost.buffers for n in walk),
         }
-        for m, t in resident.items()
-    }
+        buffers = sum(round_up(b, ALLOCATOR_GRANULE) for n in walk for b in n.cost.buffer_tensors)
+        per_gpu[root.inst.module] = {
+            "parameters": sum(blocks[id(n)][0] for n in walk) + buffers,
+            "optimizer_states": sum(blocks[id(n)][2] for n in walk),
+        }
     state = _State(modules, per_gpu, first_charges(nodes))
     trainable = _trainable_elements(nodes, setup)
+    tensors = _trainable_tensors(nodes, setup)
     # NB: with nothing trainable there is no backward (and no optimizer step) to walk.
     state.workspace = (setup.target.gemm_threads if trainable else 1) * setup.target.workspace
     state.first_forward_workspace = setup.target.workspace
@@ -235,7 +266,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for c in reversed(node.children):
             backward(c, t)
         if node.cost.gradients:
-            grad = _div(node.cost.gradients, g_div)
+            grad = blocks[id(node)][1]
             state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
             state.level += grad
         if not node.children:
@@ -251,11 +282,14 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for root in reversed(nodes):
             backward(root, {})
     largest = _largest_trainable(nodes, setup)
-    step_transient = _step_transient(setup, trainable, largest, o_div, modules)
+    step_transient = _step_transient(setup, tensors, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
 
-    per_gpu_totals = {m: {**per_gpu[m], "gradients": _div(resident[m]["gradients"], g_div)} for m in modules}
+    per_gpu_totals = {
+        m: {**per_gpu[m], "gradients": sum(blocks[id(n)][1] for r in nodes if r.inst.module == m for n in r.walk())}
+        for m in modules
+    }
     # The seed paper's Eq. 1: the four factors summed, per GPU, activations as kept for backward.
     seed_sum = sum(sum(c.values()) for c in per_gpu_totals.values()) + sum(end_of_forward.values())
     return Estimate(
@@ -290,12 +324,18 @@ def _trainable_elements(nodes, setup: Setup) -> int:
     return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states)
 
 
+def _trainable_tensors(nodes, setup: Setup) -> list[int]:
+    """Element counts of every tensor the optimizer steps."""
+    return [t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states for t in n.cost.param_tensors]
+
+
 def _largest_trainable(nodes, setup: Setup) -> int:
     return max((n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable and not n.children), default=0)
 
 
-def step_temporaries(setup: Setup, trainable: int, largest: int) -> dict[str, int]:
-    """Bytes alive only during optimizer.step(), all ranks together (divide by the ZeRO shard).
+def step_temporaries(setup: Setup, tensors: list[int], largest: int, o_div: int = 1) -> dict[str, int]:
+    """Bytes alive only during optimizer.step(), per GPU, for the stepped tensors' element
+    counts `tensors` (unsharded: each its own allocation; sharded: one flat partition).
 
     - master_grads: mixed precision converts the 16-bit gradients to fp32 for the master
       weights (DeepSpeed converts the whole flat partition at once; DOMAIN.md);
@@ -305,17 +345,23 @@ def step_temporaries(setup: Setup, trainable: int, largest: int) -> dict[str, in
       parameter at a time: two copies of the largest parameter's state;
     - fused AdamW and SGD (no weight decay, no Nesterov) update in place.
     """
-    out = {"master_grads": setup.master_bytes * trainable}
+
+    def allocated(nbytes: int) -> int:
+        if o_div > 1:
+            return _div(sum(tensors) * nbytes, o_div)
+        return sum(round_up(e * nbytes, ALLOCATOR_GRANULE) for e in tensors)
+
+    out = {"master_grads": allocated(setup.master_bytes) if setup.master_bytes else 0}
     if setup.optimizer.type == "adamw":
         if setup.optimizer.impl == "foreach":
-            out["optimizer_temporaries"] = setup.state_bytes * trainable
+            out["optimizer_temporaries"] = allocated(setup.state_bytes)
         elif setup.optimizer.impl == "forloop":
-            out["optimizer_temporaries"] = 2 * setup.state_bytes * largest
+            out["optimizer_temporaries"] = 2 * round_up(setup.state_bytes * largest, ALLOCATOR_GRANULE)
     return out
 
 
-def _step_transient(setup: Setup, trainable: int, largest: int, o_div: int, modules) -> dict[str, int]:
-    total = sum(_div(v, o_div) for v in step_temporaries(setup, trainable, largest).values())
+def _step_transient(setup: Setup, tensors: list[int], largest: int, o_div: int, modules) -> dict[str, int]:
+    total = sum(step_temporaries(setup, tensors, largest, o_div).values())
     # NB: the temporaries belong to the optimizer, not a module; shown under the last
     # module so that the breakdown still sums to the total.
     return {modules[-1]: total} if total else {}

@@ -38,35 +38,40 @@ def report(tmp_path, monkeypatch):
 
 
 def test_timeline_by_hand(report):
-    resident = 128 * 4 + 64 * 4 + 64 * 8 + 2 * WORKSPACE  # weights 512 + 256, AdamW states of b 512, workspaces
-    saved_b = 512  # b's input 6 * 16 * 4 = 384 B, rounded up to the allocator's 512 B
+    # Every tensor is its own allocation, rounded up to 512 B: a's weight 128 * 4 = 512;
+    # b's weight 64 * 4 = 256 -> 512, its exp_avg and exp_avg_sq 256 -> 512 each.
+    resident = 512 + 512 + 2 * 512 + 2 * WORKSPACE
+    saved_b = 512  # b's input 6 * 16 * 4 = 384 B -> 512
+    grad_b = 512  # dW 64 * 4 = 256 B -> 512
     assert [t for _, _, t in report.estimate.timeline] == [
         resident + 6 * 16 * 4,  # forward a: frozen, nothing upstream: saves nothing; its output 384 B
         resident + saved_b + 6 * 4 * 4,  # forward b: saves its input; output 96 B
-        resident + saved_b + 64 * 4 + (384 + 96),  # backward b: dW 256 B appears; dX + dY 480 B
-        resident + 64 * 4,  # backward a: no gradient flows; b's input freed
-        resident + 64 * 4 + 64 * 4,  # step: foreach sqrt(exp_avg_sq) copy, 64 * 4 B
+        resident + saved_b + grad_b + (384 + 96),  # backward b: dW appears; dX + dY 480 B
+        resident + grad_b,  # backward a: no gradient flows; b's input freed
+        resident + grad_b + 512,  # step: foreach sqrt(exp_avg_sq) copy, 64 * 4 = 256 B -> 512
     ]
     assert report.estimate.peak.phase == "backward" and report.estimate.peak.path == "b"
-    assert report.allocated == 2528 + 2 * WORKSPACE
+    assert report.allocated == 3552 + 2 * WORKSPACE
 
 
 def test_first_step_has_no_optimizer_states_before_step(report):
+    # Forward and backward of step 1 run without the 1024 B of states (backward b: 2528 B);
+    # its step creates them and then holds the same as every step: 3072 B.
     first = report.estimate.first_step
-    assert (first.phase, first.path, first.total) == ("backward", "b", 2528 - 64 * 8 + 2 * WORKSPACE)
+    assert (first.phase, first.total) == ("optimizer", 3072 + 2 * WORKSPACE)
 
 
 def test_first_forward_holds_one_workspace(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "spec.yaml").write_text(textwrap.dedent(SPEC))
-    # Without gradients nothing runs backward-only work: the first step's forward is its peak.
+    # With nothing trainable there is no backward: the forward is the peak, on one GEMM thread.
     r = estimate("spec.yaml", micro_batch=2, seq_len=3, trainable=[], precision="fp32")
-    assert (r.estimate.first_step.phase, r.estimate.first_step.total) == ("forward", 128 * 4 + 64 * 4 + 6 * 16 * 4 + WORKSPACE)
+    assert (r.estimate.first_step.phase, r.estimate.first_step.total) == ("forward", 512 + 512 + 6 * 16 * 4 + WORKSPACE)
 
 
 def test_seed_sum_is_the_plain_sum_of_four_factors(report):
-    # parameters 768 + gradients 256 + optimizer states 512 + activations at the end of forward 512
-    assert report.estimate.seed_sum == 768 + 256 + 512 + 512
+    # parameters 1024 + gradients 512 + optimizer states 1024 + activations at the end of forward 512
+    assert report.estimate.seed_sum == 1024 + 512 + 1024 + 512
 
 
 def test_breakdown_sums_to_the_peak(report):
@@ -80,8 +85,9 @@ def test_zero_shards_states_gradients_and_weights(tmp_path, monkeypatch):
     base = dict(micro_batch=2, seq_len=3, trainable=["b"], precision="fp32", dp=4)
     r1 = estimate("spec.yaml", zero=1, **base).estimate.resident
     r3 = estimate("spec.yaml", zero=3, **base).estimate.resident
-    assert r1["b"] == {"parameters": 256, "optimizer_states": 512 // 4, "gradients": 256}
-    assert r3["b"] == {"parameters": 256 // 4, "optimizer_states": 512 // 4, "gradients": 256 // 4}
+    # Unsharded tensors are rounded to 512 B; ZeRO's flat partitions hold total / ranks.
+    assert r1["b"] == {"parameters": 512, "optimizer_states": 64 * 8 // 4, "gradients": 512}
+    assert r3["b"] == {"parameters": 64 * 4 // 4, "optimizer_states": 64 * 8 // 4, "gradients": 64 * 4 // 4}
 
 
 def test_reserved_is_at_least_allocated_and_device_adds_the_context(report):
