@@ -1,7 +1,8 @@
-"""Build LLaVA from its config, set up one experiment, and trace training steps.
+"""Build a model from its config, set up one experiment, and trace training steps.
 
-Contract: `measure(exp, steps=...)` builds `LlavaForConditionalGeneration` from the
-experiment's config.json (random init, on fake tensors unless `fake=False`), applies the
+Contract: `measure(exp, steps=...)` builds the experiment's model from its config.json (the
+builder in `families/` for the config's `model_type`: LlavaForConditionalGeneration, ...;
+random init, on fake tensors unless `fake=False`), applies the
 experiment (trainable modules, precision, optimizer, gradient checkpointing, attention),
 runs `steps` training steps under a `MemoryTracer` with the CUDA emulation of `emulation`,
 and returns a `Measurement`: the peak of every step with its phase, op, module and bytes by
@@ -20,14 +21,14 @@ trainable weight without a gradient gets a zero fp32 gradient (DeepSpeed's flat 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import emulation
-from .experiment import ExperimentError, check_measurable
+from .experiment import check_measurable
+from .families import family_for
 from .tracer import (
     BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
     OPTIMIZER_STATES, PARAMETERS, PHASES, SETUP, MemoryTracer, ModuleScope, Peak,
@@ -46,9 +47,6 @@ FP16_INITIAL_LOSS_SCALE = 2.0 ** 16
 LEARNING_RATE = 2e-5
 WEIGHT_DECAY = 0.0
 ADAM_BETAS = (0.9, 0.999)
-# Token id of the text positions; any id other than the image token will do.
-TEXT_TOKEN_ID = 1
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 MIN_STEPS = 2
 
 # transformers' attention implementation for each experiment value. flash_attention_2 needs
@@ -80,42 +78,21 @@ class Measurement:
 
 
 def load_config(config_path: Path):
-    """LlavaConfig from a config.json, with the KV cache off (training)."""
-    from transformers import LlavaConfig
-
-    config = LlavaConfig(**json.loads(Path(config_path).read_text()))
-    # LLaVA's train.py sets `model.config.use_cache = False`; a cache only adds references.
-    config.text_config.use_cache = False
-    return config
+    """The transformers config of the experiment's model family, KV cache off."""
+    return family_for(config_path).load_config(config_path)
 
 
 def config_sha256(config_path: Path) -> str:
     return hashlib.sha256(Path(config_path).read_bytes()).hexdigest()
 
 
-def image_tokens_per_image(config) -> int:
-    """576 for CLIP ViT-L/14 at 336 px: one token per patch, CLS dropped ("default")."""
-    patches = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
-    return patches + (1 if config.vision_feature_select_strategy == "full" else 0)
-
-
-def module_groups(model) -> dict[str, list[torch.nn.Module]]:
-    """Experiment module names -> the Hugging Face submodules they mean."""
-    return {
-        "vision": [model.model.vision_tower],
-        "projector": [model.model.multi_modal_projector],
-        "language": [model.model.language_model, model.lm_head],
-    }
-
-
 def build_model(config, exp: dict):
-    from transformers import LlavaForConditionalGeneration
-
-    model = LlavaForConditionalGeneration._from_config(
+    family = family_for(exp["config"])
+    model = family.model_class()._from_config(
         config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=DTYPES[exp["precision"]])
     model.train()
     model.requires_grad_(False)
-    groups = module_groups(model)
+    groups = family.module_groups(model)
     for name in exp["trainable"]:
         for module in groups[name]:
             module.requires_grad_(True)
@@ -128,22 +105,7 @@ def build_model(config, exp: dict):
 
 
 def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
-    """pixel_values, input_ids (image tokens first in every sample) and labels."""
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
-    n_image = images * image_tokens_per_image(config)
-    if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample")
-    size = config.vision_config.image_size
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    input_ids[:, :n_image] = config.image_token_id
-    labels = input_ids.clone()
-    labels[:, :n_image] = IGNORE_INDEX
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size,
-                                            dtype=DTYPES[exp["precision"]])
-    return batch
+    return family_for(exp["config"]).make_batch(config, exp, DTYPES[exp["precision"]])
 
 
 def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.Optimizer:

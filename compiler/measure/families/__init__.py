@@ -1,0 +1,23 @@
+"""Per-family model builders for the measuring harness, one module per config `model_type`.
+
+`family_for(config_path)` returns the module for a config.json's `model_type`; see
+`llava.py` for the contract every module follows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+
+from ..experiment import ExperimentError
+
+
+def family_for(config_path: Path) -> ModuleType:
+    model_type = json.loads(Path(config_path).read_text()).get("model_type", "")
+    try:
+        return importlib.import_module(f"{__name__}.{model_type}")
+    except ModuleNotFoundError:
+        known = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+        raise ExperimentError(f"{config_path}: no measuring builder for model_type {model_type!r} (known: {', '.join(known)})") from None
