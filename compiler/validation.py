@@ -95,8 +95,11 @@ def compare(path: Path) -> Comparison:
     problems = validate(doc, load_schema("experiment"))
     if problems:
         return Comparison(name, str(path), record.get("source", ""), measured, None, "; ".join(d.message for d in problems))
+    # Records name their model spec relative to the directory they were measured from (the
+    # repository root); the specs shipped with memspec stand in for a checkout.
+    base = Path.cwd() if (Path.cwd() / experiment["model"]).is_file() else _root()
     try:
-        spec, setup = api.experiment_inputs(doc, _root())
+        spec, setup = api.experiment_inputs(doc, base)
         report = api.run(spec, setup)
     except MemspecError as exc:
         return Comparison(name, str(path), record.get("source", ""), measured, None, exc.diagnostics[0].message)

@@ -20,9 +20,14 @@ import hubfixtures as hf
 from compiler import api, hub, importer
 from compiler.cli import main
 from compiler.errors import MemspecError
+from compiler.family import _display
+from compiler.paths import specs_dir
 from compiler.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parent.parent
+# Where the family files are, as messages show them: relative in a checkout, the installed
+# copy's path in a wheel install.
+FAMILIES = _display(specs_dir() / "families")
 FIX = hf.FIXTURES
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -243,7 +248,7 @@ def test_config_missing_a_required_key(tmp_path):
     folder = _folder(tmp_path, config, hf.llama_tensors(hf.TINY_LLAMA))
     assert _error(importer.import_spec, folder) == (
         f"E706 folder '{folder}': config.json has none of hidden_size, n_embd (the llama family's 'hidden')\n"
-        "help: add the key to config.json, or give 'hidden' a default in specs/families/llama.yaml"
+        f"help: add the key to config.json, or give 'hidden' a default in {FAMILIES}/llama.yaml"
     )
 
 
@@ -251,7 +256,7 @@ def test_unknown_model_type(tmp_path):
     folder = _folder(tmp_path, {**hf.TINY_LLAMA, "model_type": "lama"}, hf.llama_tensors(hf.TINY_LLAMA))
     assert _error(importer.import_spec, folder) == (
         f"E708 folder '{folder}': model_type 'lama' is not covered by any family (covered: llama, llava)\n"
-        "help: did you mean 'llama'? a family is one YAML file in specs/families/ (docs/adding-a-family.md)"
+        f"help: did you mean 'llama'? a family is one YAML file in {FAMILIES}/ (docs/adding-a-family.md)"
     )
 
 
@@ -288,7 +293,7 @@ def test_unassigned_tensor(tmp_path):
     folder = _folder(tmp_path, hf.TINY_LLAMA, hf.llama_tensors(hf.TINY_LLAMA) + [("score.weight", "F16", [2, 64])])
     assert _error(importer.import_spec, folder) == (
         f"E709 folder '{folder}': 1 header tensors belong to no module of the llama family: score.weight F16[2, 64]\n"
-        "help: the module prefixes are lm_head., model.; add the missing prefix (or a buffer suffix under ignore_tensors) in specs/families/llama.yaml"
+        f"help: the module prefixes are lm_head., model.; add the missing prefix (or a buffer suffix under ignore_tensors) in {FAMILIES}/llama.yaml"
     )
 
 
@@ -302,7 +307,7 @@ def test_count_mismatch_names_the_tensors(tmp_path):
         "model.layers.{0..1}.self_attn.q_proj.weight x2 F16[64, 64]; model.layers.{0..1}.self_attn.k_proj.weight x2 F16[32, 64]; "
         "model.layers.{0..1}.self_attn.v_proj.weight x2 F16[32, 64]; model.layers.{0..1}.self_attn.o_proj.weight x2 F16[64, 64]; "
         "model.layers.{0..1}.post_attention_layernorm.weight x2 F16[64]; model.layers.{0..1}.mlp.gate_proj.weight x2 F16[128, 64]; and 4 more groups\n"
-        "help: check the module's inputs in specs/families/llama.yaml against config.json, and its tensor prefixes against the header"
+        f"help: check the module's inputs in {FAMILIES}/llama.yaml against config.json, and its tensor prefixes against the header"
     )
 
 

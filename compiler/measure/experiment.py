@@ -16,7 +16,6 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 MODULES = ("vision", "projector", "language")
 PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
@@ -141,10 +140,12 @@ def grad_flows(trainable: list[str]) -> list[str]:
 
 
 def _relative(path: Path) -> str:
+    """The path as records store it: relative to the working directory (the repository root
+    when measuring for tests/measured/), absolute when outside it."""
     try:
-        return path.resolve().relative_to(REPO_ROOT).as_posix()
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return path.as_posix()
+        return path.resolve().as_posix()
 
 
 def to_record(exp: dict) -> dict:

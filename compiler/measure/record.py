@@ -16,10 +16,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .experiment import REPO_ROOT, to_record
+from ..paths import schema_path
+from .experiment import to_record
 
 SCHEMA_ID = "memspec/measured/v1"
-SCHEMA_PATH = REPO_ROOT / "schemas" / "measured.schema.json"
+SCHEMA_PATH = schema_path("measured")
 SOURCE_CPU_TRACE = "cpu-trace"
 PACKAGES = ("torch", "transformers", "peft")
 
