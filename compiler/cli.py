@@ -33,26 +33,25 @@ A hub id reads config.json, preprocessor_config.json and the safetensors headers
 the weights), cached by huggingface_hub; set HF_TOKEN for gated or private repos and
 HF_HUB_OFFLINE=1 to use the cache only.
 """
-FIT_EXAMPLES = """examples:
-  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 3
-  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 2 --margin 5%
-  memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
-"""
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
   memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
 """
 
 
-def _percent(text: str) -> float:
-    value = float(text.rstrip("%"))
-    if not 0 <= value < 100:
-        raise argparse.ArgumentTypeError(f"a margin is a percentage in [0, 100), got {text}")
-    return value / 100
-
-
 def _list(text: str) -> list[str]:
     return [] if text in ("", "none") else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _image_size(text: str) -> list[int]:
+    """'448x448' -> [448, 448] (height, width)."""
+    try:
+        h, w = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HxW in pixels, e.g. 448x448, got {text!r}") from None
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"image height and width must be positive, got {text!r}")
+    return [h, w]
 
 
 def _knobs(p: argparse.ArgumentParser) -> None:
@@ -60,6 +59,7 @@ def _knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
     g.add_argument("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
     g.add_argument("--images-per-sample", type=int, metavar="N")
+    g.add_argument("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
     g.add_argument("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
     g.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
     g.add_argument("--optimizer", choices=["adamw", "sgd"])
@@ -74,7 +74,7 @@ def _knobs(p: argparse.ArgumentParser) -> None:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "gpu"):
+    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "gpu"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
@@ -114,12 +114,6 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id (default: main)")
     i.add_argument("--model", metavar="NAME", help="the spec's model name (default: the repo or folder name)")
     i.add_argument("--format", choices=["yaml", "json"], default="yaml")
-
-    f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
-    _knobs(f)
-    f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
-    f.add_argument("--format", choices=["text", "json"], default="text")
 
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
@@ -198,18 +192,6 @@ def _import(args) -> int:
     return 0
 
 
-def _fit(args) -> int:
-    from . import api, render
-    from .fit import fit
-
-    spec, setup = api.load_inputs(args.file, overrides(args))
-    if setup.gpu is None:
-        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml), or gpu: in the experiment"))
-    report = fit(spec, setup, setup.gpu, args.margin)
-    sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
-    return 0
-
-
 def _check(args) -> int:
     from .check import check_paths
 
@@ -241,7 +223,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "table": _table, "fit": _fit, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "table": _table, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from .load import child_path
 from .resolve import Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
-    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "checkpointing": False,
+    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "checkpointing": False,
 }
 
 
@@ -29,6 +29,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
     values = {**values, **(context.get("bytes") or {})}
     return Setup(
         experiment="example", file="", micro_batch=1, seq_len=1, images_per_sample=context.get("images", 1),
+        image_size=(context["image_h"], context["image_w"]) if context.get("image_h") else None,
         trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
         gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, gpu=None,
         target=gpu_catalog()[1].default_gpu,

@@ -35,6 +35,8 @@ CONTEXT_NAMES = frozenset(
         "bytes",  # element sizes, see BYTES_KEYS
         "attention",  # attention implementation: flash_attention_2 | sdpa | eager
         "images",  # images per sample
+        "image_h",  # input image height in pixels (native-resolution towers; 0 when none applies)
+        "image_w",  # input image width in pixels
         "checkpointing",  # the module's layers are gradient-checkpointing units
     }
 )

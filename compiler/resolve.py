@@ -40,7 +40,7 @@ DEFAULTS: Mapping[str, Any] = {
     "parallel": {"dp": 1, "zero": 0},
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
-EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample"})
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w"})
 SGD_DEFAULT_MOMENTUM = 0.9
 KIB = 1 << 10
 MIB = 1 << 20
@@ -111,6 +111,7 @@ class Spec:
     image_tokens: int
     modules: tuple[Module, ...]
     doc: Document = field(compare=False, repr=False)
+    image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
 
     def module(self, name: str) -> Module | None:
         return next((m for m in self.modules if m.name == name), None)
@@ -132,6 +133,7 @@ class Setup:
     micro_batch: int
     seq_len: int
     images_per_sample: int
+    image_size: tuple[int, int] | None  # [h, w] pixels: the experiment's, else the spec's, else None
     trainable: frozenset[str]
     precision: str
     optimizer: Optimizer
@@ -148,6 +150,11 @@ class Setup:
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """(image_h, image_w) as formulas see them: 0, 0 when no size applies (fixed-size towers)."""
+        return self.image_size or (0, 0)
 
 
 def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
@@ -190,6 +197,7 @@ def resolve_spec(doc: Document) -> Spec:
         source=dict(data.get("source") or {}),
         image_tokens=data.get("image_tokens", 0),
         modules=tuple(modules),
+        image_size=tuple(data["image_size"]) if data.get("image_size") else None,
         doc=doc,
     )
 
@@ -244,7 +252,10 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
     if parallel["zero"] > 0 and parallel["dp"] == 1:
         pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
-    if "micro_batch" in data and "seq_len" in data:
+    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+    # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
+    # another size has its token count in the formulas only, so the check needs the default.
+    if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size:
         need = data["images_per_sample"] * spec.image_tokens
         if data["seq_len"] < need:
             complain(
@@ -269,6 +280,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         micro_batch=data["micro_batch"],
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
+        image_size=image_size,
         trainable=frozenset(data["trainable"]),
         precision=data["precision"],
         optimizer=optimizer,

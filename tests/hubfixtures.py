@@ -89,6 +89,42 @@ def llava_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]
     return language + projector + clip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
+def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Qwen2-VL / Qwen2.5-VL as the hub checkpoints store them: model.* (the Qwen2 language
+    model), lm_head, visual.* (patch embedding, blocks, merger)."""
+    v, qwen25 = c["vision_config"], c["model_type"] == "qwen2_5_vl"
+    dim = v["hidden_size"] if qwen25 else v["embed_dim"]
+    inter = v["intermediate_size"] if qwen25 else dim * v["mlp_ratio"]
+    wide = dim * v["spatial_merge_size"] ** 2
+    out = [("visual.patch_embed.proj.weight", dtype, [dim, v.get("in_chans", 3), v["temporal_patch_size"], v["patch_size"], v["patch_size"]])]
+    for i in range(v["depth"]):
+        b = f"visual.blocks.{i}."
+        norms = ["norm1", "norm2"]
+        out += [(b + n + ".weight", dtype, [dim]) for n in norms]
+        if not qwen25:
+            out += [(b + n + ".bias", dtype, [dim]) for n in norms]
+        out += [(b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.qkv.bias", dtype, [3 * dim]),
+                (b + "attn.proj.weight", dtype, [dim, dim]), (b + "attn.proj.bias", dtype, [dim])]
+        if qwen25:
+            for proj, shape in (("gate_proj", [inter, dim]), ("up_proj", [inter, dim]), ("down_proj", [dim, inter])):
+                out += [(b + f"mlp.{proj}.weight", dtype, shape), (b + f"mlp.{proj}.bias", dtype, [shape[0]])]
+        else:
+            out += [(b + "mlp.fc1.weight", dtype, [inter, dim]), (b + "mlp.fc1.bias", dtype, [inter]),
+                    (b + "mlp.fc2.weight", dtype, [dim, inter]), (b + "mlp.fc2.bias", dtype, [dim])]
+    out.append(("visual.merger.ln_q.weight", dtype, [dim]))
+    if not qwen25:
+        out.append(("visual.merger.ln_q.bias", dtype, [dim]))
+    out += [("visual.merger.mlp.0.weight", dtype, [wide, wide]), ("visual.merger.mlp.0.bias", dtype, [wide]),
+            ("visual.merger.mlp.2.weight", dtype, [c["hidden_size"], wide]), ("visual.merger.mlp.2.bias", dtype, [c["hidden_size"]])]
+    language = llama_tensors(c, dtype=dtype)
+    h, nkv = c["hidden_size"], c["num_key_value_heads"]
+    kv = nkv * h // c["num_attention_heads"]
+    for i in range(c["num_hidden_layers"]):  # Qwen2: bias on q, k and v
+        p = f"model.layers.{i}.self_attn."
+        language += [(p + "q_proj.bias", dtype, [h]), (p + "k_proj.bias", dtype, [kv]), (p + "v_proj.bias", dtype, [kv])]
+    return language + out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -212,6 +248,11 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Meta-Llama-3-8B", LLAMA_3_8B, llama_tensors(LLAMA_3_8B, dtype="BF16"), shards=4)
     write_checkpoint(FIXTURES / "Llama-3.2-1B", LLAMA_3_2_1B, llama_tensors(LLAMA_3_2_1B, head=None, dtype="BF16"))
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
+    for name, folder in (("Qwen2-VL-7B-Instruct", "qwen2-vl-7b-instruct"), ("Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b-instruct")):
+        hf = ROOT / "specs" / "qwen2_vl" / "hf" / folder
+        config = json.loads((hf / "config.json").read_text())
+        processor = json.loads((hf / "preprocessor_config.json").read_text())
+        write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ Patched (only while the context is active):
   transformers treats fake tensors as tracing and would then build a packed-sequence mask
   and materialise a [b, 1, s, s] causal mask instead of using SDPA's `is_causal`.
 - `TRANSFORMERS_DISABLE_TORCH_CHECK=1`: the image-token count check reads tensor values.
+- `torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT` -> `HOST_VALUE_NUMEL_LIMIT` when the
+  family reads batch values on the host (Qwen2-VL: token types, image grids): their fake
+  tensors carry constants, and what is computed from constants only stays constant, so
+  `.tolist()` works; on CUDA these are real tensors read with a host sync.
 - `LayerNormStatsInFp32`, a dispatch mode under the tracer: `native_layer_norm` on 16-bit
   inputs returns its saved mean and rstd in fp32 on CUDA (accumulate type), in the input
   dtype on CPU (torch/_refs `native_layer_norm`: "if input.device.type in ['cpu', 'mtia']").
@@ -47,6 +51,12 @@ FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
 MASKED_SELECT_SCRATCH = "masked-scatter-backward-nonzero-indices"
 CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
+HOST_VALUES = "host-read-inputs-keep-values"
+# Elements up to which FakeTensorMode keeps a tensor computed from constants as a constant
+# (torch/_subclasses/fake_tensor.py CONSTANT_NUMEL_LIMIT is 1: only scalars). Raised while a
+# family reads batch values on the host: token ids and types are b * s elements, the image
+# grid's derived position ids and window indices a few times the patches.
+HOST_VALUE_NUMEL_LIMIT = 1 << 24
 
 # aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash attention needs fp16/bf16 and a
 # head dim <= 256 (sm80-sm90).
@@ -164,15 +174,22 @@ def _packed_sequences_as_cuda(original):
 
 
 @contextlib.contextmanager
-def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset()) -> Iterator[list[str]]:
-    """Apply the CUDA emulation, less the behaviours named in `skip`; yields the names applied."""
+def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bool = False) -> Iterator[list[str]]:
+    """Apply the CUDA emulation, less the behaviours named in `skip`; yields the names applied.
+
+    `host_values`: the batch has fake tensors with constants (see `HOST_VALUES`)."""
     import torch.nn.functional as F
+    from torch._subclasses import fake_tensor
     from transformers import masking_utils
 
     saved_sdpa, saved_dropout = F.scaled_dot_product_attention, F.dropout
     saved_packed = masking_utils.find_packed_sequence_indices
     saved_env = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    saved_limit = fake_tensor.CONSTANT_NUMEL_LIMIT
     applied = []
+    if fake and host_values:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = HOST_VALUE_NUMEL_LIMIT
+        applied.append(HOST_VALUES)
     if FLASH_ATTENTION not in skip:
         F.scaled_dot_product_attention = _sdpa_as_cuda(saved_sdpa)
         applied += [FLASH_ATTENTION, EFFICIENT_ATTENTION]
@@ -189,6 +206,7 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset()) -> Iterator[lis
     finally:
         F.scaled_dot_product_attention, F.dropout = saved_sdpa, saved_dropout
         masking_utils.find_packed_sequence_indices = saved_packed
+        fake_tensor.CONSTANT_NUMEL_LIMIT = saved_limit
         if saved_env is None:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
         else:

@@ -37,6 +37,8 @@ MEASURED_KEYS = (
     "experiment", "model", "micro_batch", "seq_len", "images_per_sample", "trainable",
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
+# Measured keys only some families have; a record keeps them when present.
+OPTIONAL_KEYS = ("image_size",)
 DESCRIPTIVE_KEYS = ("summary", "gpu", "notes")
 # Forward order of the modules; a module gets gradients flowing through it when it or
 # anything before it is trainable.
@@ -89,6 +91,10 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+    size = exp.get("image_size")
+    if size is not None and not (isinstance(size, list) and len(size) == 2
+                                 and all(isinstance(x, int) and x > 0 for x in size)):
+        fail(f"image_size must be [height, width] in pixels, got {size!r}")
 
 
 def check_measurable(exp: dict) -> None:
@@ -115,6 +121,9 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     spec_path = (base_dir / exp["model"]).resolve()
     exp["model"] = spec_path
     exp["config"] = model_config_path(spec_path)
+    if exp.get("image_size") is None:
+        # NB: a native-resolution spec names the image size its image_tokens are for
+        exp["image_size"] = (_read_yaml(spec_path) or {}).get("image_size")
     _check(exp, where)
     return exp
 
@@ -152,6 +161,7 @@ def to_record(exp: dict) -> dict:
     """The experiment as a record stores it: measured keys in order, repo-relative model."""
     out = {k: exp[k] for k in MEASURED_KEYS}
     out["model"] = _relative(exp["model"])
+    out.update({k: exp[k] for k in OPTIONAL_KEYS if exp.get(k) is not None})
     out.update({k: exp[k] for k in DESCRIPTIVE_KEYS if k in exp})
     return out
 
@@ -191,4 +201,6 @@ def label(key: str, value: Any) -> str:
         return "+".join(value) or "none"
     if key == "parallel":
         return f"dp{value['dp']}-zero{value['zero']}"
+    if key == "image_size":
+        return f"{value[0]}x{value[1]}"
     return {"micro_batch": f"b{value}", "seq_len": f"s{value}"}.get(key, str(value))

@@ -98,7 +98,8 @@ def build_model(config, exp: dict):
             module.requires_grad_(True)
     for name in exp["gradient_checkpointing"]:
         # Transformers' default: non-reentrant torch.utils.checkpoint per decoder/encoder layer.
-        module = groups[name][0]
+        pick = getattr(family, "checkpoint_module", None)
+        module = pick(model, name) if pick else groups[name][0]
         enable = getattr(module, "activation_checkpointing_enable", None) or module.gradient_checkpointing_enable
         enable({"use_reentrant": False})
     return model
@@ -269,9 +270,13 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         fake_mode = FakeTensorMode()
     with (fake_mode or _nothing()):
         model = build_model(config, exp)
-        batch = make_batch(config, exp)
+    # NB: the batch is built from real tensors and then faked, so that the values the model
+    # reads on the host (the family's HOST_VALUES) survive as constants.
+    batch = make_batch(config, exp)
+    host_values = frozenset(getattr(family_for(exp["config"]), "HOST_VALUES", ()))
     if fake_mode is not None:
-        batch = {k: (fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v)
+                 for k, v in batch.items()}
 
     scope = ModuleScope(model)
     tracer = MemoryTracer(
@@ -297,24 +302,39 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
 
     model.lm_head.register_forward_hook(enter_loss)
 
-    behaviour = emulation.cuda_behaviour(fake=fake, skip=skip) if emulate else _nothing([])
+    behaviour = emulation.cuda_behaviour(fake=fake, skip=skip, host_values=bool(host_values)) if emulate else _nothing([])
     stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
     inventory = []
 
     def take_inventory() -> None:
         inventory.append(format_inventory(tracer.inventory(), f"live activations at the end of forward, step {steps}"))
 
-    with (fake_mode or _nothing()), behaviour as applied, stats_mode, tracer:
+    family_patches = getattr(family_for(exp["config"]), "host_patches", None)
+    patches = family_patches() if emulate and family_patches else _nothing([])
+    with (fake_mode or _nothing()), behaviour as applied, patches as patched, stats_mode, tracer:
         for step in range(1, steps + 1):
             _train_step(step, model, batch, optimizer, scale, tracer, scope, emulate,
                         after_forward=take_inventory if step == steps else None)
     scope.remove()
     return Measurement(
         steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),
-        emulation=_emulation_names(applied, exp, fake) if emulate else (),
+        emulation=_emulation_names(applied + patched, exp, fake) if emulate else (),
         inventory=inventory[0],
         timeline=tracer.timeline,
     )
+
+
+def _fake_input(fake_mode, tensor: torch.Tensor, host_value: bool) -> torch.Tensor:
+    """A batch tensor as a fake tensor; with `host_value`, one that keeps its values.
+
+    NB: a fake tensor with a `constant` lets FakeTensorMode run ops whose fake inputs all
+    carry constants on those constants, so `.tolist()` of token types or image grids works
+    as it does on a real GPU tensor (a host sync). The output is still a fake tensor, so the
+    tracer counts it like any other.
+    """
+    if not host_value:
+        return fake_mode.from_tensor(tensor)
+    return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, tensor, make_constant=True)
 
 
 class _nothing:

@@ -1,0 +1,165 @@
+"""Qwen2-VL (Qwen2VLForConditionalGeneration) for the measuring harness.
+
+Contract: as `llava.py` (`load_config`, `model_class`, `module_groups`, `make_batch`), plus
+`HOST_VALUES`, the batch keys whose values the model reads on the host (the harness makes
+them fake tensors that carry their values), `checkpoint_module(model, name)`, the module
+whose `gradient_checkpointing_enable` turns checkpointing on for an experiment module name,
+and `host_patches()`, a context manager for what cannot run on fake tensors (it yields the
+names of what it patched, which the record lists under `emulation`).
+
+The batch is what Qwen2VLProcessor produces for one image per sample at the experiment's
+`image_size` (default: the spec's): `pixel_values` [patches, C * 2 * 14 * 14] (each patch
+flattened with its temporal copy, the image repeated to temporal_patch_size frames),
+`image_grid_thw` [images, 3] = (1, h / 14, w / 14) after smart_resize, `input_ids` of exactly
+seq_len positions with (h / 28) * (w / 28) image tokens per image first in every sample,
+`mm_token_type_ids` (1 at image tokens), labels with the image tokens at -100.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ..experiment import ExperimentError
+
+TEXT_TOKEN_ID = 1  # any id other than the image token will do
+IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
+IMAGE_TOKEN_TYPE = 1  # mm_token_type_ids: text 0, image 1, video 2 (Qwen2VLModel.get_rope_index)
+# Qwen2VLImageProcessor defaults (image_processing_qwen2_vl.py), used when the
+# preprocessor_config.json beside the config does not say.
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+
+# image_grid_thw is read on the host: per-image patch positions, cu_seqlens and its split
+# (sdpa and eager attend image by image), and the split of the merged features.
+HOST_VALUES = ("image_grid_thw",)
+ROPE_INDEX_SHAPES_ONLY = "mrope-position-ids-shapes-only"
+
+
+def load_config(config_path: Path):
+    """Qwen2VLConfig from a config.json, with the KV cache off (training)."""
+    from transformers import Qwen2VLConfig
+
+    return _without_cache(Qwen2VLConfig(**json.loads(Path(config_path).read_text())), config_path)
+
+
+def _without_cache(config, config_path: Path):
+    config.use_cache = False
+    config.text_config.use_cache = False
+    config.preprocessor = _preprocessor(config_path)
+    return config
+
+
+def _preprocessor(config_path: Path) -> dict:
+    path = Path(config_path).parent / "preprocessor_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def model_class():
+    from transformers import Qwen2VLForConditionalGeneration
+
+    return Qwen2VLForConditionalGeneration
+
+
+def module_groups(model) -> dict[str, list[torch.nn.Module]]:
+    """Experiment module names -> the Hugging Face submodules they mean.
+
+    NB: the merger lives inside `model.model.visual`; the vision tower is its patch embedding
+    and blocks (the rotary table has no parameters).
+    """
+    visual = model.model.visual
+    return {
+        "vision": [visual.patch_embed, visual.blocks],
+        "projector": [visual.merger],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def checkpoint_module(model, name: str) -> torch.nn.Module:
+    """The PreTrainedModel whose checkpointing covers the experiment module's layers."""
+    return {"vision": model.model.visual, "language": model.model.language_model}[name]
+
+
+@contextlib.contextmanager
+def host_patches() -> Iterator[list[str]]:
+    """`get_rope_index` returns tensors of the real shapes and dtypes without reading values.
+
+    NB: the real one walks each sample's token types and image grids in Python (`.tolist()`,
+    `torch.tensor` of 0-d tensors), which fake tensors cannot; what reaches the GPU is
+    position_ids [3, b, s] in input_ids' dtype and rope_deltas [b, 1] int64, both allocated
+    here as the real ones are; its per-sample temporaries are a few x s int64 values.
+    """
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    classes = (modeling_qwen2_vl.Qwen2VLModel, modeling_qwen2_5_vl.Qwen2_5_VLModel)
+    saved = [c.get_rope_index for c in classes]
+
+    def get_rope_index(self, input_ids, *args, **kwargs):
+        b, s = input_ids.shape
+        position_ids = torch.zeros(3, b, s, dtype=input_ids.dtype, device=input_ids.device)
+        return position_ids, torch.zeros(b, 1, dtype=torch.long, device=input_ids.device)
+
+    for c in classes:
+        c.get_rope_index = get_rope_index
+    try:
+        yield [ROPE_INDEX_SHAPES_ONLY]
+    finally:
+        for c, original in zip(classes, saved):
+            c.get_rope_index = original
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers/models/qwen2_vl/image_processing_qwen2_vl.py `smart_resize`, verbatim."""
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def image_grid(config, image_size: list[int]) -> tuple[int, int]:
+    """(h / patch, w / patch) of one image after the processor's smart_resize."""
+    v = config.vision_config
+    p = config.preprocessor
+    factor = v.patch_size * v.spatial_merge_size
+    h, w = smart_resize(image_size[0], image_size[1], factor,
+                        p.get("min_pixels", DEFAULT_MIN_PIXELS), p.get("max_pixels", DEFAULT_MAX_PIXELS))
+    return h // v.patch_size, w // v.patch_size
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    if not exp.get("image_size"):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: Qwen2-VL needs image_size [h, w]")
+    v = config.vision_config
+    gh, gw = image_grid(config, exp["image_size"])
+    per_image = gh * gw // v.spatial_merge_size ** 2
+    n_image = images * per_image
+    if n_image > s:
+        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
+                              f"{n_image} image tokens per sample")
+    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
+    input_ids[:, :n_image] = config.image_token_id
+    mm_token_type_ids = torch.zeros((b, s), dtype=torch.long)
+    mm_token_type_ids[:, :n_image] = IMAGE_TOKEN_TYPE
+    labels = input_ids.clone()
+    labels[:, :n_image] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None,
+             "mm_token_type_ids": mm_token_type_ids}
+    if images:
+        patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+        batch["pixel_values"] = torch.zeros(b * images * gh * gw, patch_dim, dtype=dtype)
+        batch["image_grid_thw"] = torch.tensor([[1, gh, gw]] * (b * images), dtype=torch.long)
+    return batch

@@ -1,0 +1,52 @@
+"""Qwen2-VL and Qwen2.5-VL: the import reproduces the checkpoints' parameter counts per module,
+and the image size moves the estimate the way the processor moves the token count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compiler import api, importer
+
+ROOT = Path(__file__).resolve().parent.parent
+HUB = ROOT / "tests" / "fixtures" / "hub"
+
+
+@pytest.mark.parametrize("fixture, expected", [
+    ("Qwen2-VL-7B-Instruct", {
+        # patch embedding 1280 * 3 * 2 * 14 * 14 = 1_505_280 + 32 blocks * 19_677_440
+        "vision": 631_183_360,
+        # LayerNorm 2 * 1280 + 5120 * 5120 + 5120 + 3584 * 5120 + 3584
+        "projector": 44_575_744,
+        # embeddings 152064 * 3584 = 544_997_376 + 28 * 233_057_792 + norm 3584 + lm_head 544_997_376
+        "language": 7_615_616_512,
+    }),
+    ("Qwen2.5-VL-7B-Instruct", {
+        "vision": 631_975_680,          # 1_505_280 + 32 * 19_702_200 (RMSNorms, SwiGLU with bias)
+        "projector": 44_574_464,        # RMSNorm 1280 + the same MLP
+        "language": 7_615_616_512,
+    }),
+])
+def test_import_reproduces_the_header_per_module(fixture, expected):
+    result = importer.import_spec(str(HUB / fixture))
+    assert result.header_parameters == expected
+    # 8_291_375_616 is Qwen2-VL-7B-Instruct's count built by transformers on the meta device
+    assert sum(expected.values()) == {"Qwen2-VL-7B-Instruct": 8_291_375_616, "Qwen2.5-VL-7B-Instruct": 8_292_166_656}[fixture]
+
+
+def test_qwen2_decoder_layer_arithmetic():
+    # q 3584^2 + 3584, k and v 512 * 3584 + 512 each, o 3584^2, MLP 3 * 3584 * 18944, 2 norms
+    layer = 3584 * 3584 + 3584 + 2 * (512 * 3584 + 512) + 3584 * 3584 + 3 * 3584 * 18944 + 2 * 3584
+    assert layer == 233_057_792
+    assert 2 * 152064 * 3584 + 28 * layer + 3584 == 7_615_616_512
+
+
+@pytest.mark.parametrize("size, tokens", [((448, 448), 256), ((1024, 768), 37 * 27), ((434, 434), 16 * 16), ((462, 462), 16 * 16)])
+def test_image_size_sets_the_image_tokens(size, tokens):
+    """smart_resize: each side to the nearest multiple of 28, halves to even (434 = 15.5 x 28 -> 16, 462 = 16.5 x 28 -> 16)."""
+    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048,
+                          image_size=list(size))
+    assert report.setup.image_size == size
+    base = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048)
+    assert (report.allocated > base.allocated) == (tokens > 256) or tokens == 256
