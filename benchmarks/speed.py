@@ -51,12 +51,32 @@ def in_process(seconds: float = 3.0) -> tuple[float, float]:
     return per_second, load_ms
 
 
+def fit_time() -> list[tuple[int, float, int]]:
+    """Seconds for `fit` on LLaVA-1.5-7B finetune, 8 x H100-80GB, ZeRO-2 and ZeRO-3."""
+    from compiler.api import library, load_inputs
+    from compiler.fit import fit
+    from compiler.resolve import gpu_catalog
+
+    library()
+    gpu = gpu_catalog()[0]["h100-80gb"]
+    out = []
+    for zero in (2, 3):
+        spec, setup = load_inputs(ROOT / EXPERIMENT, {"dp": 8, "zero": zero})
+        start = time.perf_counter()
+        f = fit(spec, setup, gpu, 0.05)
+        n = f.micro_batch.evaluations + f.seq_len.evaluations + f.dp.evaluations
+        out.append((zero, time.perf_counter() - start, n))
+    return out
+
+
 def main() -> None:
     print(f"cold CLI 'memspec estimate {EXPERIMENT}': {cold_cli() * 1000:.0f} ms (median of 5 processes)")
     print(f"import of the estimating path: {import_time() * 1000:.0f} ms (median of 5)")
     per_second, load_ms = in_process()
     print(f"in-process estimates (library loaded, inputs resolved): {per_second:.1f} per second ({1000 / per_second:.1f} ms each)")
     print(f"loading + validating the experiment and its spec: {load_ms:.1f} ms")
+    for zero, seconds, n in fit_time():
+        print(f"fit (micro-batch, sequence, dp) on 8 x h100-80gb, ZeRO-{zero}: {seconds * 1000:.0f} ms ({n} estimates)")
 
 
 if __name__ == "__main__":

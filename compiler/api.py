@@ -107,12 +107,13 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def run(spec: Spec, setup: Setup, formulas: Library | None = None) -> Report:
-    """Stages expand -> evaluate -> simulate on resolved inputs."""
+def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:
+    """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
+    layer table (searches that only need the peak)."""
     lib = formulas or library()
     nodes = evaluate(expand(spec, setup, lib))
     _reconcile(spec, nodes, setup)
-    rows = layer_table(nodes)
+    rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)
     _, consts = gpu_catalog()
     device = est.reserved + consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)

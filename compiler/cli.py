@@ -33,10 +33,22 @@ A hub id reads config.json, preprocessor_config.json and the safetensors headers
 the weights), cached by huggingface_hub; set HF_TOKEN for gated or private repos and
 HF_HUB_OFFLINE=1 to use the cache only.
 """
+FIT_EXAMPLES = """examples:
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 3
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 2 --margin 5%
+  memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
+"""
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
   memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
 """
+
+
+def _percent(text: str) -> float:
+    value = float(text.rstrip("%"))
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"a margin is a percentage in [0, 100), got {text}")
+    return value / 100
 
 
 def _list(text: str) -> list[str]:
@@ -115,6 +127,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--model", metavar="NAME", help="the spec's model name (default: the repo or folder name)")
     i.add_argument("--format", choices=["yaml", "json"], default="yaml")
 
+    f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
+    _knobs(f)
+    f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
+    f.add_argument("--format", choices=["text", "json"], default="text")
+
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
     c.add_argument("--format", choices=["text", "json"], default="text")
@@ -192,6 +210,18 @@ def _import(args) -> int:
     return 0
 
 
+def _fit(args) -> int:
+    from . import api, render
+    from .fit import fit
+
+    spec, setup = api.load_inputs(args.file, overrides(args))
+    if setup.gpu is None:
+        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml), or gpu: in the experiment"))
+    report = fit(spec, setup, setup.gpu, args.margin)
+    sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
+    return 0
+
+
 def _check(args) -> int:
     from .check import check_paths
 
@@ -223,7 +253,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "table": _table, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "table": _table, "fit": _fit, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,10 @@ decoder layers of a 7B model cost one evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from functools import cached_property
+from typing import Any, Mapping
 
-from .expand import Instance, _freeze
+from .expand import Instance
 from .formula import FACTOR_NAMES, Formula, integer
 
 
@@ -38,14 +39,24 @@ class Node:
     cost: Cost
     children: tuple["Node", ...]
 
-    def walk(self) -> Iterator["Node"]:
-        yield self
-        for c in self.children:
-            yield from c.walk()
+    def walk(self) -> tuple["Node", ...]:
+        """This node and its descendants in forward order (computed once: the simulator
+        and the table walk the tree many times)."""
+        return self._flat
+
+    @cached_property
+    def _flat(self) -> tuple["Node", ...]:
+        out: list[Node] = []
+        stack: list[Node] = [self]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(reversed(n.children))
+        return tuple(out)
 
 
 def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
-    key = (id(formula), _freeze(scope))
+    key = (id(formula), id(scope))  # NB: identical instances share one scope object (expand)
     hit = memo.get(key)
     if hit is None:
         params = tuple(integer(e, e(scope)) for e in formula.param_tensors)
@@ -119,9 +130,15 @@ def first_charges(nodes: tuple[Node, ...]) -> dict[str, str]:
 
 
 def _dims(inst: Instance) -> str:
-    shown = {k: v for k, v in inst.scope.items() if k in {i.name for i in inst.formula.inputs}}
+    """b, s and the inputs that differ from their defaults (so that a new input with a
+    default leaves every existing table as it was)."""
+    shown = [
+        (i.name, inst.scope[i.name])
+        for i in inst.formula.inputs
+        if i.type != "tensor" and not (i.has_default and inst.scope[i.name] == i.default)
+    ]
     ctx = f"b={inst.scope['batch']} s={inst.scope['seq']}"
-    return " ".join([ctx] + [f"{k}={_fmt(v)}" for k, v in shown.items()])
+    return " ".join([ctx] + [f"{k}={_fmt(v)}" for k, v in shown])
 
 
 def _fmt(v: Any) -> str:

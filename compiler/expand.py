@@ -22,7 +22,7 @@ one name, and repeated instances never do unless the parent passes the same tens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import Diagnostic, MemspecError
 from .formula import Child, Formula, Library, bind, integer
@@ -153,11 +153,14 @@ def _grad_out(inst: Instance) -> bool:
 _MEMO: dict = {}
 
 
-def _bound_scope(formula: Formula, given: Mapping[str, Any], context: dict, locate) -> dict:
-    key = ("bind", id(formula), _freeze(given), _freeze(context))
-    if key not in _MEMO:
-        _MEMO[key] = bind(formula, given, context, locate)
-    return _MEMO[key]
+def _bound_scope(formula: Formula, given: Mapping[str, Any], scope_key: tuple, context: Callable[[], dict], locate) -> dict:
+    key = ("bind",) + scope_key
+    hit = _MEMO.get(key)
+    if hit is None:
+        scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
+        # NB: `given` rides along so that the id in the key stays its own for the expand.
+        hit = _MEMO[key] = (given, bind(formula, scalars, context(), locate))
+    return hit[1]
 
 
 def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple) -> tuple:
@@ -186,9 +189,10 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     flat_states = requires_grad and not reaches_loss and setup.master_bytes > 0
     trainable = requires_grad and reaches_loss
     grad_in = grad_in and reaches_loss
-    scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
-    scope = _bound_scope(formula, scalars, _context(setup, batch, seq, trainable, grad_in, checkpointing), locate)
-    scope_key = (id(formula), _freeze(scalars), batch, seq, trainable, grad_in, checkpointing)
+    # Instances with the same formula, the same inputs mapping and the same context share
+    # one scope (identical instances are built from one memoised inputs mapping).
+    scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing)
+    scope = _bound_scope(formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing), locate)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     children = []
     previous = grad_in

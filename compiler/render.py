@@ -161,3 +161,51 @@ def table_text(rows: tuple[Row, ...]) -> str:
         )
     lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row")
     return "\n".join(lines) + "\n"
+
+
+def _answer_line(label: str, a, unit: str, smaller_is_next: bool = False) -> str:
+    if a.value is None:
+        return f"  {label}: none fits" + (f" ({a.knob} {a.next_value} needs {gib(a.next_device)} GiB)" if a.next_device else "")
+    line = f"  {label}: {a.value:,}  (device {gib(a.device)} GiB)"
+    if a.next_value is not None:
+        line += f"; {a.next_value:,} needs {gib(a.next_device)} GiB"
+    else:
+        line += f"; the search bound ({a.value:,}) still fits"
+    return line
+
+
+def fit_text(f) -> str:
+    s = f.base.setup
+    lines = [
+        f"memspec fit: {s.experiment} on {f.gpu.key} ({f.gpu.name}, {gib(f.gpu.memory)} GiB)",
+        f"setup     {_setup_line(f.base)}",
+        f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
+        "",
+        _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch, ""),
+        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len, ""),
+    ]
+    if f.dp is not None:
+        lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, ZeRO-{s.zero}", f.dp, ""))
+    evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
+    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.base.device <= f.budget else 'does not fit'})"]
+    if f.base.estimate.not_modelled:
+        lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
+    return "\n".join(lines) + "\n"
+
+
+def fit_json(f) -> str:
+    def answer(a):
+        return None if a is None else {k: getattr(a, k) for k in ("value", "device", "next_value", "next_device", "evaluations")}
+
+    data = {
+        "schema": "memspec/fit/v1",
+        "gpu": {"key": f.gpu.key, "memory": f.gpu.memory},
+        "margin": f.margin,
+        "budget": f.budget,
+        "setup": as_data(f.base)["setup"],
+        "device_as_given": f.base.device,
+        "micro_batch": answer(f.micro_batch),
+        "seq_len": answer(f.seq_len),
+        "dp": answer(f.dp),
+    }
+    return json.dumps(data, indent=2) + "\n"

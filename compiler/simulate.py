@@ -31,6 +31,7 @@ from .resolve import Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
+_ZERO = dict.fromkeys(CATEGORIES, 0)
 # c10/cuda/CUDACachingAllocator.cpp
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
@@ -136,7 +137,6 @@ class _State:
     def _breakdown(self, transient: Mapping[str, int]) -> dict:
         out = {}
         # NB: cuBLAS workspaces belong to no module; a row of their own keeps the sum exact.
-        zero = dict.fromkeys(CATEGORIES, 0)
         for m in self.modules:
             r = self.resident.get(m, {})
             out[m] = {
@@ -146,7 +146,7 @@ class _State:
                 "activations": self.live_by_module.get(m, 0),
                 "transient": transient.get(m, 0),
             }
-        out[WORKSPACE] = {**zero, "transient": self.workspace}
+        out[WORKSPACE] = {**_ZERO, "transient": self.workspace}
         return out
 
 
@@ -307,10 +307,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     )
 
 
-def _push(stack: Mapping[str, int], module: str, extra: int) -> dict:
+def _push(stack: Mapping[str, int], module: str, extra: int) -> Mapping[str, int]:
+    if not extra:
+        return stack  # NB: never mutated, so sharing it is safe and saves a copy per layer
     out = dict(stack)
-    if extra:
-        out[module] = out.get(module, 0) + extra
+    out[module] = out.get(module, 0) + extra
     return out
 
 

@@ -1,0 +1,136 @@
+"""`memspec fit`: the largest micro-batch, the longest sequence and the smallest data-parallel
+degree that fit a GPU.
+
+Contract: `fit(spec, setup, gpu, margin)` returns a `FitReport`. A setup fits when its
+`device` figure (what nvidia-smi would show: reserved + CUDA context, + NCCL when dp > 1) is
+at most the GPU's memory less the margin. Each answer is found by galloping then bisecting
+on a knob whose peak grows with it (micro-batch, sequence) or shrinks with it (data-parallel
+degree under ZeRO), with a bracket narrowed by interpolation (the peak is close to linear in
+each knob) and bisection, re-running only expand -> evaluate -> simulate on the already
+loaded spec and formulas. Every answer comes with the next value, which does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from .api import Report, run
+from .resolve import Gpu, Setup, Spec
+
+# Search bounds: beyond these the question is not one of a single GPU type.
+MAX_MICRO_BATCH = 4096
+MAX_SEQ = 1 << 20
+MAX_DP = 4096
+
+
+@dataclass(frozen=True)
+class Answer:
+    knob: str  # micro_batch | seq_len | dp
+    value: int | None  # largest (dp: smallest) that fits; None when none in the bounds does
+    device: int | None  # its device figure
+    next_value: int | None  # the neighbour that does not fit; None at the bound
+    next_device: int | None
+    evaluations: int
+
+
+@dataclass(frozen=True)
+class FitReport:
+    gpu: Gpu
+    margin: float
+    budget: int  # bytes a setup's device figure may reach
+    base: Report  # the setup as given
+    micro_batch: Answer
+    seq_len: Answer
+    dp: Answer | None  # only when ZeRO shards something
+
+
+class _Probe:
+    """device figure of the setup with one knob changed, memoised."""
+
+    def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int):
+        self.spec, self.change, self.budget = spec, change, budget
+        self.device: dict[int, int] = {}
+
+    def fits(self, x: int) -> bool:
+        if x not in self.device:
+            self.device[x] = run(self.spec, self.change(x), table=False).device
+        return self.device[x] <= self.budget
+
+    def answer(self, knob: str, value: int | None, next_value: int | None) -> Answer:
+        return Answer(knob, value, self.device.get(value), next_value, self.device.get(next_value), len(self.device))
+
+
+def _guess(good: int, d_good: int, bad: int, d_bad: int, budget: int) -> int:
+    """Where the line through (good, d_good) and (bad, d_bad) meets the budget, kept strictly
+    inside the bracket: peaks are close to linear in batch and sequence, so this lands next
+    to the answer in a step or two."""
+    if d_bad == d_good:
+        return (good + bad) // 2
+    x = good + (budget - d_good) * (bad - good) // (d_bad - d_good)
+    return min(max(x, min(good, bad) + 1), max(good, bad) - 1)
+
+
+def _narrow(probe: _Probe, good: int, bad: int) -> tuple[int, int]:
+    """Shrink a bracket (good fits, bad does not) to neighbours."""
+    bisect = False
+    while abs(bad - good) > 1:
+        if bisect:
+            x = (good + bad) // 2
+        else:
+            x = _guess(good, probe.device[good], bad, probe.device[bad], probe.budget)
+        if probe.fits(x):
+            far = abs(x - good) > abs(bad - x)
+            good = x
+        else:
+            far = abs(bad - x) > abs(x - good)
+            bad = x
+        # An interpolation that only nibbles at one end is followed by a bisection step.
+        bisect = not bisect and not far
+    return good, bad
+
+
+def largest_fitting(probe: _Probe, low: int, high: int) -> tuple[int | None, int | None]:
+    """(largest x in [low, high] that fits, x + 1 or None); fits must go True..True False..False."""
+    if not probe.fits(low):
+        return None, low
+    good, step = low, 1
+    while True:  # gallop, extrapolating along the line through the last two points
+        x = min(good + step, high)
+        if not probe.fits(x):
+            return _narrow(probe, good, x)
+        if x == high:
+            return x, None
+        d0, d1 = probe.device[good], probe.device[x]
+        reach = (probe.budget - d1) * (x - good) // (d1 - d0) if d1 > d0 else step
+        step = max(2 * (x - good), reach + 1)
+        good = x
+
+
+def smallest_fitting(probe: _Probe, high: int) -> tuple[int | None, int | None]:
+    """(smallest x in [1, high] that fits, x - 1 or None); fits must go False..False True..True."""
+    if probe.fits(1):
+        return 1, None
+    bad, x = 1, 2
+    while not probe.fits(x):  # gallop: 2, 4, 8, ...
+        bad = x
+        if x == high:
+            return None, high
+        x = min(2 * x, high)
+    return _narrow(probe, x, bad)
+
+
+def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
+    budget = int(gpu.memory * (1.0 - margin))
+    setup = replace(setup, gpu=gpu, target=gpu)
+    base = run(spec, setup)
+    probe_b = _Probe(spec, lambda b: replace(setup, micro_batch=b), budget)
+    probe_s = _Probe(spec, lambda s: replace(setup, seq_len=s), budget)
+    min_seq = max(spec.image_tokens * setup.images_per_sample + 1, 1)
+    micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH))
+    seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ))
+    dp = None
+    if setup.zero >= 1:
+        probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
+        dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
+    return FitReport(gpu, margin, budget, base, micro, seq, dp)

@@ -1,0 +1,68 @@
+"""`memspec fit` answers LLaVA-1.5-7B finetune on 8 x H100-80GB, and every answer is checked
+against the estimator: the chosen value fits, the next one does not."""
+
+from dataclasses import replace
+
+import pytest
+
+from compiler.api import load_inputs, run
+from compiler.fit import fit
+from compiler.resolve import gpu_catalog
+
+EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def answer(request):
+    gpu = gpu_catalog()[0]["h100-80gb"]
+    spec, setup = load_inputs(EXPERIMENT, {"dp": 8, "zero": request.param, "gpu": "h100-80gb"})
+    return spec, setup, fit(spec, setup, gpu, margin=0.05)
+
+
+def _device(spec, setup, **change):
+    return run(spec, replace(setup, **change)).device
+
+
+def test_budget_is_the_gpu_less_the_margin(answer):
+    _, _, f = answer
+    assert f.budget == int(81_559 * 2**20 * 0.95)
+
+
+@pytest.mark.parametrize("knob", ["micro_batch", "seq_len"])
+def test_largest_value_fits_and_the_next_does_not(answer, knob):
+    spec, setup, f = answer
+    a = getattr(f, knob)
+    assert a.value is not None and a.next_value == a.value + 1
+    assert _device(spec, setup, **{knob: a.value}) == a.device <= f.budget
+    assert _device(spec, setup, **{knob: a.next_value}) == a.next_device > f.budget
+
+
+def test_smallest_dp_fits_and_one_fewer_does_not(answer):
+    spec, setup, f = answer
+    a = f.dp
+    assert a.value is not None and a.value >= 1
+    assert _device(spec, setup, dp=a.value) <= f.budget
+    if a.value > 1:
+        assert a.next_value == a.value - 1 and _device(spec, setup, dp=a.next_value) > f.budget
+
+
+def test_zero3_fits_more_than_zero2():
+    gpu = gpu_catalog()[0]["h100-80gb"]
+    spec, s2 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 2})
+    _, s3 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 3})
+    assert fit(spec, s3, gpu, 0.05).micro_batch.value > fit(spec, s2, gpu, 0.05).micro_batch.value
+
+
+def test_cli_prints_the_answers(capsys):
+    from compiler.cli import main
+
+    assert main(["fit", EXPERIMENT, "--gpu", "h100-80gb", "--dp", "8", "--zero", "3", "--margin", "5%"]) == 0
+    out = capsys.readouterr().out
+    assert "largest micro-batch at seq 2048:" in out and "smallest dp" in out
+
+
+def test_fit_needs_a_gpu(capsys):
+    from compiler.cli import main
+
+    assert main(["fit", "specs/llava/llava-1.5-7b.yaml", "--micro-batch", "1", "--seq-len", "1024"]) == 2
+    assert "E201 --gpu: fit needs a GPU" in capsys.readouterr().err
