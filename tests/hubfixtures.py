@@ -27,24 +27,35 @@ DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8}
 
 # --------------------------------------------------------------------------- tensor lists
 
-def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False) -> list[tuple[str, str, list[int]]]:
+def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False,
+                  qkv_bias: bool = False, qk_norm: bool = False, fused: bool = False) -> list[tuple[str, str, list[int]]]:
+    """A Llama-style decoder's tensors; `qkv_bias` (Qwen2), `qk_norm` (Qwen3) and `fused`
+    (Phi-3: one qkv_proj and one gate_up_proj) are the variants' differences."""
     h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     nkv = c.get("num_key_value_heads") or nh
     hd = c.get("head_dim") or h // nh
     out = [(f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], h])]
     for i in range(c["num_hidden_layers"]):
         p = f"{prefix}layers.{i}."
+        out.append((p + "input_layernorm.weight", dtype, [h]))
+        if fused:
+            out.append((p + "self_attn.qkv_proj.weight", dtype, [(nh + 2 * nkv) * hd, h]))
+        else:
+            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+                out.append((p + f"self_attn.{proj}.weight", dtype, [rows, h]))
+                if qkv_bias:
+                    out.append((p + f"self_attn.{proj}.bias", dtype, [rows]))
+        if qk_norm:
+            out += [(p + "self_attn.q_norm.weight", dtype, [hd]), (p + "self_attn.k_norm.weight", dtype, [hd])]
         out += [
-            (p + "input_layernorm.weight", dtype, [h]),
-            (p + "self_attn.q_proj.weight", dtype, [nh * hd, h]),
-            (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
-            (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]),
             (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
             (p + "post_attention_layernorm.weight", dtype, [h]),
-            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
-            (p + "mlp.up_proj.weight", dtype, [inter, h]),
-            (p + "mlp.down_proj.weight", dtype, [h, inter]),
         ]
+        if fused:
+            out.append((p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]))
+        else:
+            out += [(p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h])]
+        out.append((p + "mlp.down_proj.weight", dtype, [h, inter]))
         if inv_freq:  # a buffer that checkpoints saved before transformers 4.31 made it non-persistent
             out.append((p + "self_attn.rotary_emb.inv_freq", "F32", [hd // 2]))
     out.append((f"{prefix}norm.weight", dtype, [h]))
@@ -234,6 +245,46 @@ TINY_LLAMA = {
     "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256,
     "tie_word_embeddings": False, "torch_dtype": "float16",
 }
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
+    "use_cache": True, "vocab_size": 32000,
+}
+QWEN2_5_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+    "use_mrope": False, "use_sliding_window": False, "vocab_size": 152064,
+}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+PHI_3_MINI_4K = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+    "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True,
+    "vocab_size": 32064,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -247,6 +298,11 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Llama-2-7b-hf", LLAMA_2_7B, llama_tensors(LLAMA_2_7B, inv_freq=True), shards=2)
     write_checkpoint(FIXTURES / "Meta-Llama-3-8B", LLAMA_3_8B, llama_tensors(LLAMA_3_8B, dtype="BF16"), shards=4)
     write_checkpoint(FIXTURES / "Llama-3.2-1B", LLAMA_3_2_1B, llama_tensors(LLAMA_3_2_1B, head=None, dtype="BF16"))
+    write_checkpoint(FIXTURES / "Mistral-7B-v0.1", MISTRAL_7B_V01, llama_tensors(MISTRAL_7B_V01, dtype="BF16"), shards=2)
+    write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
+    write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
+    write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)
+    write_checkpoint(FIXTURES / "Phi-3-mini-4k-instruct", PHI_3_MINI_4K, llama_tensors(PHI_3_MINI_4K, dtype="BF16", fused=True), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     for name, folder in (("Qwen2-VL-7B-Instruct", "qwen2-vl-7b-instruct"), ("Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b-instruct")):
         hf = ROOT / "specs" / "qwen2_vl" / "hf" / folder

@@ -62,6 +62,21 @@ def _error(fn, *args, **kwargs) -> str:
         ("Llama-3.2-1B", {"language": 1_235_814_400}),
         # 303_507_456 + 20_979_712 + 6_738_939_904 = 7_063_427_072
         ("llava-1.5-7b-hf", {"vision": 303_507_456, "projector": 20_979_712, "language": 6_738_939_904}),
+        # Mistral: 32 * 218_112_000 layers (GQA 32 / 8: q, o 4096^2, k, v 1024 x 4096; MLP
+        # 3 * 4096 * 14336; norms 2 * 4096) + 2 * 131_072_000 (vocab 32000) + norm 4096
+        ("Mistral-7B-v0.1", {"language": 7_241_732_096}),
+        # Qwen2.5-7B: 28 * 233_057_792 layers (q 3584^2 + 3584, k, v 512 x 3584 + 512 each, o 3584^2,
+        # MLP 3 * 3584 * 18944, norms 2 * 3584) + 2 * 544_997_376 (vocab 152064) + norm 3584
+        ("Qwen2.5-7B", {"language": 7_615_616_512}),
+        # Qwen2.5-0.5B: 24 * 14_912_384 layers (q 896^2 + 896, k, v 128 x 896 + 128 each, o 896^2,
+        # MLP 3 * 896 * 4864, norms 2 * 896) + one tied 136_134_656 table (vocab 151936) + norm 896
+        ("Qwen2.5-0.5B", {"language": 494_032_768}),
+        # Qwen3-8B: 36 * 192_946_432 layers (q, o 4096^2, k, v 1024 x 4096, q_norm and k_norm 128
+        # each, MLP 3 * 4096 * 12288, norms 2 * 4096) + 2 * 622_329_856 (vocab 151936) + norm 4096
+        ("Qwen3-8B", {"language": 8_190_735_360}),
+        # Phi-3-mini-4k: 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o 3072^2, gate_up_proj
+        # 16384 x 3072, down 3072 x 8192, norms 2 * 3072) + 2 * 98_500_608 (vocab 32064) + norm 3072
+        ("Phi-3-mini-4k-instruct", {"language": 3_821_079_552}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
@@ -253,10 +268,10 @@ def test_config_missing_a_required_key(tmp_path):
 
 
 def test_unknown_model_type(tmp_path):
-    folder = _folder(tmp_path, {**hf.TINY_LLAMA, "model_type": "lama"}, hf.llama_tensors(hf.TINY_LLAMA))
-    # Every model_type the family files list, as the message enumerates them.
     import yaml
 
+    folder = _folder(tmp_path, {**hf.TINY_LLAMA, "model_type": "lama"}, hf.llama_tensors(hf.TINY_LLAMA))
+    # every family file's model types, sorted: the list grows with each family added
     covered = sorted(t for f in (specs_dir() / "families").glob("*.yaml") for t in yaml.safe_load(f.read_text())["model_types"])
     assert _error(importer.import_spec, folder) == (
         f"E708 folder '{folder}': model_type 'lama' is not covered by any family (covered: {', '.join(covered)})\n"

@@ -98,8 +98,9 @@ def _run_single(args) -> int:
 
 def _cost(exp: dict) -> tuple:
     """Smaller first: tokens per step, then the language model's size, eager last."""
-    text = json.loads(Path(exp["config"]).read_text())["text_config"]
-    return (exp["micro_batch"] * exp["seq_len"], text["hidden_size"] * text["num_hidden_layers"],
+    config = json.loads(Path(exp["config"]).read_text())
+    text = config.get("text_config", config)  # a text-only model's sizes are at the top level
+    return (exp["micro_batch"] * exp["seq_len"], text.get("hidden_size", 0) * text.get("num_hidden_layers", 0),
             exp["attention"] == "eager")
 
 
