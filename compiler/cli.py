@@ -82,6 +82,10 @@ def _knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=int, metavar="N", help="data-parallel degree")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
     g.add_argument("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+    g.add_argument("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
+    g.add_argument("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
+    g.add_argument("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
+    g.add_argument("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,6 +97,12 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("micro_batch", "seq_len", "dp"):
         if key in out and out[key] < 1:
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
+    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"))}
+    if any(v is not None for v in lora.values()):
+        targets = lora["target_modules"]
+        if targets is not None and targets == ["all-linear"]:
+            lora["target_modules"] = "all-linear"
+        out["lora"] = {k: v for k, v in lora.items() if v is not None}
     if args.optimizer or args.optimizer_impl or args.momentum is not None:
         opt = {"type": args.optimizer or "adamw"}
         if args.optimizer_impl:

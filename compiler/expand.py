@@ -21,6 +21,7 @@ one name, and repeated instances never do unless the parent passes the same tens
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -203,6 +204,11 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
             continue
         c_reaches = reaches_loss and c_reaches
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
+        c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
+        # NB: the adapter's own linears (inside a lora_linear) are never adapted again
+        if setup.lora is not None and c_formula.layer_type == "linear" and formula.layer_type != "lora_linear" and lora_target(setup.lora, module, f"{path}.{child.name}"):
+            c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
+            c_requires = True  # the adapters train; lora_linear's base_layer is frozen
         out = previous
         for i in range(count):
             name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
@@ -219,7 +225,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
                 setup=setup,
                 batch=c_batch,
                 seq=c_seq,
-                trainable=requires_grad,
+                trainable=c_requires,
                 grad_in=c_grad_in if i == 0 else out,
                 reaches_loss=c_reaches,
                 checkpointing=checkpointing,
@@ -244,6 +250,39 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         children=tuple(children),
         flat_states=flat_states,
     )
+
+
+# peft's `all-linear` skips the model's output embedding (tuners_utils
+# `_maybe_include_all_linear_layers`: get_output_embeddings()); in memspec's specs it is the
+# language model's `lm_head` child.
+OUTPUT_EMBEDDING = "lm_head"
+
+
+def lora_target(lora, module: str, path: str) -> bool:
+    """Whether peft adapts the linear layer at `path` (memspec path, `layers[3]` indices).
+
+    peft matches a module whose name equals a target or ends with `.<target>`
+    (tuners_utils.check_target_module_exists); memspec restricts that to `lora.modules`.
+    """
+    if module not in lora.modules:
+        return False
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    if lora.target_modules == "all-linear":
+        return dotted.rsplit(".", 1)[-1] != OUTPUT_EMBEDDING
+    return any(dotted == t or dotted.endswith("." + t) for t in lora.target_modules)
+
+
+def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mapping[str, str]) -> tuple:
+    """A linear child as a `lora_linear`: its inputs plus the adapter's, and lora_A reading
+    x itself when there is no dropout (nn.Identity)."""
+    key = ("lora", id(given))
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _MEMO[key] = (given, {**given, "lora_r": lora.r, "lora_dropout": lora.dropout > 0})
+    out = dict(tensors)
+    if not lora.dropout > 0 and "input" in tensors:
+        out["lora_input"] = tensors["input"]
+    return library["lora_linear"], hit[1], out
 
 
 def _tensor_inputs(formula: Formula) -> set[str]:

@@ -238,6 +238,7 @@ class Child:
     reaches_loss: Expr | None
     checkpoint_unit: bool
     path: str
+    frozen: Expr | None = None  # true: its parameters never train, whatever its module does
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,7 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
         reaches_loss=expr("reaches_loss", entry["reaches_loss"]) if "reaches_loss" in entry else None,
         checkpoint_unit=bool(entry.get("checkpoint_unit", False)),
         path=path,
+        frozen=expr("frozen", entry["frozen"]) if "frozen" in entry else None,
     )
 
 

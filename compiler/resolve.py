@@ -124,6 +124,25 @@ class Optimizer:
     momentum: float  # sgd only
 
 
+# peft LoraConfig defaults (peft/tuners/lora/config.py) for what an experiment's `lora`
+# block leaves out; `modules` restricts the targets to memspec modules.
+LORA_DEFAULTS: Mapping[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
+                                    "modules": ["language"], "modules_to_save": [], "bias": "none"}
+
+
+@dataclass(frozen=True)
+class Lora:
+    """peft LoRA on the linear layers of `modules` that `target_modules` names."""
+
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: str | tuple[str, ...]  # "all-linear" or peft-style names
+    modules: frozenset[str]  # their base weights are frozen
+    modules_to_save: tuple[str, ...]
+    bias: str  # none | all | lora_only
+
+
 @dataclass(frozen=True)
 class Setup:
     """One training setup, every knob explicit."""
@@ -146,6 +165,7 @@ class Setup:
     bytes: Mapping[str, int]  # param, grad, optim, act + the fixed dtypes
     master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
     state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
+    lora: Lora | None = None
 
     @property
     def tokens(self) -> int:
@@ -218,6 +238,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     for key in ("dp", "zero"):
         if key in overrides:
             parallel[key] = overrides.pop(key)
+    if "lora" in overrides:
+        # NB: --lora-* flags change single keys of the experiment's lora block
+        overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
     data.update(overrides)
     data["parallel"] = parallel
     file = doc.file if doc is not None else spec.file
@@ -273,6 +296,12 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if problems:
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
+    lora = _lora(data.get("lora"))
+    for i, name in enumerate(sorted(lora.modules) if lora else ()):
+        if name not in module_names:
+            complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+    if problems:
+        raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     values, master, state = derive_bytes(data["precision"], optimizer)
     return Setup(
         experiment=data.get("experiment", spec.model),
@@ -281,7 +310,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
         image_size=image_size,
-        trainable=frozenset(data["trainable"]),
+        # NB: peft freezes every base weight of the modules it adapts
+        trainable=frozenset(data["trainable"]) - (lora.modules if lora else frozenset()),
         precision=data["precision"],
         optimizer=optimizer,
         gradient_checkpointing=frozenset(data["gradient_checkpointing"]),
@@ -293,7 +323,19 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         bytes=values,
         master_bytes=master,
         state_bytes=state,
+        lora=lora,
     )
+
+
+def _lora(block: Mapping[str, Any] | None) -> Lora | None:
+    """The experiment's `lora` block with peft's defaults filled (None: no LoRA)."""
+    if not block:
+        return None
+    b = {**LORA_DEFAULTS, **block}
+    targets = b["target_modules"]
+    targets = "all-linear" if targets == "all-linear" else tuple([targets] if isinstance(targets, str) else targets)
+    return Lora(int(b["r"]), b["alpha"], float(b["dropout"]), targets, frozenset(b["modules"]),
+                tuple(b["modules_to_save"]), b["bias"])
 
 
 def with_overrides(setup: Setup, **changes: Any) -> Setup:

@@ -38,7 +38,13 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size",)
+OPTIONAL_KEYS = ("image_size", "lora")
+# peft's LoraConfig defaults for what an experiment's `lora` block leaves out
+# (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
+# restricts the targets to memspec modules (LLaVA's recipes adapt the language model only).
+LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
+                                 "modules": ["language"], "modules_to_save": [], "bias": "none"}
+LORA_BIAS = ("none", "all", "lora_only")
 DESCRIPTIVE_KEYS = ("summary", "gpu", "notes")
 # Forward order of the modules; a module gets gradients flowing through it when it or
 # anything before it is trainable.
@@ -91,10 +97,38 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+    lora = exp.get("lora")
+    if lora is not None:
+        _check_lora(lora, fail)
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
         fail(f"image_size must be [height, width] in pixels, got {size!r}")
+
+
+def _check_lora(lora: dict, fail) -> None:
+    unknown = sorted(set(lora) - set(LORA_DEFAULTS))
+    if unknown:
+        fail(f"lora: unknown key(s) {unknown}; known: {list(LORA_DEFAULTS)}")
+    if not isinstance(lora["r"], int) or lora["r"] < 1:
+        fail(f"lora.r must be a positive integer, got {lora['r']!r}")
+    if not 0 <= lora["dropout"] < 1:
+        fail(f"lora.dropout must be in [0, 1), got {lora['dropout']!r}")
+    if lora["bias"] not in LORA_BIAS:
+        fail(f"lora.bias {lora['bias']!r} is not one of {list(LORA_BIAS)}")
+    unknown = sorted(set(lora["modules"]) - set(MODULES))
+    if unknown:
+        fail(f"lora.modules: unknown module(s) {unknown}; known: {list(MODULES)}")
+
+
+def normalise_lora(lora: dict | None) -> dict | None:
+    """The experiment's `lora` block with peft's defaults filled (None: no LoRA)."""
+    if lora is None:
+        return None
+    out = {**LORA_DEFAULTS, **lora}
+    if isinstance(out["target_modules"], str) and out["target_modules"] != "all-linear":
+        out["target_modules"] = [out["target_modules"]]
+    return out
 
 
 def check_measurable(exp: dict) -> None:
@@ -118,6 +152,7 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     exp["parallel"] = {**DEFAULTS["parallel"], **exp["parallel"]}
     exp["trainable"] = list(exp["trainable"])
     exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
+    exp["lora"] = normalise_lora(exp.get("lora"))
     spec_path = (base_dir / exp["model"]).resolve()
     exp["model"] = spec_path
     exp["config"] = model_config_path(spec_path)
@@ -185,7 +220,7 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
         axes.append([(key, label, value) for label, value in labelled])
     out = []
     for combo in itertools.product(*axes):
-        raw = {**base, **{key: value for key, _, value in combo}}
+        raw = _nested({**base}, [(key, value) for key, _, value in combo])
         labels = "_".join(name for _, name, _ in combo)
         raw["experiment"] = f"{matrix.get('matrix', path.stem)}_{labels}"
         raw["gradient_checkpointing"] = [m for m in raw.get("gradient_checkpointing", [])
@@ -193,6 +228,17 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
         exp = normalise(raw, path.parent, f"{path} entry {labels}")
         out.append((raw["experiment"], exp))
     return out
+
+
+def _nested(raw: dict, items: list[tuple[str, Any]]) -> dict:
+    """`raw` with each (key, value) set; a dotted key (`lora.r`) sets a key of a block."""
+    for key, value in items:
+        if "." in key:
+            block, sub = key.split(".", 1)
+            raw[block] = {**(raw.get(block) or {}), sub: value}
+        else:
+            raw[key] = value
+    return raw
 
 
 def label(key: str, value: Any) -> str:
@@ -203,4 +249,5 @@ def label(key: str, value: Any) -> str:
         return f"dp{value['dp']}-zero{value['zero']}"
     if key == "image_size":
         return f"{value[0]}x{value[1]}"
-    return {"micro_batch": f"b{value}", "seq_len": f"s{value}"}.get(key, str(value))
+    return {"micro_batch": f"b{value}", "seq_len": f"s{value}", "lora.r": f"r{value}",
+            "lora.dropout": f"drop{value}"}.get(key, str(value))

@@ -102,7 +102,70 @@ def build_model(config, exp: dict):
         module = pick(model, name) if pick else groups[name][0]
         enable = getattr(module, "activation_checkpointing_enable", None) or module.gradient_checkpointing_enable
         enable({"use_reentrant": False})
+    if exp.get("lora"):
+        model = apply_lora(model, exp, groups)
     return model
+
+
+def lora_targets(model, lora: dict, groups: dict) -> list[str]:
+    """Full names of the linear layers peft would adapt, within the experiment's LoRA modules.
+
+    peft matches a module whose name equals a target or ends with `.<target>`
+    (tuners_utils.check_target_module_exists); `all-linear` is every nn.Linear but the output
+    embedding (`_maybe_include_all_linear_layers`). NB: peft itself matches over the whole
+    model, so `q_proj` would also adapt CLIP's q_proj; LLaVA's recipes adapt the language
+    model only (train.py `find_all_linear_names` skips the vision tower and projector), so
+    the targets are restricted to `lora.modules` and passed to peft as full names.
+    """
+    inside = {id(m) for name in lora["modules"] for g in groups[name] for m in g.modules()}
+    output = model.get_output_embeddings()
+    names = []
+    for name, module in model.named_modules():
+        if id(module) not in inside or not isinstance(module, torch.nn.Linear):
+            continue
+        if lora["target_modules"] == "all-linear":
+            hit = module is not output
+        else:
+            hit = any(name == t or name.endswith("." + t) for t in lora["target_modules"])
+        if hit:
+            names.append(name)
+    return names
+
+
+def apply_lora(model, exp: dict, groups: dict):
+    """peft's `get_peft_model` with the experiment's LoraConfig; trainable modules train again.
+
+    NB: `autocast_adapter_dtype=False` keeps LoRA A/B in the base weight's dtype, as LLaVA's
+    train.py (`model.to(torch.bfloat16)` before get_peft_model) and DeepSpeed's bf16 engine
+    (the whole module cast to bf16) leave them; peft's default would upcast them to fp32.
+    With gradient checkpointing on, peft calls `enable_input_require_grads()`
+    (PeftModel._prepare_model_for_gradient_checkpointing).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    lora = exp["lora"]
+    config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                        target_modules=lora_targets(model, lora, groups), bias=lora["bias"],
+                        modules_to_save=lora["modules_to_save"] or None)
+    # NB: adapters are created in the base dtype (the default dtype while peft builds them)
+    # on the base device, which is where peft then moves them (`_replace_module`,
+    # `_move_adapter_to_device_of_base_layer`); `Module.to()` cannot swap a fake parameter
+    # ("Cannot swap t1 because it has weakref"), so those moves are made no-ops.
+    default, to = torch.get_default_dtype(), torch.nn.Module.to
+    torch.set_default_dtype(DTYPES[exp["precision"]])
+    torch.nn.Module.to = lambda self, *args, **kwargs: self
+    try:
+        peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
+    finally:
+        torch.set_default_dtype(default)
+        torch.nn.Module.to = to
+    # NB: peft freezes every non-adapter parameter; LLaVA builds its projector after
+    # get_peft_model, so a fully trained module keeps requires_grad.
+    for name in exp["trainable"]:
+        if name not in lora["modules"]:
+            for module in groups[name]:
+                module.requires_grad_(True)
+    return peft_model
 
 
 def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:

@@ -1,0 +1,89 @@
+"""LoRA (peft semantics), pinned on LLaVA-1.5-7B's layer table and estimate.
+
+Sizes: 7B, micro-batch 2, seq 1024 -> language tokens t = 2048, hidden h = 4096, MLP
+f = 11008; bf16 (2 bytes), rank r = 16.
+"""
+
+import pytest
+
+from compiler.api import estimate
+from compiler.expand import lora_target
+from compiler.resolve import Lora
+
+T, H, F, R = 2 * 1024, 4096, 11008, 16
+ATTN = "language.layers[0:32].self_attn"
+MLP = "language.layers[0:32].mlp"
+
+
+def rows(trainable=("projector",), dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"), checkpointing=()):
+    r = estimate(
+        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=list(trainable),
+        gradient_checkpointing=list(checkpointing), attention="sdpa",
+        lora={"r": R, "alpha": 32, "dropout": dropout, "target_modules": targets if targets == "all-linear" else list(targets)},
+    )
+    return {row.path: row for row in r.rows}
+
+
+@pytest.fixture(scope="module")
+def qkvo():
+    return rows()
+
+
+@pytest.fixture(scope="module")
+def dropped():
+    return rows(dropout=0.05)
+
+
+def test_frozen_base_saves_nothing_of_its_input(qkvo):
+    base = qkvo[f"{ATTN}.q_proj.base_layer"]
+    assert not base.trainable and base.grad_flows
+    assert base.gradients == 0 and base.optimizer_states == 0 and base.activations in (0, None)
+    assert base.parameters == H * H * 2
+
+
+def test_a_saves_its_input_b_saves_a_output(qkvo):
+    a, b = qkvo[f"{ATTN}.q_proj.lora_a"], qkvo[f"{ATTN}.q_proj.lora_b"]
+    assert a.trainable and b.trainable
+    assert a.parameters == b.parameters == R * H * 2 == a.gradients  # bf16, the base weight's dtype
+    assert a.optimizer_states == R * H * 12  # fp32 master + exp_avg + exp_avg_sq
+    # Without dropout A reads x, the normed input: charged by q's A, shared by k's and v's.
+    assert a.activations == T * H * 2
+    assert qkvo[f"{ATTN}.k_proj.lora_a"].activations is None
+    assert b.activations == T * R * 2  # lora_A's output, t x r
+
+
+def test_dropout_gives_each_adapter_its_own_dropped_input_and_mask(dropped):
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        assert dropped[f"{ATTN}.{proj}.lora_dropout[0]"].activations == T * H  # bool mask
+        assert dropped[f"{ATTN}.{proj}.lora_a"].activations == T * H * 2  # dropout(x), its own
+
+
+def test_frozen_layers_downstream_of_an_adapter_keep_what_their_input_gradient_needs(qkvo):
+    # The MLP is not adapted: frozen, but the adapters upstream make gradients flow through it.
+    gate, act = qkvo[f"{MLP}.gate_proj"], qkvo[f"{MLP}.act"]
+    assert gate.type == "linear" and not gate.trainable and gate.grad_flows and gate.activations in (0, None)
+    assert act.grad_flows and act.activations == T * F * 2  # silu's backward needs its input
+
+
+def test_lora_freezes_the_base_and_counts_adapters_once():
+    full = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["projector"], attention="sdpa",
+                    lora={"r": R, "target_modules": "all-linear"})
+    base = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["projector"], attention="sdpa")
+    per_layer = 4 * R * (H + H) + 3 * R * (H + F)  # q k v o, gate up down: r x (d_in + d_out) each
+    assert full.estimate.trainable_params - base.estimate.trainable_params == 32 * per_layer  # 39_976_960
+    assert not any(r.trainable for r in full.rows if r.path.startswith("language.") and r.path.endswith("base_layer"))
+    assert all(r.type == "linear" for r in full.rows if r.path == "language.lm_head")  # all-linear skips the output layer
+
+
+@pytest.mark.parametrize("path, targets, hit", [
+    ("language.layers[3].self_attn.q_proj", ("q_proj",), True),
+    ("language.layers[3].self_attn.q_proj", ("self_attn.q_proj",), True),
+    ("language.layers[3].self_attn.q_proj", ("layers.3.self_attn.q_proj",), True),
+    ("language.layers[3].self_attn.q_proj", ("proj",), False),  # a suffix after a dot, not any suffix
+    ("language.lm_head", "all-linear", False),
+    ("language.layers[3].mlp.down_proj", "all-linear", True),
+])
+def test_targets_match_as_peft_matches(path, targets, hit):
+    lora = Lora(8, 8, 0.0, targets, frozenset({"language"}), (), "none")
+    assert lora_target(lora, "language", path) is hit
+    assert lora_target(lora, "vision", path.replace("language", "vision")) is False  # only lora.modules
