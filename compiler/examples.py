@@ -31,7 +31,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         experiment="example", file="", micro_batch=1, seq_len=1, images_per_sample=context.get("images", 1),
         image_size=(context["image_h"], context["image_w"]) if context.get("image_h") else None,
         trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
-        gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, gpu=None,
+        gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, deepspeed=None, gpu=None,
         target=gpu_catalog()[1].default_gpu,
         bytes=values, master_bytes=master, state_bytes=state,
     )

@@ -180,6 +180,17 @@ def formula_counts(spec: Spec) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- the spec
 
+def trainer_hidden_size(config: Mapping[str, Any]) -> int | None:
+    """The hidden size HF Trainer fills DeepSpeed's "auto" bucket sizes from, found the way
+    transformers/integrations/deepspeed.py (trainer_config_finalize) looks for it."""
+    for c in (config, config.get("text_config") or {}):
+        if isinstance(c.get("hidden_size"), int):
+            return c["hidden_size"]
+        if c.get("hidden_sizes"):
+            return max(c["hidden_sizes"])
+    return None
+
+
 def _number_or_text(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
@@ -209,6 +220,7 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "model": name,
         "summary": " ".join(family.summary.render({**scope, "repo": ckpt.source}).split()),
         "source": source,
+        **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
         "notes": notes,
@@ -279,6 +291,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
     ]
     if "revision" in data["source"]:
         lines.append(f"  revision: {_scalar(data['source']['revision'])}")
+    if "hidden_size" in data:
+        lines.append(_commented(f"hidden_size: {data['hidden_size']}", "what HF Trainer's DeepSpeed \"auto\" bucket sizes use"))
     lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.fn else ""))
     lines.append("modules:")
     for m in family.modules:

@@ -109,12 +109,48 @@ class Spec:
     file: str
     source: Mapping[str, str]
     image_tokens: int
+    hidden_size: int | None  # the config's hidden_size as HF Trainer reads it (DeepSpeed "auto")
     modules: tuple[Module, ...]
     doc: Document = field(compare=False, repr=False)
     image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
 
     def module(self, name: str) -> Module | None:
         return next((m for m in self.modules if m.name == name), None)
+
+
+@dataclass(frozen=True)
+class DeepSpeed:
+    """The ZeRO buffers the engine allocates besides the sharded states (elements)."""
+
+    reduce_bucket: int  # zero_optimization.reduce_bucket_size
+    prefetch_bucket: int  # stage3_prefetch_bucket_size
+    overlap_comm: bool
+    contiguous_gradients: bool
+
+
+# deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig): reduce_bucket_size 5e8,
+# stage3_prefetch_bucket_size 5e7, contiguous_gradients True, overlap_comm False except for
+# stage 3 (its validator turns it on).
+DEEPSPEED_DEFAULT_REDUCE_BUCKET = 500_000_000
+DEEPSPEED_DEFAULT_PREFETCH_BUCKET = 50_000_000
+# transformers/integrations/deepspeed.py (trainer_config_finalize): "auto" bucket sizes from
+# the model's hidden size h: reduce_bucket_size h^2, stage3_prefetch_bucket_size 0.9 h^2.
+HF_AUTO_PREFETCH_FRACTION = 0.9
+
+
+def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, str | None]:
+    """The DeepSpeed buffer sizes of a `parallel` block, or a problem with "auto" sizing."""
+    if parallel["zero"] == 0:
+        return None, None
+    reduce = parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET)
+    prefetch = parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET)
+    if "auto" in (reduce, prefetch):
+        if hidden_size is None:
+            return None, "'auto' bucket sizes need the spec's hidden_size (HF Trainer fills them from it)"
+        reduce = hidden_size * hidden_size if reduce == "auto" else reduce
+        prefetch = int(HF_AUTO_PREFETCH_FRACTION * hidden_size * hidden_size) if prefetch == "auto" else prefetch
+    overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
+    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True))), None
 
 
 @dataclass(frozen=True)
@@ -160,6 +196,7 @@ class Setup:
     attention: str
     dp: int
     zero: int
+    deepspeed: DeepSpeed | None  # ZeRO's buffers when zero >= 1
     gpu: Gpu | None  # the GPU asked about (fits / headroom)
     target: Gpu  # the GPU whose architecture the estimate assumes: `gpu`, else the catalog's default
     bytes: Mapping[str, int]  # param, grad, optim, act + the fixed dtypes
@@ -216,6 +253,7 @@ def resolve_spec(doc: Document) -> Spec:
         file=doc.file,
         source=dict(data.get("source") or {}),
         image_tokens=data.get("image_tokens", 0),
+        hidden_size=data.get("hidden_size"),
         modules=tuple(modules),
         image_size=tuple(data["image_size"]) if data.get("image_size") else None,
         doc=doc,
@@ -293,6 +331,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         gpu = gpus.get(data["gpu"])
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
+    deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
+    if problem:
+        complain("parallel", "E505", problem, "write the bucket sizes as numbers, or add hidden_size to the model spec")
     if problems:
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
@@ -318,6 +359,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         attention=data["attention"],
         dp=parallel["dp"],
         zero=parallel["zero"],
+        deepspeed=deepspeed,
         gpu=gpu,
         target=gpu or consts.default_gpu,
         bytes=values,

@@ -32,6 +32,7 @@ from .resolve import Setup
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
 _ZERO = dict.fromkeys(CATEGORIES, 0)
+DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
 # c10/cuda/CUDACachingAllocator.cpp
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
@@ -72,6 +73,7 @@ class _State:
     live: dict = field(default_factory=dict)  # tensor -> (module, bytes)
     live_by_module: dict = field(default_factory=dict)
     kept: set = field(default_factory=set)  # names saved for backward (not only held)
+    buffers: dict = field(default_factory=dict)  # system buffers (DeepSpeed buckets) -> bytes
     resident_slack: int = 0
     best: Point | None = None
     best_slack: int = 0
@@ -92,6 +94,12 @@ class _State:
                 self.live[name] = (module, size)
                 self.live_by_module[module] = self.live_by_module.get(module, 0) + size
                 self.level += size
+
+    def add_buffer(self, name: str, size: int) -> None:
+        """A system buffer (not a module's) alive from now on, shown in its own breakdown row."""
+        if size:
+            self.buffers[name] = self.buffers.get(name, 0) + size
+            self.level += size
 
     def _drop(self, name: str) -> None:
         module, size = self.live.pop(name)
@@ -120,11 +128,12 @@ class _State:
         if phase != "optimizer" and (self.best_first is None or first > self.best_first[2]):
             # NB: a snapshot, made into a Point once at the end: this branch runs on most
             # forward events.
-            self.best_first = (phase, path, first, dict(self.grads), dict(self.live_by_module), transient)
+            self.best_first = (phase, path, first, dict(self.grads), dict(self.live_by_module), transient, dict(self.buffers))
 
     def first_point(self) -> Point:
-        phase, path, total, grads, live, transient = self.best_first
+        phase, path, total, grads, live, transient, buffers = self.best_first
         state = _State(self.modules, self.resident, self.owner, grads, {}, live)
+        state.buffers = buffers
         state.workspace = self.first_forward_workspace if phase == "forward" else self.workspace
         point = state._point(phase, path, total, transient)
         for cats in point.breakdown.values():
@@ -147,6 +156,8 @@ class _State:
                 "transient": transient.get(m, 0),
             }
         out[WORKSPACE] = {**_ZERO, "transient": self.workspace}
+        for name, size in self.buffers.items():
+            out[name] = {**_ZERO, "gradients": size}
         return out
 
 
@@ -233,9 +244,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if not n.children
     )
 
+    prefetch = _prefetch_bytes(setup) if p_div > 1 else 0
+
     def gather(node: Node) -> int:
-        # ZeRO-3 gathers a layer's full weights while it runs.
-        return node.cost.parameters - _div(node.cost.parameters, p_div) if p_div > 1 and not node.children else 0
+        # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
+        return node.cost.parameters - _div(node.cost.parameters, p_div) + prefetch if p_div > 1 and not node.children else 0
 
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
@@ -279,6 +292,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.release(held)
     end_of_forward = dict(state.live_by_module)
     if trainable:
+        # DeepSpeed allocates its gradient reduce buckets when backward starts (engine.backward
+        # -> optimizer.backward) and keeps them through the step.
+        state.add_buffer(DEEPSPEED, _bucket_bytes(setup))
         for root in reversed(nodes):
             backward(root, {})
     largest = _largest_trainable(nodes, setup)
@@ -368,12 +384,37 @@ def _step_transient(setup: Setup, tensors: list[int], largest: int, o_div: int, 
     return {modules[-1]: total} if total else {}
 
 
+def _bucket_bytes(setup: Setup) -> int:
+    """DeepSpeed's gradient reduce buffers, per GPU.
+
+    ZeRO-1/2 with contiguous_gradients: `reduce_bucket_size` elements in the gradient dtype,
+    two with overlap_comm (deepspeed/runtime/zero/stage_1_and_2.py, backward(): ipg_buffer
+    buf_0, and buf_1 "to avoid data access conflict when overlap_comm is enabled"). ZeRO-3:
+    one flat bucket of `reduce_bucket_size` elements (stage3.py, the ipg bucket buffer).
+    """
+    ds = setup.deepspeed
+    if ds is None:
+        return 0
+    one = round_up(ds.reduce_bucket * setup.bytes["grad"], ALLOCATOR_GRANULE)
+    if setup.zero == 3:
+        return one
+    if not ds.contiguous_gradients:
+        return 0
+    return (2 if ds.overlap_comm else 1) * one
+
+
+def _prefetch_bytes(setup: Setup) -> int:
+    """ZeRO-3 gathers up to stage3_prefetch_bucket_size parameters ahead of the running layer."""
+    ds = setup.deepspeed
+    return round_up(ds.prefetch_bucket * setup.bytes["param"], ALLOCATOR_GRANULE) if ds is not None and setup.zero == 3 else 0
+
+
 def _not_modelled(setup: Setup) -> tuple[str, ...]:
     out = []
     if setup.dp > 1 and setup.zero == 0:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
-    if setup.zero >= 2 and setup.dp > 1:
-        out.append("ZeRO-2 reduce buckets and contiguous-gradient buffers (reduce_bucket_size, doubled with overlap_comm)")
+    if setup.zero >= 1:
+        out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
     if setup.zero >= 3 and setup.dp > 1:
-        out.append("ZeRO-3 prefetch beyond the running layer (stage3_prefetch_bucket_size, max_live_parameters)")
+        out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
     return tuple(out)
