@@ -77,6 +77,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "image_h": setup.image_hw[0],
         "image_w": setup.image_hw[1],
         "checkpointing": checkpointing,
+        "input_grads": setup.input_require_grads,
     }
 
 
@@ -125,7 +126,9 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
                 batch=batch,
                 seq=seq,
                 trainable=m.name in setup.trainable,
-                grad_in=grad,
+                # NB: enable_input_require_grads() hooks every input embedding (a vision
+                # tower's patch embedding, the token embeddings): its output requires grad.
+                grad_in=grad or setup.input_require_grads,
                 reaches_loss=True,
                 checkpointing=m.name in setup.gradient_checkpointing,
                 checkpointed=False,

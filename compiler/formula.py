@@ -38,6 +38,7 @@ CONTEXT_NAMES = frozenset(
         "image_h",  # input image height in pixels (native-resolution towers; 0 when none applies)
         "image_w",  # input image width in pixels
         "checkpointing",  # the module's layers are gradient-checkpointing units
+        "input_grads",  # enable_input_require_grads(): input embeddings' outputs require grad
     }
 )
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the

@@ -203,6 +203,9 @@ class Setup:
     master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
     state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
     lora: Lora | None = None
+    # enable_input_require_grads(): the outputs of every input embedding (token embeddings,
+    # a vision tower's patch embedding) require grad, so frozen towers record autograd.
+    input_require_grads: bool = False
 
     @property
     def tokens(self) -> int:
@@ -366,6 +369,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         master_bytes=master,
         state_bytes=state,
         lora=lora,
+        # NB: peft's get_peft_model calls enable_input_require_grads() when the model has
+        # gradient checkpointing on (PeftModel._prepare_model_for_gradient_checkpointing).
+        input_require_grads=data.get("input_require_grads", bool(lora and data["gradient_checkpointing"])),
     )
 
 

@@ -87,3 +87,21 @@ def test_targets_match_as_peft_matches(path, targets, hit):
     lora = Lora(8, 8, 0.0, targets, frozenset({"language"}), (), "none")
     assert lora_target(lora, "language", path) is hit
     assert lora_target(lora, "vision", path.replace("language", "vision")) is False  # only lora.modules
+
+
+def test_input_require_grads_makes_the_frozen_tower_record_autograd():
+    """peft with checkpointing calls enable_input_require_grads(): the patch embedding's
+    output requires grad, so the frozen CLIP tower saves what its input gradient needs, and
+    that output (a hooked leaf) stays alive. LLaVA-1.5-7B, one 336 px image: 576 patches x
+    1024 x 2 B = 1_179_648 B for the leaf."""
+    from compiler.api import estimate
+
+    base = dict(micro_batch=1, seq_len=2048, trainable=["projector"], gradient_checkpointing=["language"])
+    on = estimate("specs/llava/llava-1.5-7b.yaml", **base, input_require_grads=True)
+    off = estimate("specs/llava/llava-1.5-7b.yaml", **base, input_require_grads=False)
+    rows_on = {r.path: r for r in on.rows}
+    assert rows_on["vision.patch_embedding"].activations == 576 * 1024 * 2
+    assert rows_on["vision.layers[0:23].mlp.act"].grad_flows
+    assert not {r.path: r for r in off.rows}["vision.layers[0:23].mlp.act"].grad_flows
+    assert on.estimate.activations_end_of_forward["vision"] > 0
+    assert off.estimate.activations_end_of_forward.get("vision", 0) == 0
