@@ -17,6 +17,7 @@ in `ImmutableSandboxedEnvironment` with `StrictUndefined` as a second line of de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -59,7 +60,11 @@ FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div
 
 @dataclass(frozen=True)
 class Expr:
-    """A compiled expression with the place it came from (for errors at evaluation)."""
+    """A checked expression with the place it came from (for errors at evaluation).
+
+    NB: checked at load (grammar, declared names), compiled by Jinja2 at its first
+    evaluation: most of the library's expressions are never evaluated for a given model, and
+    compiling them all would be most of the start-up time."""
 
     source: str
     file: str
@@ -67,14 +72,14 @@ class Expr:
     line: int
     col: int
     names: frozenset[str]
-    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    compiled: bool = False  # a Jinja2 expression (else `constant`)
     constant: Any = None
 
     def __call__(self, scope: Mapping[str, Any]) -> Any:
-        if self.fn is None:
+        if not self.compiled:
             return self.constant
         try:
-            return self.fn(**scope)
+            return _jinja(self.source)(**scope)
         except MemspecError:
             raise
         except Exception as exc:  # NB: arithmetic on user data: division by zero, type mix-ups
@@ -202,8 +207,13 @@ def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str],
         problems.append(
             doc.diag("E401", path, f"undeclared name '{name}' in '{source}'", hint or "declare it under inputs: or let:")
         )
-    fn = _env().compile_expression(source, undefined_to_none=False)
-    return Expr(source, doc.file, path, line, col, frozenset(names), fn=fn)
+    return Expr(source, doc.file, path, line, col, frozenset(names), compiled=True)
+
+
+@lru_cache(maxsize=None)
+def _jinja(source: str) -> Callable[..., Any]:
+    """The sandboxed compiled expression, once per distinct source text."""
+    return _env().compile_expression(source, undefined_to_none=False)
 
 
 # --------------------------------------------------------------------------- formulas

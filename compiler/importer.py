@@ -264,7 +264,7 @@ def _explain(expr, scope: Mapping[str, Any]) -> str:
 
 
 def _input_comment(expr, values: Values, scope: Mapping[str, Any]) -> str:
-    if expr.fn is None:
+    if not expr.compiled:
         return ""
     if expr.source in values.origin:
         origin = values.origin[expr.source]
@@ -293,7 +293,7 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         lines.append(f"  revision: {_scalar(data['source']['revision'])}")
     if "hidden_size" in data:
         lines.append(_commented(f"hidden_size: {data['hidden_size']}", "what HF Trainer's DeepSpeed \"auto\" bucket sizes use"))
-    lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.fn else ""))
+    lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.compiled else ""))
     lines.append("modules:")
     for m in family.modules:
         spec_m = data["modules"][m.name]
