@@ -163,7 +163,7 @@ def table_text(rows: tuple[Row, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _answer_line(label: str, a, unit: str, smaller_is_next: bool = False) -> str:
+def _answer_line(label: str, a) -> str:
     if a.value is None:
         return f"  {label}: none fits" + (f" ({a.knob} {a.next_value} needs {gib(a.next_device)} GiB)" if a.next_device else "")
     line = f"  {label}: {a.value:,}  (device {gib(a.device)} GiB)"
@@ -181,11 +181,11 @@ def fit_text(f) -> str:
         f"setup     {_setup_line(f.base)}",
         f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
         "",
-        _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch, ""),
-        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len, ""),
+        _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
+        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len),
     ]
     if f.dp is not None:
-        lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, ZeRO-{s.zero}", f.dp, ""))
+        lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, ZeRO-{s.zero}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
     lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.base.device <= f.budget else 'does not fit'})"]
     if f.base.estimate.not_modelled:
