@@ -19,10 +19,18 @@ ESTIMATE_EXAMPLES = """examples:
       --trainable projector,language --zero 2 --dp 8 --gpu h100-80gb
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
+  memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
+
+--from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
+script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
+config its --deepspeed names; unused flags and config keys are listed on stderr. memspec's
+own flags win over the script's.
 """
 TABLE_EXAMPLES = """examples:
   memspec table specs/experiments/llava-1.5-7b-pretrain.yaml --format tsv
   memspec table specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 1024
+  memspec table --from-command scripts/v1_5/pretrain.sh specs/llava/llava-1.5-7b.yaml --format tsv
 """
 IMPORT_EXAMPLES = """examples:
   memspec import llava-hf/llava-1.5-7b-hf -o specs/llava/llava-1.5-7b-hf.yaml
@@ -37,6 +45,7 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 3
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 2 --margin 5%
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
 """
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
@@ -86,6 +95,9 @@ def _knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
     g.add_argument("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
     g.add_argument("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
+    r = p.add_argument_group("read what you already have")
+    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it)")
+    r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,18 +176,73 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _report(args):
-    """An estimate of a spec or experiment file, or of a hub id / model folder imported in memory."""
+def _spec(args):
+    """The model spec of the file argument (for reading a launch command against it)."""
+    from . import api
+    from .importer import import_spec, is_source
+    from .load import load_yaml
+
+    if is_source(args.file):
+        return import_spec(args.file, getattr(args, "revision", None)).spec
+    doc = load_yaml(args.file)
+    if api.file_kind(doc) == "experiment" and isinstance(doc.data.get("model"), str):
+        spec_path = Path(doc.file).parent / doc.data["model"]
+        if spec_path.is_file():
+            return api.load_spec(spec_path)
+        return api.load_inputs(args.file)[0]  # NB: reports the missing spec as an estimate would
+    return api.load_spec(args.file)
+
+
+def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
+    """Overrides and notes from --from-command and --deepspeed; memspec's own flags win."""
+    from . import launch
+
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    ds_file = getattr(args, "deepspeed", None)
+    explicit: dict[str, Any] = {}
+    if getattr(args, "from_command", None):
+        command = launch.read_command(args.from_command)
+        spec = _spec(args)
+        reading = launch.command_overrides(command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model)
+        out.update(reading.overrides)
+        notes += [f"note: {command.file}:{command.line}: read the {command.launcher} command running {command.entry}", *reading.notes]
+        explicit = {k: out[k] for k in ("micro_batch", "precision") if k in out}
+        if "lora" not in out:
+            out["lora"] = None  # NB: the script is the whole training setup: no --lora_enable, no LoRA
+        ds_file = ds_file or launch.command_deepspeed(command)
+    if ds_file:
+        reading = launch.read_deepspeed(ds_file, explicit)
+        out.update(reading.overrides)
+        notes += [f"note: DeepSpeed config {ds_file}", *reading.notes]
+    out.update(overrides(args))
+    return out, notes
+
+
+def _inputs(args):
+    """(spec, setup) of the file argument with the launch files and flags applied."""
     from . import api
     from .importer import is_source
 
+    knobs, notes = _read_launch(args)
     if is_source(args.file):
         from .importer import source_inputs
 
-        return api.run(*source_inputs(args.file, overrides(args), args.revision))
-    if args.revision:
-        raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
-    return api.estimate(args.file, **overrides(args))
+        inputs = source_inputs(args.file, knobs, getattr(args, "revision", None))
+    else:
+        if getattr(args, "revision", None):
+            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
+        inputs = api.load_inputs(args.file, knobs)
+    for line in notes:
+        sys.stderr.write(line + "\n")
+    return inputs
+
+
+def _report(args):
+    """An estimate of a spec or experiment file, or of a hub id / model folder imported in memory."""
+    from . import api
+
+    return api.run(*_inputs(args))
 
 
 def _estimate(args) -> int:
@@ -224,7 +291,7 @@ def _fit(args) -> int:
     from . import api, render
     from .fit import fit
 
-    spec, setup = api.load_inputs(args.file, overrides(args))
+    spec, setup = _inputs(args)
     if setup.gpu is None:
         raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml), or gpu: in the experiment"))
     report = fit(spec, setup, setup.gpu, args.margin)

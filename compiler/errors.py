@@ -30,6 +30,11 @@ Codes (stable; never reuse a retired one):
     E705 config.json missing or not valid JSON               E712 output file exists (no --force)
     E706 config.json lacks a key a family needs (no default) E713 config value unusable / unsupported variant
     E707 safetensors header truncated, oversized, not JSON, inconsistent, or a shard missing
+
+    --deepspeed / --from-command (a DeepSpeed config, a launch script):
+    E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
+    E802 DeepSpeed feature not modelled yet (CPU/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)
+    E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits)
 """
 
 from __future__ import annotations

@@ -276,11 +276,15 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     overrides = dict(overrides or {})
     parallel = dict(DEFAULTS["parallel"])
     parallel.update(data.get("parallel") or {})
+    if "deepspeed" in overrides:
+        # NB: a DeepSpeed config replaces the experiment's DeepSpeed keys as a whole: what it
+        # leaves out takes DeepSpeed's defaults, not the experiment's values
+        parallel = {"dp": parallel["dp"], "zero": parallel["zero"], **overrides.pop("deepspeed")}
     for key in ("dp", "zero"):
         if key in overrides:
             parallel[key] = overrides.pop(key)
-    if "lora" in overrides:
-        # NB: --lora-* flags change single keys of the experiment's lora block
+    if overrides.get("lora") is not None:
+        # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
     data.update(overrides)
     data["parallel"] = parallel

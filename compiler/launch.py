@@ -1,0 +1,675 @@
+"""Reading what users already have: a DeepSpeed JSON config and a launch command line.
+
+Contract:
+- `read_deepspeed(path, explicit)` reads a DeepSpeed config (JSON, loaded with the
+  position-tracking YAML loader, so every error has its line:col) into experiment overrides.
+  `"auto"` is resolved as HF Trainer resolves it (transformers/integrations/deepspeed.py):
+  bf16/fp16 and the micro-batch follow the training arguments, so they are left to the
+  experiment here, and bucket sizes follow the spec's hidden_size in `resolve`.
+- `read_command(path)` finds the `deepspeed` / `torchrun` / `accelerate launch` / `python`
+  command in a shell script and parses its launcher options and HF `TrainingArguments` /
+  LLaVA flags into a `Command` (flag values with their positions).
+- `command_overrides(command, modules)` turns a `Command` into experiment overrides for a
+  model with those modules.
+
+Each returns a `Reading`: the overrides (experiment keys, as `resolve_setup` takes them) and
+the notes a user must see: flags and keys that are not used, assumptions, warnings. Nothing
+is dropped without a note. Problems are raised together as one `MemspecError`; nothing
+prints.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import Diagnostic, MemspecError
+from .load import Document, child_path, load_yaml
+
+
+@dataclass(frozen=True)
+class Reading:
+    overrides: Mapping[str, Any]
+    notes: tuple[str, ...] = ()  # "note: ..." / "warning: ..." lines, in order
+
+
+# --------------------------------------------------------------------------- DeepSpeed JSON
+
+# DeepSpeed's config keys (deepspeed/runtime/config.py, zero/config.py) that the estimate
+# does not read, by why. Anything else outside the keys read is reported as unknown.
+DS_NO_MEMORY_EFFECT = frozenset({
+    "train_batch_size", "gradient_accumulation_steps", "gradient_clipping", "steps_per_print",
+    "wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor", "scheduler",
+    "dump_state", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
+    "zero_allow_untested_optimizer", "fp16.loss_scale", "fp16.loss_scale_window",
+    "fp16.initial_scale_power", "fp16.hysteresis", "fp16.min_loss_scale",
+    "fp16.consecutive_hysteresis", "fp16.auto_cast",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+    "zero_optimization.gather_16bit_weights_on_model_save",
+    "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
+    "zero_optimization.round_robin_gradients", "zero_optimization.load_from_fp32_weights",
+})
+# Keys that change memory a little and are not modelled yet (a warning, not an error).
+DS_NOT_MODELLED = frozenset({
+    "optimizer", "activation_checkpointing", "zero_optimization.sub_group_size",
+    "zero_optimization.stage3_max_live_parameters", "zero_optimization.stage3_max_reuse_distance",
+    "zero_optimization.stage3_param_persistence_threshold", "zero_optimization.allgather_bucket_size",
+    "zero_optimization.elastic_checkpoint", "zero_optimization.zero_hpz_partition_size",
+    "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
+})
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# DeepSpeed accepts "bfloat16" as another name for the "bf16" section (runtime/config.py).
+BF16_SECTIONS = ("bf16", "bfloat16")
+BUCKET_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size"}
+
+
+def _flatten(data: Mapping[str, Any], path: str = "") -> dict[str, Any]:
+    """Dotted key -> leaf value; the sections DeepSpeed nests are walked, others kept whole."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else key
+        nested = dotted in ("zero_optimization", "fp16", *BF16_SECTIONS) and isinstance(value, dict)
+        out.update(_flatten(value, dotted) if nested else {dotted: value})
+    return out
+
+
+def _json_path(dotted: str) -> str:
+    path = "$"
+    for part in dotted.split("."):
+        path = child_path(path, part)
+    return path
+
+
+def _elements(value: Any) -> int | None:
+    """A bucket size as DeepSpeed's pydantic config takes it: an int, or a float with an
+    integral value (5e8); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    return None
+
+
+def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Reading:
+    """A DeepSpeed config as overrides. `explicit` holds the training arguments a launch
+    command gave (micro_batch, precision): a number in the config that disagrees with one is
+    an error, as HF Trainer refuses the mismatch."""
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise MemspecError(doc.diag("E801", "$", "a DeepSpeed config is a JSON object", "see https://www.deepspeed.ai/docs/config-json/"))
+    flat = _flatten(doc.data)
+    problems: list[Diagnostic] = []
+    ds: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+
+    def bad(key: str, message: str, help: str, code: str = "E801") -> None:
+        problems.append(doc.diag(code, _json_path(key), message, help))
+
+    used = set()
+    stage = flat.get("zero_optimization.stage", 0)
+    if "zero_optimization.stage" in flat:
+        used.add("zero_optimization.stage")
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            bad("zero_optimization.stage", f"expected a ZeRO stage 0, 1, 2 or 3, got {stage!r}", "write \"stage\": 2 (an integer, unquoted)")
+        else:
+            ds["zero"] = stage
+    for key in ("overlap_comm", "contiguous_gradients"):
+        dotted = "zero_optimization." + key
+        if dotted in flat:
+            used.add(dotted)
+            if isinstance(flat[dotted], bool):
+                ds[key] = flat[dotted]
+            else:
+                bad(dotted, f"expected true or false, got {flat[dotted]!r}", f"write \"{key}\": true (unquoted)")
+    for key, name in BUCKET_KEYS.items():
+        dotted = "zero_optimization." + key
+        if dotted in flat:
+            used.add(dotted)
+            value = flat[dotted]
+            n = _elements(value)
+            if value == "auto":
+                ds[name] = "auto"
+            elif n is None or n < 0:
+                bad(dotted, f"expected a number of elements or \"auto\", got {value!r}", f"write \"{key}\": 5e8 (or 500000000), or \"auto\" for HF Trainer's size from hidden_size")
+            else:
+                ds[name] = n
+    for key in ("offload_optimizer", "offload_param"):
+        dotted = "zero_optimization." + key
+        if dotted in flat:
+            used.add(dotted)
+            _offload(flat[dotted], dotted, bad)
+    precision, seen = _precision(flat, used, bad)
+    if precision:
+        out["precision"] = precision
+    if "train_micro_batch_size_per_gpu" in flat:
+        used.add("train_micro_batch_size_per_gpu")
+        mb = flat["train_micro_batch_size_per_gpu"]
+        if mb != "auto":
+            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+                bad("train_micro_batch_size_per_gpu", f"expected a positive integer or \"auto\", got {mb!r}", "write \"auto\" to follow --per_device_train_batch_size, or a number")
+            else:
+                out["micro_batch"] = mb
+    problems += _mismatches(doc, out, explicit or {})
+    if problems:
+        raise MemspecError(problems)
+    out["deepspeed"] = ds
+    return Reading(out, _ds_notes(path, flat, used | seen))
+
+
+def _offload(value: Any, dotted: str, bad) -> None:
+    device = value.get("device", "none") if isinstance(value, dict) else value
+    if device is None or device == "none":
+        return
+    if device not in OFFLOAD_DEVICES:
+        bad(dotted + ".device", f"expected one of {', '.join(OFFLOAD_DEVICES)}, got {device!r}", "write \"device\": \"cpu\", or \"none\"")
+        return
+    what = "optimizer states" if dotted.endswith("optimizer") else "parameters"
+    bad(dotted + ".device", f"offloading {what} to {device} is not modelled yet", f"remove {dotted.split('.')[-1]} (or set \"device\": \"none\") to estimate with everything on the GPU; the estimate would otherwise count {what} that leave the GPU", "E802")
+
+
+def _precision(flat: Mapping[str, Any], used: set, bad) -> tuple[str | None, set]:
+    """The precision the config sets: None for "auto" or unset (the training arguments')."""
+    seen, enabled = set(), {}
+    for section in ("fp16", *BF16_SECTIONS):
+        key = section + ".enabled"
+        if key not in flat:
+            continue
+        seen.add(key)
+        value = flat[key]
+        if value != "auto" and not isinstance(value, bool):
+            bad(key, f"expected true, false or \"auto\", got {value!r}", "write \"enabled\": \"auto\" to follow --bf16 / --fp16")
+            continue
+        enabled["fp16" if section == "fp16" else "bf16"] = value
+    if enabled.get("fp16") is True and enabled.get("bf16") is True:
+        bad("bf16.enabled" if "bf16.enabled" in flat else "bfloat16.enabled", "bf16 and fp16 are both enabled", "DeepSpeed refuses both: enable one")
+        return None, seen
+    if enabled.get("bf16") is True:
+        return "bf16-mixed", seen
+    if enabled.get("fp16") is True:
+        return "fp16-mixed", seen
+    if enabled.get("fp16") is False and enabled.get("bf16") is False:
+        return "fp32", seen
+    return None, seen
+
+
+def _mismatches(doc: Document, found: Mapping[str, Any], explicit: Mapping[str, Any]) -> list[Diagnostic]:
+    """A number in the config against the launch command's own (HF's fill_match refuses)."""
+    out = []
+    for key, json_key, flag in (("micro_batch", "train_micro_batch_size_per_gpu", "--per_device_train_batch_size"),
+                                ("precision", "bf16.enabled", "--bf16/--fp16")):
+        if key in found and key in explicit and found[key] != explicit[key]:
+            path = _json_path(json_key) if json_key in doc.data or key == "micro_batch" else "$"
+            out.append(doc.diag("E803", path, f"the config says {key.replace('_', '-')} {found[key]}, the command line {flag} says {explicit[key]}",
+                                "HF Trainer refuses the mismatch: write \"auto\" in the config, or make them agree"))
+    return out
+
+
+def _ds_notes(path: str, flat: Mapping[str, Any], used: set) -> tuple[str, ...]:
+    rest = [k for k in flat if k not in used]
+    top = lambda k: k.split(".")[0] if k.split(".")[0] in DS_NOT_MODELLED else k  # noqa: E731
+    not_modelled = [k for k in rest if top(k) in DS_NOT_MODELLED]
+    no_effect = [k for k in rest if k in DS_NO_MEMORY_EFFECT or k.split(".")[0] in DS_NO_MEMORY_EFFECT]
+    unknown = [k for k in rest if k not in not_modelled and k not in no_effect]
+    notes = []
+    if no_effect:
+        notes.append(f"note: {path}: not used (no effect on memory): {', '.join(no_effect)}")
+    if not_modelled:
+        notes.append(f"warning: {path}: not modelled (small effects assumed absent): {', '.join(not_modelled)}")
+    if unknown:
+        notes.append(f"warning: {path}: unknown keys, not used: {', '.join(unknown)}")
+    return tuple(notes)
+
+
+# --------------------------------------------------------------------------- launch command
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # without the leading dashes
+    value: str | None  # None for a bare flag (True for a boolean)
+    line: int
+    col: int
+
+
+@dataclass(frozen=True)
+class Command:
+    file: str
+    launcher: str  # deepspeed, torchrun, accelerate, python
+    entry: str  # the training script or module
+    gpus: int | None  # processes per node, when the command says
+    nodes: int
+    launcher_deepspeed: str | None  # accelerate's --deepspeed_config_file
+    flags: tuple[Flag, ...]
+    positionals: tuple[str, ...]
+    variables: Mapping[str, str]  # simple NAME=value assignments of the script
+    line: int
+
+
+# Launcher options that take a value (the rest are bare flags). deepspeed/launcher/runner.py,
+# torch/distributed/run.py, accelerate/commands/launch.py.
+LAUNCHER_VALUE_OPTIONS = {
+    "deepspeed": {"num_gpus", "num_nodes", "include", "exclude", "master_port", "master_addr", "hostfile",
+                  "launcher", "launcher_args", "node_rank", "ssh_port", "elastic_training", "min_elastic_nodes",
+                  "max_elastic_nodes", "bind_core_list", "comment", "venv_script"},
+    "torchrun": {"nproc_per_node", "nproc-per-node", "nnodes", "node_rank", "node-rank", "master_addr", "master-addr",
+                 "master_port", "master-port", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
+                 "rdzv_id", "rdzv-id", "rdzv_conf", "rdzv-conf", "max_restarts", "max-restarts", "monitor_interval",
+                 "monitor-interval", "start_method", "start-method", "role", "log_dir", "log-dir", "redirects",
+                 "tee", "local_addr", "local-addr", "logs_specs", "logs-specs"},
+    "accelerate": {"num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+                   "config_file", "mixed_precision", "gpu_ids", "dynamo_backend", "deepspeed_config_file",
+                   "zero_stage", "gradient_accumulation_steps", "num_cpu_threads_per_process", "rdzv_backend"},
+    "python": set(),
+}
+PYTHONS = ("python", "python3")
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[0-9])\}?$")
+TRUE_WORDS = ("yes", "true", "t", "y", "1")  # transformers.hf_argparser.string_to_bool
+FALSE_WORDS = ("no", "false", "f", "n", "0")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first physical line, text) per command line, backslash continuations joined."""
+    out, start, parts = [], 0, []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not parts:
+            start = i
+        if line.rstrip().endswith("\\"):
+            parts.append(line.rstrip()[:-1])
+            continue
+        parts.append(line)
+        out.append((start, " ".join(parts)))
+        parts = []
+    if parts:
+        out.append((start, " ".join(parts)))
+    return out
+
+
+def _tokens(line: str) -> list[str] | None:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return None
+
+
+def _launcher(tokens: list[str]) -> tuple[str, list[str]] | None:
+    """(launcher, its arguments) when `tokens` run a training launcher; None otherwise."""
+    while tokens and _ASSIGNMENT.match(tokens[0]):  # NB: env prefixes (CUDA_VISIBLE_DEVICES=0 deepspeed ...)
+        tokens = tokens[1:]
+    if not tokens:
+        return None
+    head, rest = Path(tokens[0]).name, tokens[1:]
+    if head == "deepspeed" or head == "torchrun":
+        return head, rest
+    if head == "accelerate" and rest[:1] == ["launch"]:
+        return "accelerate", rest[1:]
+    if head in PYTHONS:
+        rest = [t for t in rest if t not in ("-u", "-O", "-B")]
+        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in TORCHRUN_MODULES:
+            return "torchrun", rest[2:]
+        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] == "deepspeed.launcher.runner":
+            return "deepspeed", rest[2:]
+        if rest:
+            return "python", rest
+    return None
+
+
+def _split_options(args: list[str], value_options: set) -> tuple[dict[str, str | None], list[str]]:
+    """Launcher options up to the training script, and what follows it."""
+    opts: dict[str, str | None] = {}
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        name, eq, value = args[i].lstrip("-").partition("=")
+        if name == "m":  # python -m module / deepspeed --module
+            break
+        if not eq and name in value_options and i + 1 < len(args):
+            value, i = args[i + 1], i + 1
+        opts[name] = value if (eq or name in value_options) else None
+        i += 1
+    return opts, args[i:]
+
+
+def _script_flags(args: list[str], line_of) -> tuple[list[Flag], list[str]]:
+    flags, positionals, i = [], [], 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--"):
+            positionals.append(token)
+            i += 1
+            continue
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            value = None
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+        flags.append(Flag(name, value, *line_of("--" + name)))
+        i += 1
+    return flags, positionals
+
+
+def read_command(path: str) -> Command:
+    """The training command of a shell script (the first launcher line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MemspecError(Diagnostic("E101", path, 0, 0, "", "file not found", f"looked for {Path(path).resolve()}")) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MemspecError(Diagnostic("E101", path, 0, 0, "", f"cannot read file: {exc}")) from None
+    physical = text.splitlines()
+    variables: dict[str, str] = {}
+    for start, line in _logical_lines(text):
+        tokens = _tokens(line)
+        if tokens is None:
+            raise MemspecError(Diagnostic("E811", path, start, 1, "", "unbalanced quotes in this command", "close the quote; memspec splits the line as the shell does (shlex)"))
+        if len(tokens) == 1 and _ASSIGNMENT.match(tokens[0]):
+            name, value = _ASSIGNMENT.match(tokens[0]).groups()
+            variables[name] = value
+            continue
+        found = _launcher(tokens)
+        if found is None:
+            continue
+        launcher, args = found
+
+        def line_of(needle: str, start: int = start) -> tuple[int, int]:
+            for n in range(start, len(physical) + 1):
+                m = re.search(re.escape(needle) + r"(?=[\s=]|$)", physical[n - 1])
+                if m:
+                    return n, m.start() + 1
+            return start, 1
+
+        opts, rest = _split_options(args, LAUNCHER_VALUE_OPTIONS[launcher])
+        if rest[:1] == ["-m"]:
+            rest = rest[1:]
+        if not rest:
+            raise MemspecError(Diagnostic("E811", path, start, 1, "", f"the {launcher} command names no training script", "the command line is: launcher [options] train.py --flag value ..."))
+        entry, script_args = rest[0], rest[1:]
+        gpus, nodes = _processes(launcher, opts, path, line_of)
+        flags, positionals = _script_flags(script_args, line_of)
+        return Command(path, launcher, entry, gpus, nodes, opts.get("deepspeed_config_file"), tuple(flags), tuple(positionals), dict(variables), start)
+    raise MemspecError(Diagnostic("E811", path, 0, 0, "", "no training command found",
+                                  "memspec reads the first line running deepspeed, torchrun, python -m torch.distributed.run, accelerate launch or python"))
+
+
+def _processes(launcher: str, opts: Mapping[str, str | None], path: str, line_of) -> tuple[int | None, int]:
+    """(GPUs per node, nodes) from the launcher's options; GPUs None when it does not say."""
+    names = {"deepspeed": ("num_gpus", "num_nodes"), "torchrun": ("nproc_per_node", "nnodes"),
+             "accelerate": ("num_processes", "num_machines"), "python": ("", "")}[launcher]
+    gpus_key = next((k for k in (names[0], names[0].replace("_", "-")) if k and k in opts), None)
+    nodes_key = next((k for k in (names[1], names[1].replace("_", "-")) if k and k in opts), None)
+
+    def number(key: str) -> int:
+        value = opts[key]
+        if value is None or not value.isdigit() or int(value) < 1:
+            line, col = line_of("--" + key)
+            raise MemspecError(Diagnostic("E812", path, line, col, "--" + key, f"expected a positive number of processes, got {value!r}", "write the number, e.g. --" + key + " 8"))
+        return int(value)
+
+    gpus = number(gpus_key) if gpus_key else None
+    if gpus is None and launcher == "deepspeed" and opts.get("include"):
+        # --include localhost:0,1,2,3 (one host): the listed device ids
+        gpus = sum(len(part.split(":", 1)[1].split(",")) for part in opts["include"].split("@") if ":" in part) or None
+    if launcher == "python":
+        gpus = 1
+    accel_total = launcher == "accelerate" and gpus is not None  # NB: accelerate counts processes over all machines
+    nodes = number(nodes_key) if nodes_key else 1
+    if accel_total:
+        return gpus, 1
+    return gpus, nodes
+
+
+# --------------------------------------------------------------------------- flags -> overrides
+
+# HF TrainingArguments / LLaVA flags with no effect on the memory of a step.
+NO_MEMORY_EFFECT = frozenset({
+    "output_dir", "num_train_epochs", "max_steps", "per_device_eval_batch_size", "gradient_accumulation_steps",
+    "evaluation_strategy", "eval_strategy", "save_strategy", "save_steps", "save_total_limit", "learning_rate",
+    "weight_decay", "warmup_ratio", "warmup_steps", "lr_scheduler_type", "logging_steps", "tf32", "report_to",
+    "dataloader_num_workers", "lazy_preprocess", "data_path", "image_folder", "version", "seed", "run_name",
+    "group_by_modality_length", "mm_use_im_start_end", "mm_use_im_patch_token", "pretrain_mm_mlp_adapter",
+    "mm_projector_lr", "logging_dir", "overwrite_output_dir", "do_train", "remove_unused_columns", "max_grad_norm",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "save_only_model", "cache_dir", "local_rank", "mpt_attn_impl",
+    "freeze_backbone_bool", "ddp_find_unused_parameters", "dataloader_pin_memory", "push_to_hub",
+})
+# The training entry points whose attention implementation is fixed in code (LLaVA's
+# train_mem.py calls train(attn_implementation="flash_attention_2")).
+ENTRY_ATTENTION = {"train_mem.py": "flash_attention_2"}
+# HF --optim names -> memspec's optimizer (transformers/training_args.py OptimizerNames).
+OPTIM = {
+    "adamw_torch": {"type": "adamw", "impl": "foreach"},
+    "adamw_torch_fused": {"type": "adamw", "impl": "fused"},
+    "sgd": {"type": "sgd", "momentum": 0.0},
+}
+# LLaVA's TrainingArguments defaults (llava/train/train.py).
+LLAVA_LORA_DEFAULTS = {"r": 64, "alpha": 16, "dropout": 0.05, "bias": "none"}
+LLAVA_PROJECTORS = {"mlp2x_gelu": "mlp_projector"}
+LLAVA_ASPECT_RATIOS = ("pad", "square", "None")
+USED = frozenset({
+    "per_device_train_batch_size", "model_max_length", "max_seq_length", "gradient_checkpointing", "bf16", "fp16",
+    "optim", "deepspeed", "lora_enable", "lora_r", "lora_alpha", "lora_dropout", "lora_bias", "tune_mm_mlp_adapter",
+    "freeze_backbone", "freeze_mm_mlp_adapter", "unfreeze_mm_vision_tower", "vision_tower", "mm_projector_type",
+    "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "model_name_or_path",
+    "num_gpus", "nproc_per_node",
+})
+
+
+class _Reader:
+    """Typed access to a command's flags, collecting every problem."""
+
+    def __init__(self, command: Command):
+        self.c = command
+        self.flags = {f.name: f for f in command.flags}
+        self.problems: list[Diagnostic] = []
+
+    def bad(self, name: str, message: str, help: str, code: str = "E812") -> None:
+        f = self.flags[name]
+        self.problems.append(Diagnostic(code, self.c.file, f.line, f.col, "--" + name, message, help))
+
+    def raw(self, name: str) -> str | None:
+        """The flag's text with a script variable substituted; None when absent or unusable."""
+        value = self.flags[name].value
+        m = _VARIABLE.match(value or "")
+        if m:
+            resolved = self.c.variables.get(m.group(1))
+            if resolved is None or _VARIABLE.match(resolved) or resolved.startswith("$"):
+                self.bad(name, f"is the shell variable {value}, whose value the script does not set", "write the value in the script: memspec reads the script, it does not run it")
+                return None
+            return resolved
+        return value
+
+    def boolean(self, name: str) -> bool | None:
+        if name not in self.flags:
+            return None
+        if self.flags[name].value is None:
+            return True  # NB: HfArgumentParser reads a bare --flag as True
+        value = self.raw(name)
+        if value is None:
+            return None
+        if value.lower() in TRUE_WORDS:
+            return True
+        if value.lower() in FALSE_WORDS:
+            return False
+        self.bad(name, f"expected True or False, got {value!r}", "write True or False")
+        return None
+
+    def integer(self, name: str, minimum: int = 1) -> int | None:
+        if name not in self.flags:
+            return None
+        value = self.raw(name)
+        if value is None:
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < minimum:
+            self.bad(name, f"expected an integer >= {minimum}, got {value!r}", f"write a number, e.g. --{name} 16")
+            return None
+        return number
+
+    def number(self, name: str) -> float | None:
+        if name not in self.flags:
+            return None
+        value = self.raw(name)
+        try:
+            return float(value) if value is not None else None
+        except ValueError:
+            self.bad(name, f"expected a number, got {value!r}", f"write a number, e.g. --{name} 0.05")
+            return None
+
+    def text(self, name: str) -> str | None:
+        return self.raw(name) if name in self.flags else None
+
+
+def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]], model: str) -> Reading:
+    """Experiment overrides from a launch command, for a model whose modules (name -> type
+    and inputs) are given; `model` names the spec in notes."""
+    r = _Reader(command)
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    mb = r.integer("per_device_train_batch_size")
+    if mb is not None:
+        out["micro_batch"] = mb
+    for name in ("model_max_length", "max_seq_length"):
+        seq = r.integer(name)
+        if seq is not None:
+            out["seq_len"] = seq
+    gc = r.boolean("gradient_checkpointing")
+    if gc is not None:
+        # NB: gradient_checkpointing_enable() reaches the language model's layers; LLaVA's
+        # vision tower runs under no_grad, so it has nothing to recompute
+        out["gradient_checkpointing"] = ["language"] if gc and "language" in modules else []
+    out.update(_precision_flags(r))
+    out.update(_optimizer_flag(r, notes))
+    out.update(_trainable_flags(r, modules))
+    out.update(_llava_checks(r, modules))
+    attention = r.text("attn_implementation") or ENTRY_ATTENTION.get(Path(command.entry).name)
+    if attention:
+        out["attention"] = attention
+    bits = r.integer("bits")
+    if bits is not None and bits != 16:
+        r.bad("bits", f"{bits}-bit quantized training (QLoRA) is not modelled yet", "estimate with --bits 16 (the default)", "E813")
+    dp = command.gpus * command.nodes if command.gpus else None
+    for name in ("num_gpus", "nproc_per_node"):  # NB: some scripts pass these to the training script
+        n = r.integer(name)
+        if n is not None and dp is None:
+            dp = n
+    if dp is not None:
+        out["dp"] = dp
+    else:
+        notes.append(f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1")
+    if "model_name_or_path" in r.flags:
+        notes.append(f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read")
+    if r.problems:
+        raise MemspecError(r.problems)
+    ignored = [f"--{f.name}" for f in command.flags if f.name not in USED]
+    unknown = [n for n in ignored if n[2:] not in NO_MEMORY_EFFECT]
+    known = [n for n in ignored if n[2:] in NO_MEMORY_EFFECT]
+    if known:
+        notes.append(f"note: ignored flags (no effect on memory): {' '.join(known)}")
+    if unknown:
+        notes.append(f"warning: ignored flags (unknown to memspec, assumed without effect on memory): {' '.join(unknown)}")
+    if command.positionals:
+        notes.append(f"note: ignored arguments: {' '.join(command.positionals)}")
+    return Reading(out, tuple(notes))
+
+
+def _precision_flags(r: _Reader) -> dict[str, Any]:
+    """HF Trainer trains in fp32 unless --bf16 or --fp16 (mixed precision with fp32 master
+    weights under DeepSpeed; LLaVA loads the weights in that dtype)."""
+    bf16, fp16 = r.boolean("bf16"), r.boolean("fp16")
+    if bf16 and fp16:
+        r.bad("fp16", "--bf16 and --fp16 are both set", "TrainingArguments refuses both: keep one")
+        return {}
+    return {"precision": "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"}
+
+
+def _optimizer_flag(r: _Reader, notes: list[str]) -> dict[str, Any]:
+    name = r.text("optim")
+    if name is None:
+        if "optim" not in r.flags:
+            notes.append("note: no --optim: AdamW foreach (adamw_torch, transformers' default before torch 2.8; newer ones default to adamw_torch_fused: pass --optim to say)")
+        return {}
+    if name not in OPTIM:
+        r.bad("optim", f"optimizer {name!r} is not modelled yet", f"modelled: {', '.join(OPTIM)}", "E813")
+        return {}
+    return {"optimizer": dict(OPTIM[name])}
+
+
+def _trainable_flags(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:
+    """LLaVA's train.py: the vision tower is frozen; --tune_mm_mlp_adapter trains the
+    projector only; --freeze_backbone freezes the language model; LoRA adapts it."""
+    names = list(modules)
+    trainable = [m for m in names if not ("vision_tower" in r.flags and m == "vision")]
+    if r.boolean("unfreeze_mm_vision_tower"):
+        trainable = list(names)
+    if r.boolean("tune_mm_mlp_adapter"):
+        trainable = [m for m in names if m == "projector"]
+    if r.boolean("freeze_backbone"):
+        trainable = [m for m in trainable if m != "language"]
+    if r.boolean("freeze_mm_mlp_adapter"):
+        trainable = [m for m in trainable if m != "projector"]
+    out: dict[str, Any] = {"trainable": trainable}
+    if r.boolean("lora_enable"):
+        lora = dict(LLAVA_LORA_DEFAULTS)
+        for key, value in (("r", r.integer("lora_r")), ("alpha", r.number("lora_alpha")),
+                           ("dropout", r.number("lora_dropout")), ("bias", r.text("lora_bias"))):
+            if value is not None:
+                lora[key] = int(value) if key == "alpha" and float(value).is_integer() else value
+        # NB: LLaVA's find_all_linear_names: every linear outside the vision tower and projector
+        out["lora"] = {**lora, "target_modules": "all-linear", "modules": ["language"]}
+    return out
+
+
+def _llava_checks(r: _Reader, modules: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """LLaVA flags that must agree with the model spec (memspec models the spec's layers)."""
+    projector = r.text("mm_projector_type")
+    if projector is not None:
+        want = LLAVA_PROJECTORS.get(projector)
+        have = modules.get("projector", {}).get("type")
+        if want is None or have != want:
+            r.bad("mm_projector_type", f"projector {projector!r} is not the model spec's ({have or 'none'})",
+                  "modelled: mlp2x_gelu (mlp_projector); use a spec with this projector", "E813")
+    ratio = r.text("image_aspect_ratio")
+    if ratio is not None and ratio not in LLAVA_ASPECT_RATIOS:
+        r.bad("image_aspect_ratio", f"image_aspect_ratio {ratio!r} is not modelled yet (several crops per image)",
+              f"modelled: {', '.join(LLAVA_ASPECT_RATIOS)} (one image of the tower's size)", "E813")
+    layer = r.integer("mm_vision_select_layer", minimum=-(1 << 30))
+    have_layer = modules.get("vision", {}).get("inputs", {}).get("feature_layer")
+    if layer is not None and have_layer is not None and layer != have_layer:
+        r.bad("mm_vision_select_layer", f"selects layer {layer}, the model spec's vision tower feature_layer is {have_layer}",
+              "use a spec whose feature_layer matches, or change the flag", "E813")
+    return {}
+
+
+def deepspeed_path(reading_path: str, command: Command) -> str:
+    """Where a command's --deepspeed file is: as written from the working directory, else
+    from the nearest folder above the script that has it (scripts run from their repo root)."""
+    if Path(reading_path).is_file():
+        return reading_path
+    for folder in Path(command.file).resolve().parents:
+        candidate = folder / reading_path
+        if candidate.is_file():
+            try:
+                return str(candidate.relative_to(Path.cwd()))
+            except ValueError:
+                return str(candidate)
+    return reading_path
+
+
+def command_deepspeed(command: Command) -> str | None:
+    """The DeepSpeed config a command names (--deepspeed, or accelerate's config file)."""
+    flag = next((f for f in command.flags if f.name == "deepspeed"), None)
+    if flag is not None and flag.value and not _VARIABLE.match(flag.value):
+        return deepspeed_path(flag.value, command)
+    if command.launcher_deepspeed:
+        return deepspeed_path(command.launcher_deepspeed, command)
+    if flag is not None:
+        raise MemspecError(Diagnostic("E812", command.file, flag.line, flag.col, "--deepspeed", f"names no file memspec can read ({flag.value!r})", "write the config's path, or give memspec --deepspeed FILE"))
+    return None

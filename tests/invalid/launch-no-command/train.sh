@@ -1,0 +1,3 @@
+#!/bin/bash
+export WANDB_MODE=offline
+echo "training"
