@@ -417,4 +417,23 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
     if setup.zero >= 3 and setup.dp > 1:
         out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
+    return tuple(out) + _lora_not_modelled(setup.lora)
+
+
+def _lora_not_modelled(lora) -> tuple[str, ...]:
+    """peft options the experiment accepts but the layer table does not estimate."""
+    if lora is None:
+        return ()
+    out = []
+    if lora.modules_to_save:
+        # NB: peft's ModulesToSaveWrapper deep-copies each named module and trains the copy
+        # (peft/utils/other.py, ModulesToSaveWrapper.update); the original stays frozen.
+        out.append(f"peft modules_to_save ({', '.join(lora.modules_to_save)}): a trainable copy of each module beside its "
+                   "frozen original (the copy's weights, gradients, optimizer states and saved activations)")
+    if lora.bias == "all":
+        # NB: _mark_only_adapters_as_trainable turns on every parameter named `bias` in the
+        # whole model (frozen towers included), so gradients reach layers the table keeps frozen.
+        out.append("peft bias='all': every bias of the model trains (gradients, optimizer states, and gradient flow into otherwise frozen modules)")
+    elif lora.bias == "lora_only":
+        out.append("peft bias='lora_only': the biases of the adapted layers train (gradients and optimizer states)")
     return tuple(out)
