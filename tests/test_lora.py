@@ -120,3 +120,19 @@ def test_options_not_estimated_are_listed_as_not_modelled(extra, said):
     assert [x for x in with_extra.estimate.not_modelled if x.startswith("peft")][0].startswith(said)
     # NB: the figures do not move: the option is only reported
     assert with_extra.allocated == plain.allocated
+
+
+def test_the_adapter_sum_holds_three_outputs():
+    """peft's `result + lora_B(lora_A(x)) * scaling`: at the multiply, result, B's output and
+    its scaled copy are alive (at the add: result, the scaled copy and the sum), one output
+    more than while lora_B runs. Measured on LLaVA-1.5-7B (all-linear, r 8, micro-batch 1,
+    checkpointing on): up_proj's mul.Tensor is 45_056_000 B above lora_B's mm, i.e.
+    y = 2048 * 11008 * 2 = 45_088_768 less A's output 2048 * 8 * 2 = 32_768, which is not kept
+    inside a checkpointed layer's first forward and dies with lora_B's call."""
+    r = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=1, seq_len=2048, trainable=["projector"], attention="sdpa",
+                 gradient_checkpointing=["language"], lora={"r": 8, "alpha": 16, "target_modules": "all-linear"})
+    at = {path: alloc for phase, path, alloc in r.estimate.timeline if phase == "forward"}
+    up = "language.layers[31].mlp.up_proj"
+    assert at[f"{up}.scale_add"] - at[f"{up}.lora_b"] == 2048 * 11008 * 2 - 2048 * 8 * 2  # 45_056_000
+    row = {x.path: x for x in r.rows}[f"{MLP}.up_proj.scale_add"]
+    assert row.type == "scaled_add" and row.parameters == 0 and row.activations in (0, None)
