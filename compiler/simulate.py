@@ -254,8 +254,10 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
         inst = node.inst
         if inst.checkpointed and keep and phase == "forward":
-            forward(node, stack, keep=False)
+            # NB: the unit's inputs exist before it runs (the previous layer's output), so
+            # they count during its first forward, not from its end.
             state.charge(inst.module, node.cost.checkpoint, kept=True)
+            forward(node, stack, keep=False)
             return
         if keep:
             state.charge(inst.module, node.cost.saved, kept=True)
