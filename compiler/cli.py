@@ -288,7 +288,7 @@ def _import(args) -> int:
 
 
 def _fit(args) -> int:
-    from . import api, render
+    from . import render
     from .fit import fit
 
     spec, setup = _inputs(args)

@@ -181,10 +181,6 @@ def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], pr
     return hit
 
 
-def _freeze(mapping: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in mapping.items()))
-
-
 def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
               trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate) -> Instance:
     # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached

@@ -33,7 +33,7 @@ def load_config(config_path: Path):
 
 def model_class_for(model_type: str):
     """The …ForCausalLM class transformers registers for `model_type`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.for_model(model_type))]
