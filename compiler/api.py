@@ -19,7 +19,7 @@ from .evaluate import Node, Row, evaluate, layer_table
 from .expand import expand
 from .formula import Library, load_library
 from .load import Document, load_yaml
-from .paths import formulas_dir
+from .paths import display, formulas_dir
 from .resolve import DeviceConstants, Gpu, Setup, Spec, gpu_catalog, resolve_setup, resolve_spec
 from .simulate import Estimate, simulate
 
@@ -96,15 +96,9 @@ def experiment_inputs(doc: Document, base: Path, overrides: Mapping[str, Any] | 
             Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
                        f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
         )
-    spec = load_spec(_relative(spec_path))
+    spec = load_spec(display(spec_path))
     return spec, resolve_setup(doc, spec, overrides)
 
-
-def _relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import Diagnostic, MemspecError
 from .load import load_yaml
-from .paths import formulas_dir
+from .paths import display, formulas_dir
 
 
 def _yaml_files(paths: list[Path]) -> list[Path]:
@@ -24,12 +24,6 @@ def _yaml_files(paths: list[Path]) -> list[Path]:
             files.append(p)
     return files
 
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
@@ -46,7 +40,7 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
         problems.extend(exc.diagnostics)
     formula_root = formulas_dir().resolve()
     for path in _yaml_files(paths):
-        name = _display(path)
+        name = display(path)
         checked.append(name)
         if path.resolve().parent == formula_root:
             continue  # checked with the library above

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from .errors import Diagnostic, MemspecError, did_you_mean
 from .formula import Expr, _env, compile_expr
 from .load import Document, child_path, load_yaml
+from .paths import display
 
 _MISSING = object()  # a key absent from config.json (or null there)
 
@@ -241,7 +242,7 @@ def load_families(folder: str | Path) -> Families:
     by_type: dict[str, Family] = {}
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
-            family = load_family(_display(path))
+            family = load_family(display(path))
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -251,12 +252,6 @@ def load_families(folder: str | Path) -> Families:
             by_type[model_type] = family
     if problems:
         raise MemspecError(problems)
-    return Families(by_type, _display(Path(folder)))
+    return Families(by_type, display(Path(folder)))
 
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 

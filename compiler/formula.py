@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from .errors import Diagnostic, MemspecError, did_you_mean
 from .load import Document, child_path, load_yaml
+from .paths import display
 
 # Names every formula may use; `resolve` and `expand` provide their values per row.
 CONTEXT_NAMES = frozenset(
@@ -528,7 +529,7 @@ def load_library(folder: str | Path) -> Library:
     paths = sorted(Path(folder).glob("*.yaml"))
     for path in paths:
         try:
-            doc = load_yaml(_display(path))
+            doc = load_yaml(display(path))
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -542,13 +543,6 @@ def load_library(folder: str | Path) -> Library:
         raise MemspecError(problems)
     return Library(formulas, str(folder))
 
-
-def _display(path: Path) -> str:
-    """A path relative to the working directory when it is below it (errors read better)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 # --------------------------------------------------------------------------- binding

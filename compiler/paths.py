@@ -37,3 +37,12 @@ def specs_dir() -> Path:
 def families_dir() -> Path:
     """`specs/families/`: one Hugging Face family mapping per file, read by `memspec import`."""
     return specs_dir() / "families"
+
+
+def display(path: Path) -> str:
+    """A path as messages show it: relative to the working directory when below it, else as
+    given (errors and record names read better)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

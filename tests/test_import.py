@@ -20,14 +20,13 @@ import hubfixtures as hf
 from compiler import api, hub, importer
 from compiler.cli import main
 from compiler.errors import MemspecError
-from compiler.family import _display
-from compiler.paths import specs_dir
+from compiler.paths import display, specs_dir
 from compiler.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where the family files are, as messages show them: relative in a checkout, the installed
 # copy's path in a wheel install.
-FAMILIES = _display(specs_dir() / "families")
+FAMILIES = display(specs_dir() / "families")
 FIX = hf.FIXTURES
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
