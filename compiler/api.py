@@ -3,13 +3,15 @@
 Contract: `load_spec(path)` loads and validates a model spec; `load_inputs(path, overrides)`
 takes a model spec or an experiment file (the kind is read from its top-level keys) and
 returns the resolved `Spec` and `Setup`; `estimate(path, **overrides)` runs every stage and
-returns a `Report`. Every user error is raised as one `MemspecError` carrying all of its
-diagnostics. Nothing here prints.
+returns a `Report`. For the HTML report, `step_timeline(report)` splits the simulated step into
+its phases, `constants(report)` lists the named constants the estimate used and
+`layer_types(report)` the formulas with their assumptions. Every user error is raised as one
+`MemspecError` carrying all of its diagnostics. Nothing here prints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,8 +22,11 @@ from .expand import expand
 from .formula import Library, load_library
 from .load import Document, load_yaml
 from .paths import display, formulas_dir
-from .resolve import DeviceConstants, Gpu, Setup, Spec, gpu_catalog, resolve_setup, resolve_spec
-from .simulate import Estimate, simulate
+from .resolve import (
+    Constant, DeviceConstants, Gpu, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
+    resolve_spec,
+)
+from .simulate import ALLOCATOR_CONSTANTS, Estimate, simulate
 
 @dataclass(frozen=True)
 class Report:
@@ -38,6 +43,12 @@ class Report:
     device_constants: DeviceConstants
     gpu: Gpu | None
     parameters: Mapping[str, int]  # module -> parameter count (elements)
+    # How the inputs were read: "note: ..." / "warning: ..." lines of --from-command and
+    # --deepspeed, as the CLI prints them on stderr.
+    notes: tuple[str, ...] = ()
+
+    def with_notes(self, notes: tuple[str, ...]) -> "Report":
+        return replace(self, notes=tuple(notes))
 
 
 def _validated(path: str | Path, kind: str) -> Document:
@@ -142,3 +153,59 @@ def estimate(path: str | Path, **overrides: Any) -> Report:
     gradient_checkpointing, attention, dp, zero, gpu."""
     spec, setup = load_inputs(path, overrides)
     return run(spec, setup)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive timeline events in one phase of the step."""
+
+    phase: str  # forward | loss | backward | optimizer
+    first: int  # index of its first event
+    last: int  # index of its last event (inclusive)
+    high: int  # the most bytes allocated during it
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """The steady-state step's allocated-bytes timeline, split into its phases."""
+
+    events: tuple[tuple[str, str, int], ...]  # (simulator phase, layer, allocated), as `Estimate.timeline`
+    segments: tuple[Segment, ...]  # forward, loss, backward, optimizer, in step order
+    peak: int  # index of the event at the peak (the first at the maximum, as the simulator keeps it)
+    loss: str | None  # the loss layer's path
+
+
+def step_timeline(report: Report) -> StepTimeline:
+    """The timeline with the loss told apart: the loss is the last layer of the forward
+    (simulate.py, step 3), so its forward and backward events form the `loss` phase between
+    the forward and the backward."""
+    events = report.estimate.timeline
+    leaves = [n for n in report.nodes[-1].walk() if not n.children] if report.nodes else []
+    loss = leaves[-1].inst.path if leaves else None
+    segments: list[Segment] = []
+    for i, (phase, path, total) in enumerate(events):
+        label = "loss" if path == loss and phase in ("forward", "backward") else phase
+        if segments and segments[-1].phase == label:
+            segments[-1] = Segment(label, segments[-1].first, i, max(segments[-1].high, total))
+        else:
+            segments.append(Segment(label, i, i, total))
+    peak = next(i for i, e in enumerate(events) if e[2] == report.estimate.peak.total)
+    return StepTimeline(events, tuple(segments), peak, loss)
+
+
+def constants(report: Report) -> tuple[Constant, ...]:
+    """The named constants the estimate used: the GPU catalog's (cuBLAS workspaces of the
+    target architecture, CUDA context, NCCL when dp > 1), the caching allocator's, and the
+    DeepSpeed buffer sizes under ZeRO."""
+    s = report.setup
+    return catalog_constants(s.target, s.dp) + ALLOCATOR_CONSTANTS + deepspeed_constants(s.deepspeed, s.zero)
+
+
+def layer_types(report: Report) -> tuple:
+    """The formulas the estimate evaluated, in order of first use (their summaries,
+    assumptions and references are what the layer table assumes)."""
+    seen: dict[str, object] = {}
+    for root in report.nodes:
+        for n in root.walk():
+            seen.setdefault(n.inst.formula.layer_type, n.inst.formula)
+    return tuple(seen.values())

@@ -32,6 +32,19 @@ TABLE_EXAMPLES = """examples:
   memspec table specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 1024
   memspec table --from-command scripts/v1_5/pretrain.sh specs/llava/llava-1.5-7b.yaml --format tsv
 """
+REPORT_EXAMPLES = """examples:
+  memspec report specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb -o report.html
+  memspec report specs/llava/llava-1.5-13b.yaml --micro-batch 4 --seq-len 2048 --zero 2 --dp 8 -o 13b.html
+  memspec report Qwen/Qwen2.5-7B --micro-batch 4 --seq-len 4096 --gpu a100-80gb -o qwen.html --format json
+  memspec report --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 -o finetune.html
+
+The page holds the peak per GPU (allocated, reserved, device; first step and steady state;
+the phase and layer of the peak; with --gpu the capacity, fits or not, headroom), a stacked
+bar chart of module x factor, the step's memory timeline with the peak and the capacity
+marked, the layer table, and the assumptions (not modelled, notes, named constants, the seed
+paper's sum). One file: inline CSS and SVG, no script, nothing fetched. Its numbers are those
+of memspec estimate --format json.
+"""
 IMPORT_EXAMPLES = """examples:
   memspec import llava-hf/llava-1.5-7b-hf -o specs/llava/llava-1.5-7b-hf.yaml
   memspec import ./checkpoints/my-finetune/            # a local folder; prints the spec
@@ -141,6 +154,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     t.add_argument("--format", choices=["text", "tsv", "json"], default="text")
 
+    h = sub.add_parser("report", help="the estimate as one self-contained HTML page (charts, layer table, assumptions)", epilog=REPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    h.add_argument("file", help="an experiment, a model spec, or a hub id / model folder to import first")
+    _knobs(h)
+    h.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
+    h.add_argument("-o", "--output", required=True, metavar="FILE", help="write the page here ('-' for stdout); an existing file is replaced")
+    h.add_argument("--format", choices=["text", "json"], default="text", help="what to print once the page is written: a line, or the estimate as JSON (as memspec estimate --format json) with the page's path and size")
+
     i = sub.add_parser("import", help="write a model spec from a Hugging Face checkpoint (hub id or local folder)", epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("source", help="a hub repo id (owner/name) or a folder with config.json and *.safetensors")
     i.add_argument("-o", "--output", metavar="FILE", help="write the spec here (default: print it)")
@@ -221,6 +241,11 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
 
 def _inputs(args):
     """(spec, setup) of the file argument with the launch files and flags applied."""
+    return _inputs_and_notes(args)[0]
+
+
+def _inputs_and_notes(args):
+    """`_inputs`, and the notes on reading the launch files (also printed on stderr)."""
     from . import api
     from .importer import is_source
 
@@ -235,7 +260,7 @@ def _inputs(args):
         inputs = api.load_inputs(args.file, knobs)
     for line in notes:
         sys.stderr.write(line + "\n")
-    return inputs
+    return inputs, tuple(notes)
 
 
 def _report(args):
@@ -253,6 +278,54 @@ def _estimate(args) -> int:
     return 0
 
 
+def _html_report(args) -> int:
+    import json
+
+    from . import api, render
+    from .html_report import html
+
+    if args.output == "-" and args.format == "json":
+        raise UsageError(Diagnostic("E902", "", 0, 0, "-o", "'-o -' writes the page to stdout, where --format json would go too",
+                                    "write the page to a file (-o report.html), or leave out --format json"))
+    inputs, notes = _inputs_and_notes(args)
+    report = api.run(*inputs).with_notes(notes)
+    page = html(report)
+    if args.output == "-":
+        sys.stdout.write(page)
+        return 0
+    size = _write_page(args.output, page)
+    if args.format == "json":
+        data = {"schema": "memspec/report/v1", "output": args.output, "bytes": size, "estimate": render.as_data(report)}
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        verdict = ""
+        if report.gpu is not None:
+            verdict = f"; {'fits' if report.device <= report.gpu.memory else 'does NOT fit'} on {report.gpu.key}"
+        sys.stdout.write(f"wrote {args.output} ({size:,} bytes): allocated {render.gib(report.allocated)} GiB, "
+                         f"device {render.gib(report.device)} GiB per GPU{verdict}\n")
+    return 0
+
+
+def _write_page(output: str, page: str) -> int:
+    """Write the page; a path that cannot take it is the user's error (E901), not a bug."""
+    path = Path(output)
+    data = page.encode("utf-8")
+    problem = None
+    if path.is_dir():
+        problem = "is a folder"
+    elif not path.parent.is_dir():
+        problem = f"its folder '{path.parent}' does not exist"
+    else:
+        try:
+            path.write_bytes(data)
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+    if problem:
+        raise MemspecError(Diagnostic("E901", "", 0, 0, "-o", f"cannot write the report to '{output}': {problem}",
+                                      "give a file path in an existing folder, e.g. -o report.html"))
+    return len(data)
+
+
 def _table(args) -> int:
     from . import render
 
@@ -260,10 +333,9 @@ def _table(args) -> int:
     if args.format == "tsv":
         sys.stdout.write(render.table_tsv(report.rows))
     elif args.format == "json":
-        import dataclasses
         import json
 
-        sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in report.rows], indent=2) + "\n")
+        sys.stdout.write(json.dumps(render.table_data(report.rows), indent=2) + "\n")
     else:
         sys.stdout.write(render.table_text(report.rows))
     return 0
@@ -330,7 +402,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "table": _table, "fit": _fit, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,10 @@ Codes (stable; never reuse a retired one):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
     E802 DeepSpeed feature not modelled yet (CPU/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)
     E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits)
+
+    memspec report (the HTML page):
+    E901 the page cannot be written to -o (a folder, no such folder, not permitted)
+    E902 -o - with --format json (both would go to stdout)
 """
 
 from __future__ import annotations

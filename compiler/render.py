@@ -1,11 +1,13 @@
 """Stage 7, render: a `Report` as text for people, JSON for programs, TSV for diffs.
 
-Contract: pure functions from a report (or its rows) to a string. Bytes are printed exactly
+Contract: pure functions from a report (or its rows) to a string; the HTML report is
+`html_report.py`, from the same `as_data` numbers. Bytes are printed exactly
 in JSON and TSV; the text view prints GiB (2^30 bytes) with two decimals and says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -129,6 +131,11 @@ def as_data(r: Report) -> dict[str, Any]:
 
 def json_text(r: Report) -> str:
     return json.dumps(as_data(r), indent=2) + "\n"
+
+
+def table_data(rows: tuple[Row, ...]) -> list[dict[str, Any]]:
+    """The layer table as `memspec table --format json` prints it: one object per row."""
+    return [dataclasses.asdict(r) for r in rows]
 
 
 def _cell(row: Row, column: str) -> str:

@@ -63,9 +63,19 @@ class DeviceConstants:
     default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
 
 
+@dataclass(frozen=True)
+class Constant:
+    """A named constant an estimate used: where it is set, its value, and what pins it."""
+
+    name: str
+    value: int | str
+    unit: str
+    source: str
+
+
 @lru_cache(maxsize=1)
-def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
-    """specs/gpus.yaml: the GPU catalog and the device-side constants."""
+def _catalog() -> Document:
+    """specs/gpus.yaml, validated."""
     from .paths import specs_dir
     from .validate import load_schema, validate
 
@@ -73,11 +83,22 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     problems = validate(doc, load_schema("gpus"))
     if problems:
         raise MemspecError(problems)
+    return doc
+
+
+def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
+    values = entry["value"]
+    return values.get(arch, values["default"])
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
+    """specs/gpus.yaml: the GPU catalog and the device-side constants."""
+    doc = _catalog()
     alloc = doc.data["allocator"]
 
     def per_arch(key: str, arch: str) -> int:
-        values = alloc[key]["value"]
-        return values.get(arch, values["default"])
+        return _per_arch(alloc[key], arch)
 
     gpus = {
         k: Gpu(
@@ -90,6 +111,21 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     d = doc.data["device"]
     consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]])
     return gpus, consts
+
+
+def catalog_constants(target: Gpu, dp: int) -> tuple[Constant, ...]:
+    """The constants of specs/gpus.yaml an estimate on `target` at data-parallel degree `dp`
+    used, each with the catalog's `source` text."""
+    data = _catalog().data
+    out = []
+    for key, unit in (("cublas_workspace_kib", "KiB"), ("cublaslt_workspace_kib", "KiB"), ("gemm_threads", "threads")):
+        entry = data["allocator"][key]
+        arch = target.arch if target.arch in entry["value"] else f"default, for {target.arch}"
+        out.append(Constant(f"specs/gpus.yaml allocator.{key} ({arch})", _per_arch(entry, target.arch), unit, " ".join(entry["source"].split())))
+    for key in ("cuda_context_mib",) + (("nccl_per_communicator_mib",) if dp > 1 else ()):
+        entry = data["device"][key]
+        out.append(Constant(f"specs/gpus.yaml device.{key}", entry["value"], "MiB", " ".join(entry["source"].split())))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -151,6 +187,26 @@ def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> t
         prefetch = int(HF_AUTO_PREFETCH_FRACTION * hidden_size * hidden_size) if prefetch == "auto" else prefetch
     overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
     return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True))), None
+
+
+def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
+    """The DeepSpeed buffer sizes an estimate used (they size the buckets the simulator adds)."""
+    if ds is None:
+        return ()
+    given = "the experiment's or DeepSpeed config's value, else"
+    out = [
+        Constant("zero_optimization.reduce_bucket_size", ds.reduce_bucket, "elements",
+                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} (deepspeed/runtime/zero/config.py); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
+        Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "",
+                 f"{given} DeepSpeed's default: true for ZeRO-3, false below (deepspeed/runtime/zero/config.py)"),
+        Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "",
+                 f"{given} DeepSpeed's default true (deepspeed/runtime/zero/config.py)"),
+    ]
+    if zero == 3:
+        out.append(Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
+                            f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} (deepspeed/runtime/zero/config.py); "
+                            f"\"auto\": {HF_AUTO_PREFETCH_FRACTION} x hidden_size^2 (transformers/integrations/deepspeed.py)"))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

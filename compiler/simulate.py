@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .evaluate import Node, first_charges
-from .resolve import Setup
+from .resolve import Constant, Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
@@ -37,6 +37,12 @@ DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
 LARGE_SEGMENT_ROUND = 2 << 20  # kRoundLarge: ...rounded up to a multiple of 2 MiB
+_ALLOCATOR = "c10/cuda/CUDACachingAllocator.cpp"
+ALLOCATOR_CONSTANTS = (
+    Constant("kMinBlockSize", ALLOCATOR_GRANULE, "B", f"{_ALLOCATOR}: every request rounds up to it (allocated)"),
+    Constant("kMinLargeAlloc", LARGE_SEGMENT_FROM, "B", f"{_ALLOCATOR}: requests of this size and more get their own segment (reserved)"),
+    Constant("kRoundLarge", LARGE_SEGMENT_ROUND, "B", f"{_ALLOCATOR}: such a segment rounds up to a multiple of it (reserved)"),
+)
 
 
 def round_up(n: int, to: int) -> int:
