@@ -165,6 +165,21 @@ def _axis(high: int) -> tuple[int, list[int], str]:
     return top, list(range(0, top + 1, step)), name
 
 
+def _shares(counts: list[int]) -> list[float]:
+    """Each phase's share of the width: its share of the events, but at least MIN_PHASE_SHARE;
+    the phases above that split the rest in proportion to their events."""
+    small: set[int] = set()
+    while True:
+        rest = 1 - MIN_PHASE_SHARE * len(small)
+        big = sum(n for i, n in enumerate(counts) if i not in small)
+        if not big:  # NB: only with more than 1 / MIN_PHASE_SHARE phases, which a step has not
+            return [1 / len(counts)] * len(counts)
+        grown = {i for i, n in enumerate(counts) if i not in small and n / big * rest < MIN_PHASE_SHARE}
+        if not grown:
+            return [MIN_PHASE_SHARE if i in small else n / big * rest for i, n in enumerate(counts)]
+        small |= grown
+
+
 def timeline_chart(t: StepTimeline, peak: int, seed_sum: int, gpu: Mapping[str, Any] | None) -> dict[str, Any]:
     """The step's allocated bytes as a step curve, phases as bands, the peak marked, and
     horizontal lines at the seed paper's sum and at the GPU's capacity."""
@@ -179,8 +194,8 @@ def timeline_chart(t: StepTimeline, peak: int, seed_sum: int, gpu: Mapping[str, 
         return round(box["top"] + plot_h * (1 - n / top), 1)
 
     n_events = len(t.events)
-    shares = [max((s.last - s.first + 1) / n_events, MIN_PHASE_SHARE) for s in t.segments]
-    scale = plot_w / sum(shares)
+    shares = _shares([s.last - s.first + 1 for s in t.segments])
+    scale = plot_w
     bands, edges = [], []  # edges[i]: (x0, x1) of event i
     x = float(box["left"])
     for s, share in zip(t.segments, shares):
