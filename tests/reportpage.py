@@ -178,3 +178,64 @@ def typed_cell(text: str, like):
     if isinstance(like, int) and not isinstance(like, bool):
         return int(text.replace(",", ""))
     return text
+
+
+def png_rgb(path) -> "numpy.ndarray":
+    """The pixels of an 8-bit RGB or RGBA PNG (what Chromium's --screenshot writes) as a
+    (height, width, 3) uint8 array. No imaging library: the scanline filters of the PNG
+    specification (section 9) undone row by row."""
+    import struct
+    import zlib
+
+    import numpy as np
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, idat = 8, []
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and color in (2, 6) and interlace == 0, (depth, color, interlace)
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + n
+    bpp = 3 if color == 2 else 4
+    stride = width * bpp
+    raw = zlib.decompress(b"".join(idat))
+    out = np.empty((height, stride), dtype=np.uint8)
+    prev = np.zeros(stride, dtype=np.int64)
+    for r in range(height):
+        kind = raw[r * (stride + 1)]
+        line = np.frombuffer(raw, np.uint8, stride, r * (stride + 1) + 1).astype(np.int64)
+        if kind == 0:
+            cur = line
+        elif kind == 1:  # Sub: the byte bpp to the left
+            cur = np.cumsum(line.reshape(width, bpp), axis=0).reshape(-1) % 256
+        elif kind == 2:  # Up: the byte above
+            cur = (line + prev) % 256
+        else:  # Average (3) and Paeth (4) depend on the byte just reconstructed: one at a time
+            x, up, row = line.tolist(), prev.tolist(), [0] * stride
+            for i in range(stride):
+                a = row[i - bpp] if i >= bpp else 0
+                b = up[i]
+                if kind == 3:
+                    row[i] = (x[i] + (a + b) // 2) & 255
+                    continue
+                c = up[i - bpp] if i >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                row[i] = (x[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            cur = np.array(row, dtype=np.int64)
+        out[r] = cur
+        prev = cur
+    return out.reshape(height, width, bpp)[:, :, :3]
+
+
+def count_colour(pixels, hex_colour: str) -> int:
+    """How many pixels are exactly `#rrggbb`."""
+    import numpy as np
+
+    rgb = [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+    return int(np.all(pixels == np.array(rgb, dtype=np.uint8), axis=-1).sum())
