@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from . import api
 from .api import Report, StepTimeline
-from .render import GIB, TABLE_COLUMNS, as_data, gib, table_data
+from .render import GIB, TABLE_COLUMNS, as_data, gib, setup_line, table_data
 from .simulate import CATEGORIES
 
 MIB = 1 << 20
@@ -78,7 +78,7 @@ def page(report: Report) -> dict[str, Any]:
     return {
         "data": data,
         "version": _version(),
-        "setup_line": _setup_line(report),
+        "setup_line": setup_line(report),
         "headline": _headline(data),
         "categories": [(c, CATEGORY_NAMES[c]) for c in CATEGORIES],
         "breakdown": _breakdown(steady["breakdown"]),
@@ -96,6 +96,7 @@ def page(report: Report) -> dict[str, Any]:
                  "above": data["peak"]["allocated"] - data["seed_sum"]},
         "device_above_allocated": data["peak"]["device"] - data["peak"]["allocated"],
         "target": _target_note(data),
+        "checked": _checked_note(data),
         "notes": list(report.notes),
         "spec_notes": list(report.spec.doc.data.get("notes") or ()) if isinstance(report.spec.doc.data, dict) else [],
         "constants": api.constants(report),
@@ -110,12 +111,6 @@ def _version() -> str:
         return version("memspec")
     except PackageNotFoundError:
         return "(a checkout)"
-
-
-def _setup_line(report: Report) -> str:
-    from .render import _setup_line as line
-
-    return line(report)
 
 
 def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -149,6 +144,18 @@ def _target_note(data: Mapping[str, Any]) -> str:
         return (f"No --gpu: the cuBLAS/cuBLASLt workspaces are those of {t['key']} ({t['arch']}), the catalog's "
                 "default GPU, and no capacity is drawn; pass --gpu for yours.")
     return f"The cuBLAS/cuBLASLt workspaces are those of {t['key']} ({t['arch']}), the GPU given."
+
+
+def _checked_note(data: Mapping[str, Any]) -> str:
+    """What checks this estimate: the measured records are CPU traces under an emulation of
+    CUDA's allocation (docs/measuring.md), on one GPU without sharding."""
+    note = ("The formulas are checked against measured records: training steps traced on fake tensors on CPU with "
+            "CUDA's allocation behaviour emulated (docs/measuring.md; memspec validate tests/measured/).")
+    parallel = data["setup"]["parallel"]
+    if parallel["dp"] > 1 or parallel["zero"] > 0:
+        note += (f" Only one GPU without sharding is measured: the dp {parallel['dp']} ZeRO-{parallel['zero']} "
+                 "sharding and DeepSpeed's buffers here follow DeepSpeed's source, unmeasured.")
+    return note
 
 
 def _nice_step(top: float, ticks: int = 6) -> int:

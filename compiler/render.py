@@ -26,7 +26,7 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-def _setup_line(r: Report) -> str:
+def setup_line(r: Report) -> str:
     s = r.setup
     image_tokens = s.images_per_sample * r.spec.image_tokens
     seq = f"seq {s.seq_len}" + (f" ({image_tokens} image + {s.seq_len - image_tokens} text)" if image_tokens else "")
@@ -62,7 +62,7 @@ def text(r: Report) -> str:
     lines = [
         f"memspec estimate: {s.experiment}  ({s.file})",
         f"model     {r.spec.model}: {total_params:,} parameters, {trainable:,} trainable ({', '.join(sorted(s.trainable)) or 'none'})",
-        f"setup     {_setup_line(r)}",
+        f"setup     {setup_line(r)}",
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
         f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}",
@@ -185,7 +185,7 @@ def fit_text(f) -> str:
     s = f.base.setup
     lines = [
         f"memspec fit: {s.experiment} on {f.gpu.key} ({f.gpu.name}, {gib(f.gpu.memory)} GiB)",
-        f"setup     {_setup_line(f.base)}",
+        f"setup     {setup_line(f.base)}",
         f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
         "",
         _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),

@@ -11,6 +11,7 @@ from importlib import resources
 import pytest
 
 from compiler import api
+from compiler.cli import _inputs, parser
 from compiler.html_report import MIN_PHASE_SHARE, _axis, html, size
 from compiler.resolve import gpu_catalog
 from reportpage import Page, cli, estimate_json, exact_bytes, keyed_values, layer_rows, required_keys, table_json, typed_cell
@@ -19,6 +20,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
 LAUNCH = "tests/fixtures/launch/scripts"
+HUB = "tests/fixtures/hub"
 CASES = {
     # dp 8, ZeRO-3 (the recipe), fits an H100
     "finetune-h100": [FINETUNE, "--gpu", "h100-80gb"],
@@ -31,6 +33,8 @@ CASES = {
                    "--gradient-checkpointing", "language", "--gpu", "a100-40gb"],
     # the launch script's notes reach the page
     "from-command": ["--from-command", f"{LAUNCH}/v1_5/finetune.sh", "specs/llava/llava-1.5-7b.yaml", "--dp", "8"],
+    # a model folder imported in memory: the import's notes reach the page
+    "hub-folder": [f"{HUB}/Qwen2.5-0.5B", "--micro-batch", "2", "--seq-len", "1024", "--gpu", "l40s-48gb"],
 }
 
 
@@ -207,11 +211,18 @@ def test_not_modelled_and_notes(case):
         assert listed.text == "Nothing this setup uses is listed as not modelled."
     notes = [li.text for li in page.inside(page.one("ul", id="notes"), "li")]
     printed = [line for line in case["stderr"].splitlines() if line.startswith(("note: ", "warning: "))]
-    assert notes[1:1 + len(printed)] == printed  # after the line on the GPU the workspaces assume
+    assert notes[2:2 + len(printed)] == printed  # after the lines on the GPU assumed and on what checks the formulas
     if case["name"] == "from-command":
         assert printed and printed[0].startswith(f"note: {LAUNCH}/v1_5/finetune.sh:")
     target = data["target_gpu"]
     assert f"{target['key']} ({target['arch']})" in notes[0]
+    spec_notes = _inputs(parser().parse_args(["estimate", *case["args"]]))[0].doc.data.get("notes") or []
+    assert notes[2 + len(printed):] == [f"model spec: {n}" for n in spec_notes]
+    parallel = data["setup"]["parallel"]
+    assert ("Only one GPU without sharding is measured" in notes[1]) == (parallel["dp"] > 1 or parallel["zero"] > 0)
+    if case["name"] == "hub-folder":
+        code, out, _ = cli("import", case["args"][0], "--format", "json")
+        assert code == 0 and spec_notes == json.loads(out)["notes"] != []
 
 
 def test_constants_table(case):
