@@ -202,11 +202,10 @@ def timeline_chart(t: StepTimeline, peak: int, seed_sum: int, gpu: Mapping[str, 
 
     n_events = len(t.events)
     shares = _shares([s.last - s.first + 1 for s in t.segments])
-    scale = plot_w
     bands, edges = [], []  # edges[i]: (x0, x1) of event i
     x = float(box["left"])
     for s, share in zip(t.segments, shares):
-        w = share * scale
+        w = share * plot_w
         half = len(PHASE_NAMES[s.phase]) * LABEL_CHAR_WIDTH / 2
         mid = min(max(x + w / 2, box["left"] + half), box["left"] + plot_w - half)
         bands.append({"phase": s.phase, "name": PHASE_NAMES[s.phase], "x": round(x, 1), "w": round(w, 1), "mid": round(mid, 1)})
