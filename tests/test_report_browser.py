@@ -99,6 +99,8 @@ def test_screenshot_shows_the_charts(page, record_property):
     record_property("screenshot", str(kept))
     print(f"screenshot: {shot} (kept as {kept})")
 
+    # NB: numpy comes with the [measure] extra (transformers needs it), which the README's test command installs
+    pytest.importorskip("numpy", reason="reading the screenshot's pixels needs numpy (pip install '.[test,measure]')")
     pixels = png_rgb(shot)
     assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
     data = estimate_json(page["args"])
