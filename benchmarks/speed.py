@@ -2,7 +2,8 @@
 
 Prints: the cold CLI time of `memspec estimate` on a built-in experiment (median of 5 fresh
 processes), the import time of the estimating path, and in-process estimates per second
-with the formula library already loaded (the speed `fit` and sweeps see).
+with the formula library already loaded (the speed `fit` and `sweep` see), and a
+32-point sweep.
 
     python benchmarks/speed.py
 """
@@ -69,6 +70,19 @@ def fit_time() -> list[tuple[int, float, int]]:
     return out
 
 
+def sweep_time() -> tuple[int, float]:
+    """(points, seconds) of a sweep on LLaVA-1.5-7B finetune: micro-batch 1,2,4,8 x
+    seq 1024..8192 doubling x ZeRO 2,3 on 8 x H100-80GB, the spec and formulas loaded once."""
+    from compiler.api import library, load_sources
+    from compiler.sweep import sweep
+
+    library()
+    start = time.perf_counter()
+    spec, doc = load_sources(ROOT / EXPERIMENT)
+    s = sweep(spec, doc, {"dp": 8, "gpu": "h100-80gb"}, {"micro_batch": [1, 2, 4, 8], "seq_len": [1024, 2048, 4096, 8192], "zero": [2, 3]})
+    return len(s.rows), time.perf_counter() - start
+
+
 def main() -> None:
     print(f"cold CLI 'memspec estimate {EXPERIMENT}': {cold_cli() * 1000:.0f} ms (median of 5 processes)")
     print(f"import of the estimating path: {import_time() * 1000:.0f} ms (median of 5)")
@@ -77,6 +91,8 @@ def main() -> None:
     print(f"loading + validating the experiment and its spec: {load_ms:.1f} ms")
     for zero, seconds, n in fit_time():
         print(f"fit (micro-batch, sequence, dp) on 8 x h100-80gb, ZeRO-{zero}: {seconds * 1000:.0f} ms ({n} estimates)")
+    points, seconds = sweep_time()
+    print(f"sweep of {points} points (micro-batch x seq x ZeRO) on 8 x h100-80gb: {seconds * 1000:.0f} ms ({seconds * 1000 / points:.1f} ms a point)")
 
 
 if __name__ == "__main__":

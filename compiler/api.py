@@ -88,18 +88,31 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
+    spec, doc = load_sources(path)
+    return spec, resolve_setup(doc, spec, overrides)
+
+
+def load_sources(path: str | Path) -> tuple[Spec, Document | None]:
+    """The resolved model spec and the validated experiment document (None for a bare spec):
+    what `resolve_setup(doc, spec, overrides)` needs, loaded once for many setups (sweeps)."""
     doc = load_yaml(path)
     kind = file_kind(doc)
     if kind == "experiment":
-        return experiment_inputs(_validated(path, "experiment"), Path(doc.file).parent, overrides)
+        doc = _validated(path, "experiment")
+        return experiment_spec(doc, Path(doc.file).parent), doc
     if kind != "spec":
         raise MemspecError(doc.diag("E208", "$", f"this is a {kind} file, not a model spec or an experiment"))
-    spec = load_spec(path)
-    return spec, resolve_setup(None, spec, overrides)
+    return load_spec(path), None
 
 
 def experiment_inputs(doc: Document, base: Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
     """A validated experiment document whose `model:` is relative to `base`."""
+    spec = experiment_spec(doc, base)
+    return spec, resolve_setup(doc, spec, overrides)
+
+
+def experiment_spec(doc: Document, base: Path) -> Spec:
+    """The model spec a validated experiment document names, relative to `base`."""
     spec_path = base / doc.data["model"]
     if not spec_path.is_file():
         line, col = doc.where("$.model")
@@ -107,8 +120,7 @@ def experiment_inputs(doc: Document, base: Path, overrides: Mapping[str, Any] | 
             Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
                        f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
         )
-    spec = load_spec(display(spec_path))
-    return spec, resolve_setup(doc, spec, overrides)
+    return load_spec(display(spec_path))
 
 
 

@@ -60,6 +60,21 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
 """
+SWEEP_EXAMPLES = """examples:
+  memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
+  memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1:16:x2 --zero 2,3 --dp 8 \\
+      --gradient-checkpointing on,off --format csv -o sweep.csv --svg sweep.svg
+  memspec sweep specs/experiments/llava-1.5-7b-lora.yaml --lora-rank off,8,16,64 --format json
+  memspec sweep Qwen/Qwen2.5-7B --micro-batch 1,2,4 --seq-len 2048,4096 --gpu a100-80gb   # a hub id
+
+Value lists: 1,2,4 (values), 1024:8192:x2 (doubling, stop included), 1:16:+4 (steps of 4),
+on,off or language+vision (checkpointed modules; 'on' is the experiment's, else the language
+model), off,8,64 (LoRA ranks; off is no LoRA). Every point is what `memspec estimate` gives
+with the same flags. The chart plots the device figure (nvidia-smi) against the first knob
+with two or more values (--x to choose), one line per combination of the others, and the
+GPU's memory (--gpu, else the default GPU) as a dashed line. A progress bar goes to stderr
+when it is a terminal (--quiet turns it off).
+"""
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
   memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
@@ -88,29 +103,44 @@ def _image_size(text: str) -> list[int]:
     return [h, w]
 
 
-def _knobs(p: argparse.ArgumentParser) -> None:
+def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """The training-setup flags; `skip` leaves out those a verb takes differently (sweep)."""
     g = p.add_argument_group("training setup (override the experiment file)")
-    g.add_argument("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
-    g.add_argument("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
-    g.add_argument("--images-per-sample", type=int, metavar="N")
-    g.add_argument("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
-    g.add_argument("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
-    g.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
-    g.add_argument("--optimizer", choices=["adamw", "sgd"])
-    g.add_argument("--optimizer-impl", choices=["foreach", "fused", "forloop"])
-    g.add_argument("--momentum", type=float, metavar="X", help="SGD momentum (0 for none)")
-    g.add_argument("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
-    g.add_argument("--attention", choices=["flash_attention_2", "sdpa", "eager"])
-    g.add_argument("--dp", type=int, metavar="N", help="data-parallel degree")
-    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
-    g.add_argument("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
-    g.add_argument("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
-    g.add_argument("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
-    g.add_argument("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
-    g.add_argument("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
+
+    def add(name: str, **kw: Any) -> None:
+        if name not in skip:
+            g.add_argument(name, **kw)
+
+    add("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
+    add("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
+    add("--images-per-sample", type=int, metavar="N")
+    add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
+    add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
+    add("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
+    add("--optimizer", choices=["adamw", "sgd"])
+    add("--optimizer-impl", choices=["foreach", "fused", "forloop"])
+    add("--momentum", type=float, metavar="X", help="SGD momentum (0 for none)")
+    add("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
+    add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
+    add("--dp", type=int, metavar="N", help="data-parallel degree")
+    add("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+    add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
+    add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
+    add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
+    add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
     r = p.add_argument_group("read what you already have")
     r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it)")
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
+
+
+def _sweep_knobs(p: argparse.ArgumentParser) -> None:
+    from .sweep import KNOBS
+
+    g = p.add_argument_group("swept knobs (value lists; each overrides the experiment file)")
+    for k in KNOBS:
+        names = [k.flag, "--lora-r"] if k.name == "lora_rank" else [k.flag]
+        g.add_argument(*names, dest="sweep_" + k.name, metavar="LIST", help=f"e.g. {k.example}")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -136,6 +166,12 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             opt["momentum"] = args.momentum
         out["optimizer"] = opt
     return out
+
+
+def sweep_knobs():
+    from .sweep import KNOBS
+
+    return KNOBS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -174,6 +210,17 @@ def parser() -> argparse.ArgumentParser:
     _knobs(f)
     f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
     f.add_argument("--format", choices=["text", "json"], default="text")
+
+    w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
+    _sweep_knobs(w)
+    _knobs(w, skip=frozenset(k.flag for k in sweep_knobs()) | {"--lora-r"})
+    w.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
+    w.add_argument("--format", choices=["text", "csv", "json"], help="default: from the -o file's extension, else text")
+    w.add_argument("-o", "--output", metavar="FILE", help="write the rows here instead of stdout")
+    w.add_argument("--svg", metavar="FILE", help="also write a line chart of the device figure against a swept knob")
+    w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob with two or more values)")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
 
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
@@ -371,6 +418,39 @@ def _fit(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    from . import api, render
+    from .chart import sweep_svg, x_knob
+    from .importer import is_source
+    from .sweep import KNOBS, ProgressBar, parse_values, sweep
+
+    grid = {k.name: parse_values(k, getattr(args, "sweep_" + k.name)) for k in KNOBS if getattr(args, "sweep_" + k.name) is not None}
+    fmt = args.format or {".csv": "csv", ".json": "json"}.get(Path(args.output or "").suffix.lower(), "text")
+    base, notes = _read_launch(args)
+    if is_source(args.file):
+        from .importer import import_spec
+
+        spec, doc = import_spec(args.file, args.revision).spec, None
+    else:
+        if args.revision:
+            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
+        spec, doc = api.load_sources(args.file)
+    for line in notes:
+        sys.stderr.write(line + "\n")
+    progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
+    if args.svg or args.x:
+        x_knob(grid, args.x)  # NB: a chart that cannot be drawn is refused before the sweep runs
+    report = sweep(spec, doc, base, grid, progress)
+    text = {"csv": render.sweep_csv, "json": render.sweep_json, "text": render.sweep_text}[fmt](report)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    if args.svg:
+        Path(args.svg).write_text(sweep_svg(report, args.x))
+    return 0
+
+
 def _check(args) -> int:
     from .check import check_paths
 
@@ -402,7 +482,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,6 +39,12 @@ Codes (stable; never reuse a retired one):
     memspec report (the HTML page):
     E901 the page cannot be written to -o (a folder, no such folder, not permitted)
     E902 -o - with --format json (both would go to stdout)
+
+    memspec sweep (a value list on the command line) and memspec diff (a git revision):
+    E911 value list unreadable: not an integer, empty item   E916 not inside a git repository, or git not found
+    E912 range backwards, step < 1 or factor < 2, too many   E917 base revision unknown to git, or unreadable
+    E913 value outside the knob's range or choices           E918 the base revision's cases could not be evaluated
+    E914 chart: no knob with two values, or --x not swept
 """
 
 from __future__ import annotations

@@ -216,3 +216,77 @@ def fit_json(f) -> str:
         "dp": answer(f.dp),
     }
     return json.dumps(data, indent=2) + "\n"
+
+
+SWEEP_FIGURES = ("allocated", "reserved", "device", "first_step", "peak_phase", "peak_layer")
+
+
+def _sweep_values(row) -> dict[str, Any]:
+    r = row.report
+    out: dict[str, Any] = dict(row.point)
+    out.update(allocated=r.allocated, reserved=r.reserved, device=r.device, first_step=r.estimate.first_step.total,
+               peak_phase=r.estimate.peak.phase, peak_layer=r.estimate.peak.path)
+    if r.gpu is not None:
+        out.update(fits=row.fits, headroom=row.headroom)
+    return out
+
+
+def sweep_columns(s) -> list[str]:
+    return list(s.rows[0].point) + list(SWEEP_FIGURES) + (["fits", "headroom"] if s.gpu is not None else [])
+
+
+def sweep_csv(s) -> str:
+    """One row per point, bytes exact; `fits` is true/false."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    columns = sweep_columns(s)
+    w.writerow(columns)
+    for row in s.rows:
+        values = _sweep_values(row)
+        w.writerow(["true" if values[c] is True else "false" if values[c] is False else values[c] for c in columns])
+    return buf.getvalue()
+
+
+def sweep_json(s) -> str:
+    data = {
+        "schema": "memspec/sweep/v1",
+        "experiment": s.base.experiment,
+        "file": s.base.file,
+        "model": s.spec.model,
+        "knobs": {k: list(v) for k, v in s.grid.items()},
+        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory},
+        "rows": [_sweep_values(row) for row in s.rows],
+    }
+    return json.dumps(data, indent=2) + "\n"
+
+
+def sweep_text(s) -> str:
+    knobs = list(s.rows[0].point)
+    head = [k.replace("_", " ") for k in knobs] + ["allocated", "reserved", "device", "first step", "peak at"]
+    if s.gpu is not None:
+        head += ["fits", "headroom"]
+    body = []
+    for row in s.rows:
+        v = _sweep_values(row)
+        cells = [str(v[k]) for k in knobs] + [gib(v[k]) for k in ("allocated", "reserved", "device", "first_step")]
+        cells.append(f"{v['peak_phase']} at {v['peak_layer']}")
+        if s.gpu is not None:
+            cells += ["yes" if v["fits"] else "NO", gib(v["headroom"])]
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    left = {len(knobs) + 4}  # the peak location reads left-aligned
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
+    if s.gpu is not None:
+        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB)"
+    lines = [title, "", line(head), *(line(c) for c in body), "",
+             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"]
+    if s.rows[0].report.estimate.not_modelled:
+        lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]
+    return "\n".join(lines) + "\n"
