@@ -75,6 +75,18 @@ with two or more values (--x to choose), one line per combination of the others,
 GPU's memory (--gpu, else the default GPU) as a dashed line. A progress bar goes to stderr
 when it is a terminal (--quiet turns it off).
 """
+DIFF_EXAMPLES = """examples:
+  memspec diff                                   # against the merge-base with main
+  memspec diff --base HEAD                       # only the uncommitted edits
+  memspec diff --base origin/main --format markdown > memspec-diff.md   # for a pull request
+  memspec diff --base v0.3.0 --format json
+
+Cases: every experiment under specs/, every model spec under specs/ at micro-batch 1 and
+seq-len 2048 (everything trainable, bf16-mixed AdamW), and every golden case in tests/cases/.
+Each side is estimated by its own compiler, formulas and specs (the base unpacked with git
+archive into a temporary folder), so the diff is the whole effect of the change. Only the
+cases that moved are listed, largest change first; --format json lists every case.
+"""
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
   memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
@@ -221,6 +233,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--svg", metavar="FILE", help="also write a line chart of the device figure against a swept knob")
     w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob with two or more values)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    d = sub.add_parser("diff", help="what a change to formulas, specs or the compiler does to every checked-in case", epilog=DIFF_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("--base", metavar="REV", help="the revision to compare with (default: the merge-base of HEAD and main, else origin/main, else HEAD)")
+    d.add_argument("--format", choices=["text", "markdown", "json"], default="text")
 
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
@@ -451,6 +467,14 @@ def _sweep(args) -> int:
     return 0
 
 
+def _diff(args) -> int:
+    from . import diff
+
+    report = diff.diff(args.base)
+    sys.stdout.write({"text": diff.render_text, "markdown": diff.render_markdown, "json": diff.render_json}[args.format](report))
+    return 0
+
+
 def _check(args) -> int:
     from .check import check_paths
 
@@ -482,7 +506,7 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "diff": _diff, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
