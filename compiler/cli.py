@@ -13,6 +13,14 @@ from typing import Any, Sequence
 
 from .errors import Diagnostic, MemspecError, UsageError
 
+MAIN_EXAMPLES = """examples:
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb
+  memspec sweep meta-llama/Llama-2-7b-hf --micro-batch 1,2,4 --seq-len 2048,4096 --gpu h100-80gb
+  memspec diff --format markdown
+
+`memspec COMMAND --help` shows each command's flags and examples; every command that prints
+results takes --format json. Guides: docs/README.md.
+"""
 ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml
   memspec estimate specs/llava/llava-1.5-7b.yaml --micro-batch 8 --seq-len 2048 \\
@@ -87,9 +95,21 @@ Each side is estimated by its own compiler, formulas and specs (the base unpacke
 archive into a temporary folder), so the diff is the whole effect of the change. Only the
 cases that moved are listed, largest change first; --format json lists every case.
 """
+VALIDATE_EXAMPLES = """examples:
+  memspec validate tests/measured/                          # every record; the gate in tests/measured/thresholds.yaml
+  memspec validate tests/measured/cpu-trace/mistral_7b_b1_s1024_sdpa_gc-off.json --format json
+  memspec validate my-records/ --max-mape 0.5 --max-worst 2 --max-under 0   # exit 1 past a threshold
+
+A record is a memspec/measured/v1 JSON file (memspec measure writes them, docs/measuring.md
+describes the fields): its experiment is estimated and compared measure by measure.
+"""
 CHECK_EXAMPLES = """examples:
   memspec check specs/            # every spec and experiment below, and every formula
   memspec check formulas/linear.yaml specs/llava/llava-1.5-7b.yaml
+  memspec check specs/ formulas/ --format json    # {"checked": [...], "errors": [...]}
+
+Exit 1 with every problem listed (file:line:col, code, what would be right); the formula
+library and its worked examples are checked every time, since every spec depends on them.
 """
 
 
@@ -187,7 +207,8 @@ def sweep_knobs():
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.")
+    p = argparse.ArgumentParser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
+                                epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
     e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,15 +263,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="+", help="files or folders")
     c.add_argument("--format", choices=["text", "json"], default="text")
 
-    m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)")
     try:
         from .measure import cli as measure_cli
 
+        m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)", epilog=measure_cli.EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         measure_cli.add_arguments(m)
     except ImportError:  # NB: the measuring side is optional; its absence is reported at run time
+        m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)")
         m.add_argument("rest", nargs=argparse.REMAINDER)
 
-    v = sub.add_parser("validate", help="estimates against measured records")
+    v = sub.add_parser("validate", help="estimates against measured records", epilog=VALIDATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("paths", nargs="+", help="measured record files or folders (tests/measured/)")
     v.add_argument("--max-mape", type=float, metavar="PCT", help="exit 1 when the allocated MAPE exceeds PCT")
     v.add_argument("--max-worst", type=float, metavar="PCT", help="exit 1 when any record's |error| exceeds PCT")

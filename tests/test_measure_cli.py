@@ -54,3 +54,12 @@ def test_usage_errors():
 def test_a_sequence_shorter_than_the_image_tokens_is_refused(capsys):
     assert run([str(TINY / "tiny-pretrain.yaml"), "--seq-len", "8"]) == 1
     assert "shorter than the 16 image tokens" in capsys.readouterr().err
+
+
+def test_format_text_prints_the_summary_instead_of_the_record(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert run([str(TINY / "tiny-pretrain.yaml"), "--steps", "2", "--format", "text", "-o", str(out)]) == 0
+    measured = record.read_record(out)
+    line = capsys.readouterr().out.strip()
+    gib = 2**30
+    assert line.startswith(f"{measured['name']}: {measured['allocated'] / gib:8.2f} GiB steady") and "\n" not in line

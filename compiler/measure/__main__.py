@@ -7,7 +7,8 @@ from . import cli
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="memspec measure", description=cli.DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="memspec measure", description=cli.DESCRIPTION, epilog=cli.EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_arguments(parser)
     return cli.main(parser.parse_args(argv))
 

@@ -21,6 +21,17 @@ from .experiment import (
 
 DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors "
                "(needs torch and transformers).")
+EXAMPLES = """examples:
+  memspec measure tests/measured/tiny/tiny-finetune.yaml --steps 2                    # the record on stdout
+  memspec measure tests/measured/tiny/tiny-pretrain.yaml --micro-batch 1 --seq-len 32 --format text
+  memspec measure specs/experiments/llava-1.5-7b-finetune.yaml --no-parallel -o out.json --timeline out.jsonl
+  memspec measure --matrix specs/matrices/llava-1.5.yaml -o tests/measured/cpu-trace --only 7b_proj
+
+Traces the step on fake tensors (real sizes, no GPU, no weights) with CUDA's allocation
+behaviour emulated; `memspec validate` compares the records with the estimates. Needs the
+[measure] extra (torch, transformers, peft). --format text prints the one-line summary on
+stdout instead of the record (which still goes to -o when given).
+"""
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 GIB = 2 ** 30
 
@@ -49,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inventory", metavar="FILE",
                         help="write the live activations at the end of the last forward")
     parser.add_argument("--only", metavar="TEXT", help="with --matrix: entries whose name contains TEXT")
+    parser.add_argument("--format", choices=["json", "text"], default="json",
+                        help="json: the record (default); text: a one-line summary per record")
 
 
 OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "trainable", "gradient_checkpointing")
@@ -90,8 +103,10 @@ def _run_single(args) -> int:
     rec = _measure_one(name, exp, args)
     if args.output:
         record.write_record(rec, args.output)
-    else:
+    elif getattr(args, "format", "json") == "json":
         print(json.dumps(rec, indent=2))
+    if getattr(args, "format", "json") == "text":
+        print(f"{name}: {_summary(rec)}")
     _say(f"{name}: {_summary(rec)} [{time.perf_counter() - started:.1f} s]")
     return EXIT_OK
 
