@@ -166,13 +166,17 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 
 
-def _sweep_knobs(p: argparse.ArgumentParser) -> None:
+def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
+    """The swept knobs' flags, each taking a value list; returns the flags it added."""
     from .sweep import KNOBS
 
     g = p.add_argument_group("swept knobs (value lists; each overrides the experiment file)")
+    added: set[str] = set()
     for k in KNOBS:
         names = [k.flag, "--lora-r"] if k.name == "lora_rank" else [k.flag]
         g.add_argument(*names, dest="sweep_" + k.name, metavar="LIST", help=f"e.g. {k.example}")
+        added.update(names)
+    return frozenset(added)
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,12 +202,6 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             opt["momentum"] = args.momentum
         out["optimizer"] = opt
     return out
-
-
-def sweep_knobs():
-    from .sweep import KNOBS
-
-    return KNOBS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -246,8 +244,7 @@ def parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
-    _sweep_knobs(w)
-    _knobs(w, skip=frozenset(k.flag for k in sweep_knobs()) | {"--lora-r"})
+    _knobs(w, skip=_sweep_knobs(w))
     w.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     w.add_argument("--format", choices=["text", "csv", "json"], help="default: from the -o file's extension, else text")
     w.add_argument("-o", "--output", metavar="FILE", help="write the rows here instead of stdout")

@@ -191,3 +191,11 @@ def test_progress_bar():
 def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
     assert main(["sweep", SPEC, "--micro-batch", "1,2", "--seq-len", "512"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_choices_are_the_estimators():
+    from compiler.resolve import ATTENTION, PRECISIONS
+    from compiler.sweep import BY_NAME
+
+    assert BY_NAME["attention"].choices == tuple(ATTENTION)
+    assert sorted(BY_NAME["precision"].choices) == sorted(PRECISIONS)
