@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, MemspecError
+from .errors import Diagnostic, MemspecError, UsageError
 
 FIGURES = ("allocated", "reserved", "device", "first_step")
 REFERENCE_MICRO_BATCH = 1
@@ -154,7 +154,7 @@ def resolve_base(root: Path, base: str | None) -> tuple[str, str]:
     if base:
         got = _git(root, "rev-parse", "--verify", "--quiet", base + "^{commit}")
         if got.returncode != 0:
-            raise MemspecError(Diagnostic("E917", "", 0, 0, "--base", f"'{base}' is not a revision of {root}",
+            raise UsageError(Diagnostic("E917", "", 0, 0, "--base", f"'{base}' is not a revision of this repository",
                                           "name a branch, tag or commit (git log --oneline); in CI fetch the base first: git fetch origin main"))
         return base, got.stdout.strip()
     for candidate in ("main", "origin/main"):

@@ -214,7 +214,7 @@ def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], po
             setups.append(resolve_setup(doc, spec, point_overrides(point, base, on)))
         except MemspecError as exc:
             usage = usage and isinstance(exc, UsageError)
-            problems += [replace(d, message=f"{d.message} (at the sweep point {describe(point)})") for d in exc.diagnostics]
+            problems += [replace(d, message=f"{d.message}; sweep point {describe(point)}") for d in exc.diagnostics]
             if len(problems) >= 20:
                 break  # NB: one bad value usually spoils a whole slice of the grid; 20 say enough
     if problems:

@@ -142,9 +142,9 @@ def test_a_broken_formula_is_an_error_on_its_cases_not_a_crash(repo, capsys):
 
 
 def test_bad_base_and_no_repository(repo, capsys, tmp_path, monkeypatch):
-    assert main(["diff", "--base", "no-such-branch"]) == 1
+    assert main(["diff", "--base", "no-such-branch"]) == 2  # the command line is wrong
     err = capsys.readouterr().err
-    assert "E917 --base: 'no-such-branch' is not a revision" in err and "Traceback" not in err
+    assert "E917 --base: 'no-such-branch' is not a revision of this repository" in err and "Traceback" not in err
     outside = tmp_path / "plain"
     outside.mkdir()
     monkeypatch.chdir(outside)
