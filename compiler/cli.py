@@ -249,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--format", choices=["text", "csv", "json"], help="default: from the -o file's extension, else text")
     w.add_argument("-o", "--output", metavar="FILE", help="write the rows here instead of stdout")
     w.add_argument("--svg", metavar="FILE", help="also write a line chart of the device figure against a swept knob")
-    w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob with two or more values)")
+    w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob, in the order listed below, with two or more values)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
 
     d = sub.add_parser("diff", help="what a change to formulas, specs or the compiler does to every checked-in case", epilog=DIFF_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
