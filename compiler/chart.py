@@ -17,7 +17,8 @@ from .errors import Diagnostic, UsageError
 from .sweep import BY_NAME, SweepReport, describe
 
 GIB = 1 << 30
-WIDTH, HEIGHT = 860, 480
+WIDTH, HEIGHT = 860, 480  # the smallest page; taller when the legend needs it
+LEGEND_ROW = 18
 LEFT, RIGHT, TOP, BOTTOM = 72, 250, 48, 56
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 
@@ -63,7 +64,8 @@ def sweep_svg(report: SweepReport, wanted: str | None = None) -> str:
     fixed = describe({k: v[0] for k, v in report.grid.items() if len(v) == 1})
     top_bytes = max([gpu.memory] + [y for pts in lines.values() for _, y in pts]) * 1.08
     top = top_bytes / GIB
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    height = max(HEIGHT, TOP + 8 + LEGEND_ROW * len(lines) + BOTTOM)  # NB: the legend never runs off the page
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, height - TOP - BOTTOM
 
     def px(i: int) -> float:
         return LEFT + (plot_w * (i + 0.5) / len(xs))
@@ -73,9 +75,9 @@ def sweep_svg(report: SweepReport, wanted: str | None = None) -> str:
 
     title = f"{report.base.experiment}: device memory per GPU vs {BY_NAME[x].flag[2:]}"
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">',
         f"<title>{escape(title)}</title>",
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>',
         f'<text x="{LEFT}" y="24" font-size="15">{escape(title)}</text>',
     ]
     if fixed:
@@ -90,12 +92,12 @@ def sweep_svg(report: SweepReport, wanted: str | None = None) -> str:
     out.append(f'<text x="16" y="{TOP + plot_h / 2:.1f}" transform="rotate(-90 16 {TOP + plot_h / 2:.1f})" text-anchor="middle">device memory (GiB = 2^30 B, nvidia-smi)</text>')
     for i, v in enumerate(xs):
         out.append(f'<text x="{px(i):.1f}" y="{TOP + plot_h + 18}" text-anchor="middle">{escape(str(v))}</text>')
-    out.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 14}" text-anchor="middle">{escape(BY_NAME[x].flag[2:])}</text>')
+    out.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{height - 14}" text-anchor="middle">{escape(BY_NAME[x].flag[2:])}</text>')
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>')
     cap = py(gpu.memory)
     cap_label = f"{gpu.key}: {gpu.memory / GIB:.2f} GiB" + ("" if report.gpu is not None else " (default GPU)")
     out.append(f'<line class="capacity" x1="{LEFT}" y1="{cap:.1f}" x2="{LEFT + plot_w}" y2="{cap:.1f}" stroke="black" stroke-width="1.5" stroke-dasharray="6 4"><title>{escape(cap_label)}</title></line>')
-    out.append(f'<text x="{LEFT + plot_w - 4}" y="{cap - 5:.1f}" text-anchor="end">{escape(cap_label)}</text>')
+    out.append(f'<text x="{LEFT + 4}" y="{cap - 5:.1f}">{escape(cap_label)}</text>')  # NB: left, where the lines are lowest
     for n, (key, pts) in enumerate(lines.items()):
         color = PALETTE[n % len(PALETTE)]
         path = " ".join(f"{px(i):.1f},{py(b):.1f}" for i, b in pts)
@@ -105,7 +107,7 @@ def sweep_svg(report: SweepReport, wanted: str | None = None) -> str:
         for i, b in pts:
             out.append(f'<circle cx="{px(i):.1f}" cy="{py(b):.1f}" r="3.5"><title>{escape(f"{labels[key]}, {BY_NAME[x].flag[2:]} {xs[i]}: {b:,} B ({b / GIB:.2f} GiB)")}</title></circle>')
         out.append("</g>")
-        ly = TOP + 8 + 18 * n
+        ly = TOP + 8 + LEGEND_ROW * n
         out.append(f'<line x1="{WIDTH - RIGHT + 16}" y1="{ly}" x2="{WIDTH - RIGHT + 40}" y2="{ly}" stroke={quoteattr(color)} stroke-width="2"/>')
         out.append(f'<text class="legend" x="{WIDTH - RIGHT + 46}" y="{ly + 4}">{escape(labels[key])}</text>')
     out.append("</svg>")
