@@ -121,10 +121,12 @@ class Family:
                 continue
             if isinstance(found, float) and found.is_integer():
                 found = int(found)
-            if not isinstance(found, (int, bool, str)):
+            # NB: a float (InternVL's downsample_ratio 0.5) may be compared in `requires` and
+            # derivations; formula inputs take integers and booleans only, which resolve checks.
+            if not isinstance(found, (int, bool, str, float)):
                 problems.append(Diagnostic(
                     "E713", "", 0, 0, "",
-                    f"{where}: config value {origin[c.name]} = {found!r} is not an integer, boolean or string (the {self.name} family's '{c.name}')",
+                    f"{where}: config value {origin[c.name]} = {found!r} is not a number, boolean or string (the {self.name} family's '{c.name}')",
                     f"check config.json against {self.file}",
                 ))
                 continue
@@ -143,6 +145,9 @@ class Family:
 
 def _lookup(data: Any, parts: list[str]) -> Any:
     for part in parts:
+        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]  # a list item by index: vision_config.patch_size.0 of [14, 14]
+            continue
         if not isinstance(data, Mapping) or part not in data:
             return _MISSING
         data = data[part]

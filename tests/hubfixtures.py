@@ -136,6 +136,60 @@ def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return language + out
 
 
+def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """InternVL 2.5 / 3 with a Qwen2 language model, in either layout: the remote-code
+    checkpoints (model_type internvl_chat: vision_model.*, mlp1.*, language_model.model.*,
+    language_model.lm_head) or the transformers-native ones (model_type internvl:
+    model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*, lm_head)."""
+    native = c["model_type"] == "internvl"
+    v, t = c["vision_config"], c["text_config" if native else "llm_config"]
+    h, inter = v["hidden_size"], v["intermediate_size"]
+    patch = v["patch_size"][0] if native else v["patch_size"]
+    size = v["image_size"][0] if native else v["image_size"]
+    positions = (size // patch) ** 2 + 1
+    wide = h * 4  # pixel shuffle 0.5: 2 x 2 patches per token
+    out = []
+    if native:
+        e = "model.vision_tower.embeddings."
+        out += [(e + "cls_token", dtype, [1, 1, h]), (e + "position_embeddings", dtype, [1, positions, h]),
+                (e + "patch_embeddings.projection.weight", dtype, [h, v["num_channels"], patch, patch]),
+                (e + "patch_embeddings.projection.bias", dtype, [h])]
+        for i in range(v["num_hidden_layers"]):
+            q = f"model.vision_tower.encoder.layer.{i}."
+            for proj in ("q_proj", "k_proj", "v_proj", "projection_layer"):
+                out += [(q + f"attention.{proj}.weight", dtype, [h, h]), (q + f"attention.{proj}.bias", dtype, [h])]
+            out += [(q + "lambda_1", dtype, [h]), (q + "lambda_2", dtype, [h]),
+                    (q + "layernorm_before.weight", dtype, [h]), (q + "layernorm_before.bias", dtype, [h]),
+                    (q + "layernorm_after.weight", dtype, [h]), (q + "layernorm_after.bias", dtype, [h]),
+                    (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
+                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h])]
+        m = "model.multi_modal_projector."
+        projector = [(m + "layer_norm.weight", dtype, [wide]), (m + "layer_norm.bias", dtype, [wide]),
+                     (m + "linear_1.weight", dtype, [t["hidden_size"], wide]), (m + "linear_1.bias", dtype, [t["hidden_size"]]),
+                     (m + "linear_2.weight", dtype, [t["hidden_size"], t["hidden_size"]]), (m + "linear_2.bias", dtype, [t["hidden_size"]])]
+        language = llama_tensors(t, "model.language_model.", None if c.get("tie_word_embeddings", True) else "lm_head.weight", dtype, qkv_bias=True)
+    else:
+        e = "vision_model.embeddings."
+        out += [(e + "class_embedding", dtype, [1, 1, h]), (e + "position_embedding", dtype, [1, positions, h]),
+                (e + "patch_embedding.weight", dtype, [h, v["num_channels"], patch, patch]),
+                (e + "patch_embedding.bias", dtype, [h])]
+        for i in range(v["num_hidden_layers"]):
+            q = f"vision_model.encoder.layers.{i}."
+            out += [(q + "attn.qkv.weight", dtype, [3 * h, h]), (q + "attn.qkv.bias", dtype, [3 * h]),
+                    (q + "attn.proj.weight", dtype, [h, h]), (q + "attn.proj.bias", dtype, [h]),
+                    (q + "ls1", dtype, [h]), (q + "ls2", dtype, [h]),
+                    (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
+                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
+                    (q + "norm1.weight", dtype, [h]), (q + "norm1.bias", dtype, [h]),
+                    (q + "norm2.weight", dtype, [h]), (q + "norm2.bias", dtype, [h])]
+        projector = [("mlp1.0.weight", dtype, [wide]), ("mlp1.0.bias", dtype, [wide]),
+                     ("mlp1.1.weight", dtype, [t["hidden_size"], wide]), ("mlp1.1.bias", dtype, [t["hidden_size"]]),
+                     ("mlp1.3.weight", dtype, [t["hidden_size"], t["hidden_size"]]), ("mlp1.3.bias", dtype, [t["hidden_size"]])]
+        head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
+        language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
+    return language + projector + out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -309,6 +363,12 @@ def write_all() -> None:
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
+    for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf")):
+        hf = ROOT / "specs" / "internvl" / "hf" / folder
+        config = json.loads((hf / "config.json").read_text())
+        pre = hf / "preprocessor_config.json"
+        processor = json.loads(pre.read_text()) if pre.exists() else None
+        write_checkpoint(FIXTURES / name, config, internvl_tensors(config), shards=4, processor=processor)
 
 
 if __name__ == "__main__":
