@@ -1,0 +1,140 @@
+"""InternVL 2.5 / 3, transformers-native (InternVLForConditionalGeneration) for the measuring harness.
+
+Contract: as `llava.py` (`load_config`, `model_class`, `module_groups`, `make_batch`), plus
+`checkpoint_module(model, name)` and `host_patches()` (see `qwen2_vl.py`).
+
+The batch is what InternVLProcessor produces for one image per sample at the experiment's
+`image_size` (default: the spec's): GotOcr2ImageProcessor cuts each image into the tile grid
+whose aspect ratio is closest to the image's (1 to max_patches tiles, larger grids of the same
+ratio while the image covers over half of them) and adds a thumbnail when there is more than
+one tile; `pixel_values` [b * images * tiles, C, 448, 448]; `input_ids` of exactly seq_len
+positions with 256 image tokens per tile first in every sample; labels with the image tokens
+at -100. Only the tile count reaches memory, so the search is reproduced, not the resizing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ..experiment import ExperimentError
+
+TEXT_TOKEN_ID = 1  # any id other than the image token will do
+IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
+# GotOcr2ImageProcessor's InternVL settings (the -hf repos' preprocessor_config.json), used when
+# none lies beside the config.
+DEFAULT_MIN_PATCHES = 1
+DEFAULT_MAX_PATCHES = 12
+DYNAMIC_ROPE_ON_HOST = "dynamic-rope-update-on-host"
+
+
+def load_config(config_path: Path):
+    """InternVLConfig from a config.json, with the KV cache off (training)."""
+    from transformers import InternVLConfig
+
+    config = InternVLConfig(**json.loads(Path(config_path).read_text()))
+    config.text_config.use_cache = False
+    path = Path(config_path).parent / "preprocessor_config.json"
+    config.preprocessor = json.loads(path.read_text()) if path.exists() else {}
+    return config
+
+
+def model_class():
+    from transformers import InternVLForConditionalGeneration
+
+    return InternVLForConditionalGeneration
+
+
+def module_groups(model) -> dict[str, list[torch.nn.Module]]:
+    """Experiment module names -> the Hugging Face submodules they mean."""
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def checkpoint_module(model, name: str) -> torch.nn.Module:
+    """The PreTrainedModel whose checkpointing covers the experiment module's layers."""
+    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
+
+
+@contextlib.contextmanager
+def host_patches() -> Iterator[list[str]]:
+    """InternVL3's language model has dynamic rotary scaling (rope_scaling dynamic, factor 2).
+
+    NB: modeling_rope_utils.dynamic_rope_update reads `torch.max(position_ids) + 1` on the
+    host (a data-dependent scalar fake tensors cannot give) and recomputes inv_freq only when
+    the sequence outgrows max_position_embeddings. Here the decision is made from the shape
+    (training positions are 0 .. s - 1): within the limit the rotary forward runs as is; what
+    the real update allocates is that one-element max and its + 1 (512 B each, freed at once).
+    """
+    from transformers.models.qwen2 import modeling_qwen2
+
+    cls = modeling_qwen2.Qwen2RotaryEmbedding
+    saved = cls.forward
+    rope_forward = torch.no_grad()(saved.__wrapped__.__wrapped__)  # no_grad(dynamic_rope_update(f)) -> f
+
+    def forward(self, x, position_ids, *args, **kwargs):
+        if "dynamic" in str(self.rope_type) and position_ids.shape[-1] > self.original_max_seq_len:
+            raise ExperimentError(f"seq_len {position_ids.shape[-1]} outgrows max_position_embeddings "
+                                  f"{self.original_max_seq_len}: the dynamic rotary rescaling is not emulated")
+        return rope_forward(self, x, position_ids, *args, **kwargs)
+
+    cls.forward = forward
+    try:
+        yield [DYNAMIC_ROPE_ON_HOST]
+    finally:
+        cls.forward = saved
+
+
+def optimal_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """(columns, rows): transformers/models/got_ocr2/image_processing_got_ocr2.py
+    `get_optimal_tiled_canvas` (InternVL's `find_closest_aspect_ratio`), restated because that
+    module needs torchvision."""
+    grids = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
+                    if min_tiles <= w * h <= max_tiles), key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best_diff, best = float("inf"), (1, 1)
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
+        if diff < best_diff:
+            best_diff, best = diff, grid
+        elif diff == best_diff and area > 0.5 * tile * tile * grid[0] * grid[1]:
+            best = grid
+    return best
+
+
+def tiles_per_image(config, image_size: list[int]) -> int:
+    """Tiles of one image, the thumbnail included (crop_image_to_patches, use_thumbnail)."""
+    p = config.preprocessor
+    tile = p.get("size", {}).get("height", config.vision_config.image_size[0])
+    columns, rows = optimal_grid(image_size[0], image_size[1], tile,
+                                 p.get("min_patches", DEFAULT_MIN_PATCHES), p.get("max_patches", DEFAULT_MAX_PATCHES))
+    blocks = columns * rows
+    return blocks + (1 if blocks != 1 else 0)
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    if not exp.get("image_size"):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: InternVL needs image_size [h, w]")
+    v = config.vision_config
+    tiles = tiles_per_image(config, exp["image_size"])
+    n_image = images * tiles * config.image_seq_length
+    if n_image > s:
+        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
+                              f"{n_image} image tokens per sample ({images} x {tiles} tiles x {config.image_seq_length})")
+    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
+    input_ids[:, :n_image] = config.image_token_id
+    labels = input_ids.clone()
+    labels[:, :n_image] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
+    if images:
+        h, w = v.image_size
+        batch["pixel_values"] = torch.zeros(b * images * tiles, v.num_channels, h, w, dtype=dtype)
+    return batch

@@ -1,0 +1,153 @@
+"""InternVL 2.5 / 3: the dynamic-tile count, both checkpoint layouts, and estimates that follow
+the tiles.
+
+The tile count is an integer expression (specs/families/internvl.yaml, the vision and
+projector contexts; formulas/llama_causal_lm.yaml, let `tiles`) standing for the processor's
+aspect-ratio search, which is restated here from its source and compared over many sizes.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+import hubfixtures as hf
+from compiler import api, importer
+from compiler.errors import MemspecError
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = {"native": ROOT / "specs" / "internvl" / "internvl3-8b-hf.yaml", "remote": ROOT / "specs" / "internvl" / "internvl3-8b.yaml"}
+TILE, MAX_TILES = 448, 12
+
+
+def processor_tiles(height: int, width: int) -> int:
+    """transformers/models/got_ocr2/image_processing_got_ocr2.py get_optimal_tiled_canvas with
+    crop_image_to_patches' thumbnail (the remote code's dynamic_preprocess and
+    find_closest_aspect_ratio are the same search), min 1, max 12 tiles of 448 px."""
+    grids = sorted(((w, h) for w in range(1, MAX_TILES + 1) for h in range(1, MAX_TILES + 1) if w * h <= MAX_TILES),
+                   key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best_diff, best = float("inf"), (1, 1)
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
+        if diff < best_diff:
+            best_diff, best = diff, grid
+        elif diff == best_diff and area > 0.5 * TILE * TILE * grid[0] * grid[1]:
+            best = grid
+    blocks = best[0] * best[1]
+    return blocks + (1 if blocks > 1 else 0)
+
+
+RATIOS = sorted({Fraction(p, q) for p in range(1, MAX_TILES + 1) for q in range(1, MAX_TILES + 1) if p * q <= MAX_TILES})
+MIDPOINTS = {(a + b) / 2 for a, b in zip(RATIOS, RATIOS[1:])}
+
+
+def sizes() -> list[tuple[int, int]]:
+    rng = random.Random(7)
+    grid = [(h, w) for h in range(14, 2900, 53) for w in range(14, 2900, 59)]
+    wide = [(rng.randint(1, 6000), rng.randint(1, 6000)) for _ in range(3000)]
+    named = [(448, 448), (896, 896), (1344, 1344), (448, 896), (896, 448), (1024, 768), (768, 1024), (1080, 1920), (4000, 300)]
+    # NB: at an exact midpoint between two grid ratios the processor's float comparison decides
+    return [(h, w) for h, w in grid + wide + named if Fraction(w, h) not in MIDPOINTS]
+
+
+def test_the_search_itself():
+    # 448 x 448: ratio 1, area 448^2, not over half of 2 x 2 tiles: one tile, no thumbnail
+    assert processor_tiles(448, 448) == 1
+    # 896 x 896: area 4 x 448^2 > half of 2 x 2 (2 x 448^2) but not of 3 x 3: 4 + thumbnail
+    assert processor_tiles(896, 896) == 5
+    # 1024 high x 768 wide: w / h = 0.75 = 3 / 4 exactly, 12 tiles (3 columns x 4 rows) + thumbnail
+    assert processor_tiles(1024, 768) == 13
+    # 448 high x 896 wide: ratio 2 = 2 / 1, area 2 x 448^2 not over half of 4 x 2 (4 x 448^2): 2 + 1
+    assert processor_tiles(448, 896) == 3
+
+
+@pytest.mark.parametrize("layout", sorted(SPECS))
+def test_spec_contexts_count_the_processors_tiles(layout):
+    spec = api.load_spec(SPECS[layout])
+    vision, projector = (next(m for m in spec.modules if m.name == n) for n in ("vision", "projector"))
+    for h, w in sizes():
+        scope = {"micro_batch": 1, "images_per_sample": 1, "image_h": h, "image_w": w, "seq_len": 4096}
+        want = processor_tiles(h, w)
+        assert vision.batch({**scope, **vision.inputs}) == want, (h, w)
+        assert projector.batch({**scope, **projector.inputs}) == want, (h, w)
+
+
+def test_language_formula_counts_the_processors_tiles():
+    formula = api.library().formulas["llama_causal_lm"]
+    tiles = dict(formula.lets)["tiles"]
+    for h, w in sizes():
+        assert tiles({"tile": TILE, "image_h": h, "image_w": w}) == processor_tiles(h, w), (h, w)
+    assert tiles({"tile": 0, "image_h": 1024, "image_w": 768}) == 0  # any other model: no tiles
+
+
+@pytest.mark.parametrize("fixture", ["InternVL3-8B", "InternVL3-8B-hf"])
+def test_both_layouts_import_to_the_same_spec(fixture):
+    imported = importer.import_spec(str(hf.FIXTURES / fixture))
+    # vision: patch conv 1024 * 3 * 14 * 14 + 1024 = 603_136, class token 1024, positions
+    #   1025 * 1024 = 1_049_600, 24 layers x 12_598_272 (q, k, v, out 4 * (1024^2 + 1024),
+    #   2 layer scales 2048, 2 LayerNorms 4096, fc1 4096 * 1024 + 4096, fc2 1024 * 4096 + 1024)
+    # projector: LayerNorm 2 * 4096 + 4096 * 3584 + 3584 + 3584^2 + 3584 = 27_540_480
+    # language (Qwen2.5-7B, vocab 151674): 28 * 233_057_792 + 2 * 151674 * 3584 (untied) + 3584
+    counts = {"vision": 304_012_288, "projector": 27_540_480, "language": 7_612_820_992}
+    assert imported.header_parameters == counts
+    assert importer.formula_counts(imported.spec) == counts
+    other = importer.import_spec(str(hf.FIXTURES / ("InternVL3-8B" if fixture.endswith("-hf") else "InternVL3-8B-hf")))
+    assert {m.name: dict(m.inputs) for m in imported.spec.modules} == {m.name: dict(m.inputs) for m in other.spec.modules}
+
+
+def test_the_checked_in_specs_are_what_import_writes():
+    for layout, fixture in (("native", "InternVL3-8B-hf"), ("remote", "InternVL3-8B")):
+        written = api.load_spec(SPECS[layout])
+        imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
+        assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
+               {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+
+
+def _refusal(tmp_path, edit) -> str:
+    import json
+
+    config = json.loads((hf.FIXTURES / "InternVL3-8B" / "config.json").read_text())
+    edit(config)
+    folder = tmp_path / "ckpt"
+    hf.write_checkpoint(folder, config, hf.internvl_tensors(config))
+    with pytest.raises(MemspecError) as exc:
+        importer.import_spec(str(folder))
+    return exc.value.render()
+
+
+def test_internlm2_language_model_is_refused(tmp_path):
+    # InternVL2.5-8B: the same tower with InternLM2.5-7B (llm_config model_type internlm2)
+    message = _refusal(tmp_path, lambda c: c["llm_config"].update(model_type="internlm2"))
+    assert "E713" in message and "text_model == 'qwen2'" in message and "InternLM2" in message
+
+
+def test_intern_vit_6b_is_refused(tmp_path):
+    # InternViT-6B (InternVL 2.5 / 3 at 26B and up): RMSNorm and q/k normalization
+    message = _refusal(tmp_path, lambda c: c["vision_config"].update(norm_type="rms_norm", qk_normalization=True))
+    assert "E713" in message and "InternViT-6B" in message
+
+
+def test_other_tile_bounds_are_refused(tmp_path):
+    message = _refusal(tmp_path, lambda c: c.update(max_dynamic_patch=6))
+    assert "E713" in message and "max_tiles == 12" in message
+
+
+def test_tiles_reach_the_estimate():
+    """Thirteen tiles instead of one: 12 more tiles through the tower and projector, 12 x 256
+    more image positions scattered into the same 4096-position sequence."""
+    one = api.estimate(str(SPECS["native"]), micro_batch=1, seq_len=4096, image_size=[448, 448], trainable=["projector"])
+    many = api.estimate(str(SPECS["native"]), micro_batch=1, seq_len=4096, image_size=[1024, 768], trainable=["projector"])
+    rows = {r.path: r for r in many.rows}
+    rows_one = {r.path: r for r in one.rows}
+    vision_in = "vision"  # the tower's pixel buffer: 13 tiles x 3 x 448 x 448 x 2 bytes
+    assert next(r for r in many.rows if r.path == vision_in).buffers == 13 * 3 * 448 * 448 * 2
+    assert next(r for r in one.rows if r.path == vision_in).buffers == 3 * 448 * 448 * 2
+    # the projector's LayerNorm saves its input: 13 tiles x 256 tokens x 4096 x 2 bytes (+ fp32 stats)
+    ln = "projector.layer_norm"
+    assert rows[ln].activations == 13 * 256 * 4096 * 2 + 2 * 13 * 256 * 4
+    assert rows_one[ln].activations == 256 * 4096 * 2 + 2 * 256 * 4
+    assert many.allocated > one.allocated
