@@ -137,7 +137,7 @@ def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
 
 
 def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
-    """InternVL 2.5 / 3 with a Qwen2 language model, in either layout: the remote-code
+    """InternVL 2.5 / 3 with a Qwen2 language model (InternViT-300M or InternViT-6B), in either layout: the remote-code
     checkpoints (model_type internvl_chat: vision_model.*, mlp1.*, language_model.model.*,
     language_model.lm_head) or the transformers-native ones (model_type internvl:
     model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*, lm_head)."""
@@ -148,6 +148,7 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     size = v["image_size"][0] if native else v["image_size"]
     positions = (size // patch) ** 2 + 1
     wide = h * 4  # pixel shuffle 0.5: 2 x 2 patches per token
+    rms = v["norm_type"] == "rms_norm"  # InternViT-6B: weight-only RMSNorm, q/k norms, no q/k/v bias
     out = []
     if native:
         e = "model.vision_tower.embeddings."
@@ -157,11 +158,17 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         for i in range(v["num_hidden_layers"]):
             q = f"model.vision_tower.encoder.layer.{i}."
             for proj in ("q_proj", "k_proj", "v_proj", "projection_layer"):
-                out += [(q + f"attention.{proj}.weight", dtype, [h, h]), (q + f"attention.{proj}.bias", dtype, [h])]
-            out += [(q + "lambda_1", dtype, [h]), (q + "lambda_2", dtype, [h]),
-                    (q + "layernorm_before.weight", dtype, [h]), (q + "layernorm_before.bias", dtype, [h]),
-                    (q + "layernorm_after.weight", dtype, [h]), (q + "layernorm_after.bias", dtype, [h]),
-                    (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
+                out.append((q + f"attention.{proj}.weight", dtype, [h, h]))
+                if proj == "projection_layer" or v["attention_bias"]:
+                    out.append((q + f"attention.{proj}.bias", dtype, [h]))
+            if v["use_qk_norm"]:
+                out += [(q + "attention.q_norm.weight", dtype, [h]), (q + "attention.k_norm.weight", dtype, [h])]
+            out += [(q + "lambda_1", dtype, [h]), (q + "lambda_2", dtype, [h])]
+            for norm in ("layernorm_before", "layernorm_after"):
+                out.append((q + f"{norm}.weight", dtype, [h]))
+                if not rms:
+                    out.append((q + f"{norm}.bias", dtype, [h]))
+            out += [(q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
                     (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h])]
         m = "model.multi_modal_projector."
         projector = [(m + "layer_norm.weight", dtype, [wide]), (m + "layer_norm.bias", dtype, [wide]),
@@ -175,13 +182,19 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
                 (e + "patch_embedding.bias", dtype, [h])]
         for i in range(v["num_hidden_layers"]):
             q = f"vision_model.encoder.layers.{i}."
-            out += [(q + "attn.qkv.weight", dtype, [3 * h, h]), (q + "attn.qkv.bias", dtype, [3 * h]),
-                    (q + "attn.proj.weight", dtype, [h, h]), (q + "attn.proj.bias", dtype, [h]),
+            out.append((q + "attn.qkv.weight", dtype, [3 * h, h]))
+            if v["qkv_bias"]:
+                out.append((q + "attn.qkv.bias", dtype, [3 * h]))
+            if v["qk_normalization"]:
+                out += [(q + "attn.q_norm.weight", dtype, [h]), (q + "attn.k_norm.weight", dtype, [h])]
+            out += [(q + "attn.proj.weight", dtype, [h, h]), (q + "attn.proj.bias", dtype, [h]),
                     (q + "ls1", dtype, [h]), (q + "ls2", dtype, [h]),
                     (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
-                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
-                    (q + "norm1.weight", dtype, [h]), (q + "norm1.bias", dtype, [h]),
-                    (q + "norm2.weight", dtype, [h]), (q + "norm2.bias", dtype, [h])]
+                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h])]
+            for norm in ("norm1", "norm2"):
+                out.append((q + f"{norm}.weight", dtype, [h]))
+                if not rms:
+                    out.append((q + f"{norm}.bias", dtype, [h]))
         projector = [("mlp1.0.weight", dtype, [wide]), ("mlp1.0.bias", dtype, [wide]),
                      ("mlp1.1.weight", dtype, [t["hidden_size"], wide]), ("mlp1.1.bias", dtype, [t["hidden_size"]]),
                      ("mlp1.3.weight", dtype, [t["hidden_size"], t["hidden_size"]]), ("mlp1.3.bias", dtype, [t["hidden_size"]])]
@@ -363,7 +376,8 @@ def write_all() -> None:
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
-    for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf")):
+    for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf"),
+                         ("InternVL3-38B", "internvl3-38b"), ("InternVL3-38B-hf", "internvl3-38b-hf")):
         hf = ROOT / "specs" / "internvl" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
         pre = hf / "preprocessor_config.json"

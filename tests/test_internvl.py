@@ -84,27 +84,48 @@ def test_language_formula_counts_the_processors_tiles():
     assert tiles({"tile": 0, "image_h": 1024, "image_w": 768}) == 0  # any other model: no tiles
 
 
-@pytest.mark.parametrize("fixture", ["InternVL3-8B", "InternVL3-8B-hf"])
-def test_both_layouts_import_to_the_same_spec(fixture):
-    imported = importer.import_spec(str(hf.FIXTURES / fixture))
-    # vision: patch conv 1024 * 3 * 14 * 14 + 1024 = 603_136, class token 1024, positions
-    #   1025 * 1024 = 1_049_600, 24 layers x 12_598_272 (q, k, v, out 4 * (1024^2 + 1024),
-    #   2 layer scales 2048, 2 LayerNorms 4096, fc1 4096 * 1024 + 4096, fc2 1024 * 4096 + 1024)
-    # projector: LayerNorm 2 * 4096 + 4096 * 3584 + 3584 + 3584^2 + 3584 = 27_540_480
-    # language (Qwen2.5-7B, vocab 151674): 28 * 233_057_792 + 2 * 151674 * 3584 (untied) + 3584
-    counts = {"vision": 304_012_288, "projector": 27_540_480, "language": 7_612_820_992}
-    assert imported.header_parameters == counts
-    assert importer.formula_counts(imported.spec) == counts
-    other = importer.import_spec(str(hf.FIXTURES / ("InternVL3-8B" if fixture.endswith("-hf") else "InternVL3-8B-hf")))
-    assert {m.name: dict(m.inputs) for m in imported.spec.modules} == {m.name: dict(m.inputs) for m in other.spec.modules}
+# vision (InternViT-300M): patch conv 1024 * 3 * 14 * 14 + 1024 = 603_136, class token 1024,
+#   positions 1025 * 1024 = 1_049_600, 24 layers x 12_598_272 (q, k, v, out 4 * (1024^2 + 1024),
+#   2 layer scales 2048, 2 LayerNorms 4096, fc1 4096 * 1024 + 4096, fc2 1024 * 4096 + 1024)
+# projector: LayerNorm 2 * 4096 + 4096 * 3584 + 3584 + 3584^2 + 3584 = 27_540_480
+# language (Qwen2.5-7B, vocab 151674): 28 * 233_057_792 + 2 * 151674 * 3584 (untied) + 3584
+COUNTS_8B = {"vision": 304_012_288, "projector": 27_540_480, "language": 7_612_820_992}
+# vision (InternViT-6B): patch conv 3200 * 588 + 3200 = 1_884_800, class 3200, positions
+#   1025 * 3200 = 3_280_000, 45 layers x 122_918_400 (q, k, v 3200^2 without bias, out
+#   3200^2 + 3200, q/k norms 2 * 3200, layer scales 6400, RMSNorms 6400, fc1 3200 * 12800 + 12800,
+#   fc2 12800 * 3200 + 3200)
+# projector: LayerNorm 2 * 12800 + 12800 * 5120 + 5120 + 5120^2 + 5120 = 91_786_240
+# language (Qwen2.5-32B, vocab 151674): 64 * 487_605_248 (q 5120^2 + 5120, k, v 1024 x 5120 + 1024
+#   each, o 5120^2, MLP 3 * 5120 * 27648, norms 2 * 5120) + 2 * 151674 * 5120 + 5120
+COUNTS_38B = {"vision": 5_536_496_000, "projector": 91_786_240, "language": 32_759_882_752}
+LAYOUTS = {"8b": ("InternVL3-8B", "InternVL3-8B-hf", COUNTS_8B), "38b": ("InternVL3-38B", "InternVL3-38B-hf", COUNTS_38B)}
 
 
-def test_the_checked_in_specs_are_what_import_writes():
-    for layout, fixture in (("native", "InternVL3-8B-hf"), ("remote", "InternVL3-8B")):
-        written = api.load_spec(SPECS[layout])
-        imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-        assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-               {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+@pytest.mark.parametrize("size", sorted(LAYOUTS))
+def test_both_layouts_import_to_the_same_counts_and_inputs(size):
+    remote, native, counts = LAYOUTS[size]
+    specs = []
+    for fixture in (remote, native):
+        imported = importer.import_spec(str(hf.FIXTURES / fixture))
+        assert imported.header_parameters == counts
+        assert importer.formula_counts(imported.spec) == counts
+        specs.append({m.name: dict(m.inputs) for m in imported.spec.modules})
+    assert specs[0] == specs[1]
+
+
+@pytest.mark.parametrize("model, fixture", [("internvl3-8b", "InternVL3-8B"), ("internvl3-8b-hf", "InternVL3-8B-hf"),
+                                            ("internvl3-38b", "InternVL3-38B"), ("internvl3-38b-hf", "InternVL3-38B-hf")])
+def test_the_checked_in_specs_are_what_import_writes(model, fixture):
+    written = api.load_spec(ROOT / "specs" / "internvl" / f"{model}.yaml")
+    imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
+           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+
+
+def test_intern_vit_6b_inputs():
+    vision = next(m for m in api.load_spec(ROOT / "specs" / "internvl" / "internvl3-38b.yaml").modules if m.name == "vision")
+    assert (vision.inputs["rms_norm"], vision.inputs["qkv_bias"], vision.inputs["qk_norm"]) == (True, False, True)
+    assert (vision.inputs["hidden"], vision.inputs["n_layers"], vision.inputs["n_heads"]) == (3200, 45, 25)
 
 
 def _refusal(tmp_path, edit) -> str:
@@ -125,10 +146,9 @@ def test_internlm2_language_model_is_refused(tmp_path):
     assert "E713" in message and "text_model == 'qwen2'" in message and "InternLM2" in message
 
 
-def test_intern_vit_6b_is_refused(tmp_path):
-    # InternViT-6B (InternVL 2.5 / 3 at 26B and up): RMSNorm and q/k normalization
-    message = _refusal(tmp_path, lambda c: c["vision_config"].update(norm_type="rms_norm", qk_normalization=True))
-    assert "E713" in message and "InternViT-6B" in message
+def test_other_vision_norm_is_refused(tmp_path):
+    message = _refusal(tmp_path, lambda c: c["vision_config"].update(norm_type="batch_norm"))
+    assert "E713" in message and "vision_norm = 'batch_norm'" in message
 
 
 def test_other_tile_bounds_are_refused(tmp_path):
