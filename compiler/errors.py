@@ -31,6 +31,9 @@ Codes (stable; never reuse a retired one):
     E706 config.json lacks a key a family needs (no default) E713 config value unusable / unsupported variant
     E707 safetensors header truncated, oversized, not JSON, inconsistent, or a shard missing
 
+    estimating (the experiment against the spec's formulas):
+    E723 seq_len shorter than the image tokens at the experiment's image size (dynamic tiles, native resolution)
+
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
     E802 DeepSpeed feature not modelled yet (CPU/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)

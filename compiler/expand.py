@@ -139,9 +139,28 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
             continue
         roots.append(root)
         grad = _grad_out(root)
+        short = _image_tokens_over_seq(root, setup)
+        if short:
+            line, col = spec.doc.where(m.path)
+            problems.append(Diagnostic("E723", spec.file, line, col, m.path, short,
+                                       "seq_len counts the LLM positions of the text and the image tokens together: raise it, or give a smaller image_size"))
     if problems:
         raise MemspecError(problems)
     return tuple(roots)
+
+
+def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
+    """The positions an image merge scatters, when the image size makes them more than
+    seq_len holds (resolve checks the spec's own image size; a native-resolution tower or
+    dynamic tiles give other sizes their token count in the formulas only)."""
+    for inst in root.walk():
+        if inst.formula.layer_type == "image_merge":
+            need = inst.scope["images"] * inst.scope["image_tokens"]
+            if need > inst.scope["seq"]:
+                size = f" at image size {setup.image_hw[0]} x {setup.image_hw[1]}" if setup.image_size else ""
+                return (f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold "
+                        f"({inst.scope['images']} x {inst.scope['image_tokens']} = {need}{size})")
+    return None
 
 
 def _grad_out(inst: Instance) -> bool:
