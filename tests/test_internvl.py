@@ -171,3 +171,17 @@ def test_tiles_reach_the_estimate():
     assert rows[ln].activations == 13 * 256 * 4096 * 2 + 2 * 13 * 256 * 4
     assert rows_one[ln].activations == 256 * 4096 * 2 + 2 * 256 * 4
     assert many.allocated > one.allocated
+
+
+def test_measuring_builder_cuts_the_same_tiles():
+    """The measured batches (compiler/measure/families/internvl.py) carry the tiles the
+    estimates count."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from compiler.measure.families import internvl as builder
+
+    config = SimpleNamespace(preprocessor={"size": {"height": 448, "width": 448}, "min_patches": 1, "max_patches": 12},
+                             vision_config=SimpleNamespace(image_size=[448, 448]))
+    for h, w in sizes()[::7]:
+        assert builder.tiles_per_image(config, [h, w]) == processor_tiles(h, w), (h, w)
