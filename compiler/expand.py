@@ -47,6 +47,8 @@ class Instance:
     # Its parameters require grad but get none (the output reaches no loss), and a mixed-
     # precision optimizer keeps fp32 masters and states for every such parameter anyway.
     flat_states: bool = False
+    # A layer HF lists in _no_split_modules (its checkpointing unit): an FSDP2 unit of its own
+    shard_unit: bool = False
 
     def local(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -201,11 +203,12 @@ def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], pr
 
 
 def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
-              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate) -> Instance:
+              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate, shard_unit=False) -> Instance:
     # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached
     # or not; torch's own optimizers skip a parameter whose .grad stays None.
     requires_grad = trainable
-    flat_states = requires_grad and not reaches_loss and setup.master_bytes > 0
+    # NB: FSDP2's optimizer is torch's, on the sharded parameters: no flat partition
+    flat_states = requires_grad and not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
     trainable = requires_grad and reaches_loss
     grad_in = grad_in and reaches_loss
     # Instances with the same formula, the same inputs mapping and the same context share
@@ -249,6 +252,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
                 checkpointing=checkpointing,
                 checkpointed=checkpointing and child.checkpoint_unit,
                 locate=_child_locate(child, locate),
+                shard_unit=child.checkpoint_unit,
             )
             children.append(inst)
             out = _grad_out(inst) if c_reaches else out
@@ -267,6 +271,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         checkpointed=checkpointed,
         children=tuple(children),
         flat_states=flat_states,
+        shard_unit=shard_unit,
     )
 
 

@@ -34,8 +34,15 @@ def setup_line(r: Report) -> str:
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
-        f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} ZeRO-{s.zero}"
+        f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
     )
+
+
+def _sharding(s) -> str:
+    if s.fsdp is None:
+        return f"ZeRO-{s.zero}"
+    keep = "reshard after forward" if s.fsdp.reshard_after_forward else "no reshard after forward"
+    return f"FSDP2 ({keep}, reduce {s.fsdp.reduce_dtype})"
 
 
 def _where(p: Point) -> str:
@@ -47,6 +54,8 @@ def breakdown_table(point: Point) -> list[str]:
     lines = [head]
     totals = dict.fromkeys(CATEGORIES, 0)
     for module, cats in point.breakdown.items():
+        if module.startswith("fsdp-") and not any(cats.values()):
+            continue  # NB: FSDP2's buffer rows appear once a buffer has
         lines.append(f"  {module:<12}" + "".join(f"{gib(cats[c]):>18}" for c in CATEGORIES) + f"{gib(sum(cats.values())):>12}")
         for c in CATEGORIES:
             totals[c] += cats[c]
@@ -107,7 +116,7 @@ def as_data(r: Report) -> dict[str, Any]:
             "optimizer": {"type": s.optimizer.type, "impl": s.optimizer.impl, "momentum": s.optimizer.momentum},
             "gradient_checkpointing": sorted(s.gradient_checkpointing),
             "attention": s.attention,
-            "parallel": {"dp": s.dp, "zero": s.zero},
+            "parallel": {"dp": s.dp, "zero": s.zero, **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {})},
             "bytes": dict(s.bytes),
         },
         "parameters": dict(r.parameters),

@@ -210,6 +210,32 @@ def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]
 
 
 @dataclass(frozen=True)
+class Fsdp:
+    """PyTorch FSDP2 (`fully_shard`) over the `dp` ranks: every decoder/encoder layer a unit,
+    the root module the last one (accelerate's auto wrap)."""
+
+    reshard_after_forward: bool  # fully_shard(reshard_after_forward=...)
+    reduce_dtype: str  # MixedPrecisionPolicy.reduce_dtype: fp32 | bf16 | fp16
+    reduce_bytes: int
+    sharded_bytes: int  # the sharded (full-precision) parameters' dtype: fp32 under bf16-mixed
+
+
+# MixedPrecisionPolicy.reduce_dtype -> bytes per gradient element in the reduce-scatter
+FSDP_REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What an experiment's `parallel.fsdp` block leaves out: fully_shard's reshard_after_forward
+# default, and gradients reduced in the sharded parameters' dtype (fp32 under mixed precision).
+FSDP_DEFAULTS: Mapping[str, Any] = {"reshard_after_forward": True, "reduce_dtype": "fp32"}
+
+
+def fsdp_setup(block: Mapping[str, Any] | None, precision: str) -> Fsdp | None:
+    if block is None:
+        return None
+    b = {**FSDP_DEFAULTS, **block}
+    param, _, _, master = PRECISIONS[precision]
+    return Fsdp(bool(b["reshard_after_forward"]), b["reduce_dtype"], FSDP_REDUCE_BYTES[b["reduce_dtype"]], master or param)
+
+
+@dataclass(frozen=True)
 class Optimizer:
     type: str  # adamw | sgd
     impl: str  # foreach | fused | forloop
@@ -259,6 +285,7 @@ class Setup:
     master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
     state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
     lora: Lora | None = None
+    fsdp: Fsdp | None = None  # FSDP2 sharding over the dp ranks (zero is then 0)
     # enable_input_require_grads(): the outputs of every input embedding (token embeddings,
     # a vision tower's patch embedding) require grad, so frozen towers record autograd.
     input_require_grads: bool = False
@@ -339,6 +366,13 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     for key in ("dp", "zero"):
         if key in overrides:
             parallel[key] = overrides.pop(key)
+    if "fsdp" in overrides:
+        # NB: --fsdp-* flags change single keys of the experiment's fsdp block; None turns it off
+        fsdp_flags = overrides.pop("fsdp")
+        parallel["fsdp"] = None if fsdp_flags is None else {**(parallel.get("fsdp") or {}), **fsdp_flags}
+        fsdp_from_flags = True
+    else:
+        fsdp_from_flags = False
     if overrides.get("lora") is not None:
         # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
@@ -374,6 +408,13 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     optimizer = Optimizer(opt["type"], opt.get("impl", "foreach"), float(opt.get("momentum", SGD_DEFAULT_MOMENTUM if opt["type"] == "sgd" else 0.0)))
     if optimizer.type == "sgd" and optimizer.impl == "fused":
         complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
+    if parallel.get("fsdp") is not None and parallel["zero"] > 0:
+        if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
+            problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
+                                       "drop --zero (or the DeepSpeed config), or drop --fsdp"))
+        else:
+            problems.append(doc.diag("E310", "$.parallel", f"fsdp and zero {parallel['zero']} both shard the model; a run uses one",
+                                     "remove `zero` for FSDP2, or `fsdp` for DeepSpeed"))
     if parallel["zero"] > 0 and parallel["dp"] == 1:
         pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
@@ -429,6 +470,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         master_bytes=master,
         state_bytes=state,
         lora=lora,
+        fsdp=fsdp_setup(parallel.get("fsdp"), data["precision"]),
         # NB: peft's get_peft_model calls enable_input_require_grads() when the model has
         # gradient checkpointing on (PeftModel._prepare_model_for_gradient_checkpointing).
         input_require_grads=data.get("input_require_grads", bool(lora and data["gradient_checkpointing"])),

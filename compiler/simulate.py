@@ -33,6 +33,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "tra
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
 _ZERO = dict.fromkeys(CATEGORIES, 0)
 DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
+FSDP_GATHER = "fsdp-gather"  # breakdown row: FSDP2's gathered parameters and all-gather outputs
+FSDP_REDUCE = "fsdp-reduce"  # breakdown row: FSDP2's reduce-scatter inputs
 # c10/cuda/CUDACachingAllocator.cpp
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
@@ -107,6 +109,11 @@ class _State:
             self.buffers[name] = self.buffers.get(name, 0) + size
             self.level += size
 
+    def drop_buffer(self, name: str, size: int) -> None:
+        if size:
+            self.buffers[name] -= size
+            self.level -= size
+
     def _drop(self, name: str) -> None:
         module, size = self.live.pop(name)
         self.live_by_module[module] -= size
@@ -163,7 +170,7 @@ class _State:
             }
         out[WORKSPACE] = {**_ZERO, "transient": self.workspace}
         for name, size in self.buffers.items():
-            out[name] = {**_ZERO, "gradients": size}
+            out[name] = {**_ZERO, ("parameters" if name == FSDP_GATHER else "gradients"): size}
         return out
 
 
@@ -213,6 +220,8 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
 def _shards(setup: Setup) -> tuple[int, int, int]:
     """Divisors of (parameters, gradients, optimizer states) per GPU under ZeRO."""
     dp, z = setup.dp, setup.zero
+    if setup.fsdp is not None:
+        return (1, 1, 1)  # NB: FSDP2 shards per parameter; see _FsdpPlan
     return (dp if z >= 3 else 1, dp if z >= 2 else 1, dp if z >= 1 else 1)
 
 
@@ -220,6 +229,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     p_div, g_div, o_div = _shards(setup)
     modules = tuple(n.inst.module for n in nodes)
     blocks = {id(n): _blocks(n, setup, p_div, g_div, o_div) for r in nodes for n in r.walk()}
+    plan = _FsdpPlan(nodes, setup) if setup.fsdp is not None else None
     resident: dict = {}
     per_gpu: dict = {}
     for root in nodes:
@@ -231,6 +241,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             "buffers": sum(n.cost.buffers for n in walk),
         }
         buffers = sum(round_up(b, ALLOCATOR_GRANULE) for n in walk for b in n.cost.buffer_tensors)
+        if plan is not None:
+            sharded = [plan.resident(n, setup) for n in walk]
+            per_gpu[root.inst.module] = {"parameters": sum(p for p, _ in sharded) + buffers,
+                                         "optimizer_states": sum(o for _, o in sharded)}
+            continue
         per_gpu[root.inst.module] = {
             "parameters": sum(blocks[id(n)][0] for n in walk) + buffers,
             "optimizer_states": sum(blocks[id(n)][2] for n in walk),
@@ -248,7 +263,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         for root in nodes
         for n in root.walk()
         if not n.children
-    )
+    ) if plan is None else 0  # NB: FSDP2's shards: slack not modelled (reserved stays a lower bound)
+    fs = _FsdpWalk(plan, state, blocks) if plan is not None else None
 
     prefetch = _prefetch_bytes(setup) if p_div > 1 else 0
 
@@ -259,6 +275,10 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
         inst = node.inst
+        if fs is not None and inst.shard_unit and phase == "forward" and fs.pre_forward(node, stack):
+            forward(node, stack, keep, phase)
+            fs.post_forward(node)
+            return
         if inst.checkpointed and keep and phase == "forward":
             # NB: the unit's inputs exist before it runs (the previous layer's output), so
             # they count during its first forward, not from its end.
@@ -281,6 +301,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
 
     def backward(node: Node, stack: dict) -> None:
         inst = node.inst
+        if fs is not None and inst.shard_unit:
+            fs.pre_backward(node, stack)
         if inst.checkpointed:
             forward(node, stack, keep=True, phase="backward")
         t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
@@ -293,25 +315,40 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if not node.children:
             state.observe("backward", inst.path, t)
         state.free(inst.path, node.cost.saved + node.cost.checkpoint)
+        if fs is not None and inst.shard_unit:
+            fs.post_backward(fs.plan.units[inst.path], stack)
 
     held: list = []  # tensors the model's outputs keep until the forward ends
+    if fs is not None:
+        fs.root_pre_forward()
     for root in nodes:
         forward(root, {}, keep=True)
+    if fs is not None:
+        fs.root_post_forward()
     state.release(held)
     end_of_forward = dict(state.live_by_module)
     if trainable:
         # DeepSpeed allocates its gradient reduce buckets when backward starts (engine.backward
         # -> optimizer.backward) and keeps them through the step.
         state.add_buffer(DEEPSPEED, _bucket_bytes(setup))
+        if fs is not None:
+            fs.root_pre_backward()
         for root in reversed(nodes):
             backward(root, {})
+        if fs is not None:
+            fs.root_post_backward()
     largest = _largest_trainable(nodes, setup)
-    step_transient = _step_transient(setup, tensors, largest, o_div, modules)
+    if plan is not None:
+        total = plan.step_temporaries(nodes, setup)
+        step_transient = {modules[-1]: total} if total else {}
+    else:
+        step_transient = _step_transient(setup, tensors, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
 
     per_gpu_totals = {
-        m: {**per_gpu[m], "gradients": sum(blocks[id(n)][1] for r in nodes if r.inst.module == m for n in r.walk())}
+        m: {**per_gpu[m], "gradients": sum(blocks[id(n)][1] for r in nodes if r.inst.module == m for n in r.walk())
+            if plan is None else sum(u.rs_out for u in [*plan.unit_list(), plan.root] if u.module == m)}
         for m in modules
     }
     # The seed paper's Eq. 1: the four factors summed, per GPU, activations as kept for backward.
@@ -419,7 +456,11 @@ def _prefetch_bytes(setup: Setup) -> int:
 
 def _not_modelled(setup: Setup) -> tuple[str, ...]:
     out = []
-    if setup.dp > 1 and setup.zero == 0:
+    if setup.fsdp is not None:
+        out.append("FSDP2: dim-0 padding of a parameter whose first dimension does not divide by dp (taken as ceil(numel / dp) elements per rank)")
+        if setup.dp > 1:
+            out.append("FSDP2 units other than the decoder/encoder layers and the root (accelerate also wraps CLIPVisionEmbeddings; counted here in the root, which stays gathered longer: an over-estimate)")
+    elif setup.dp > 1 and setup.zero == 0:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero >= 1:
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
@@ -445,3 +486,244 @@ def _lora_not_modelled(lora) -> tuple[str, ...]:
     elif lora.bias == "lora_only":
         out.append("peft bias='lora_only': the biases of the adapted layers train (gradients and optimizer states)")
     return tuple(out)
+
+
+# --------------------------------------------------------------------------- FSDP2
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One fully_shard unit's allocations on rank 0 (bytes, each rounded to the granule).
+
+    torch/distributed/fsdp/_fully_shard (torch 2.13):
+    - `flat`: foreach_all_gather's output, world_size x the padded shards in the compute
+      dtype (_fsdp_collectives.py, foreach_all_gather; the all-gather input is a view of it);
+    - `gathered`: the unsharded parameters, one all_gather_output per parameter, filled by the
+      copy-out (FSDPParam.init_all_gather_outputs / alloc_storage);
+    - `rs_in`: foreach_reduce's reduce-scatter input, world_size x the padded shards of the
+      parameters with a gradient, in reduce_dtype;
+    - `rs_out`: its output, the flat sharded gradient the parameters' .grad views
+      (as_strided), in the sharded parameters' dtype; `cast` is the reduce_dtype output
+      alive next to it when reduce_dtype differs (_to_dtype_if_needed).
+    """
+
+    path: str
+    module: str
+    nodes: tuple  # the nodes whose parameters the unit holds
+    gathered: int
+    flat: int
+    rs_in: int
+    rs_out: int
+    cast: int
+
+
+class _FsdpPlan:
+    """The units of a model under FSDP2, and the sharded bytes per module on rank 0.
+
+    Units as accelerate's FSDP2 auto wrap makes them: every layer HF lists in
+    `_no_split_modules` (the formulas' checkpointing units: decoder and encoder layers),
+    then the root, which holds every parameter outside them (embeddings, final norm,
+    lm_head, projector). Each parameter is sharded on dim 0; rank 0 holds
+    ceil(numel / dp) elements of it (NB: exact when dim 0 divides by dp; FSDP2 pads dim 0 to
+    a multiple of dp, which adds up to dp - 1 rows of a parameter whose dim 0 does not).
+    """
+
+    def __init__(self, nodes: tuple[Node, ...], setup: Setup):
+        f = setup.fsdp
+        self.n = setup.dp
+        self.reshard = f.reshard_after_forward
+        unit_nodes: dict[str, list] = {}
+        order: list[tuple[str, str]] = []
+        root_nodes: list = []
+        self.unit_of: dict[int, str] = {}
+        for root in nodes:
+            for top in root.walk():
+                if top.inst.shard_unit and id(top) not in self.unit_of:
+                    unit_nodes[top.inst.path] = list(top.walk())
+                    order.append((top.inst.path, top.inst.module))
+                    for n in top.walk():
+                        self.unit_of[id(n)] = top.inst.path
+        for root in nodes:
+            for n in root.walk():
+                if id(n) not in self.unit_of:
+                    root_nodes.append(n)
+        compute = setup.bytes["param"]
+        sharded = f.sharded_bytes
+        self.sharded = sharded
+
+        def unit(path: str, module: str, members: list) -> _Unit:
+            shards = [(self.shard(t // compute), n.inst.trainable) for n in members for t in n.cost.param_tensors]
+            grads = [e for e, trainable in shards if trainable]
+            rs_in = round_up(sum(grads) * self.n * f.reduce_bytes, ALLOCATOR_GRANULE) if grads else 0
+            return _Unit(
+                path, module, tuple(members),
+                gathered=sum(round_up(e * self.n * compute, ALLOCATOR_GRANULE) for e, _ in shards),
+                flat=round_up(sum(e for e, _ in shards) * self.n * compute, ALLOCATOR_GRANULE) if shards else 0,
+                rs_in=rs_in,
+                rs_out=round_up(sum(grads) * sharded, ALLOCATOR_GRANULE) if grads else 0,
+                cast=round_up(sum(grads) * f.reduce_bytes, ALLOCATOR_GRANULE) if grads and f.reduce_bytes != sharded else 0,
+            )
+
+        self.units = {path: unit(path, module, unit_nodes[path]) for path, module in order}
+        self.order = [path for path, _ in order]
+        root_module = max(nodes, key=lambda r: sum(n.cost.parameters for n in r.walk() if id(n) not in self.unit_of)).inst.module
+        self.root = unit("<root>", root_module, root_nodes)
+        self.root_ids = frozenset(id(n) for n in root_nodes)
+
+    def shard(self, elements: int) -> int:
+        return -(-elements // self.n)
+
+    def tensors(self, node: Node, setup: Setup) -> list[int]:
+        """Rank 0's elements of each of the node's parameters."""
+        return [self.shard(t // setup.bytes["param"]) for t in node.cost.param_tensors]
+
+    def resident(self, node: Node, setup: Setup) -> tuple[int, int]:
+        """(sharded parameters, optimizer states) of one node on rank 0: each parameter's
+        shard and each state (zeros_like the shard: AdamW's exp_avg and exp_avg_sq) is its
+        own allocation, in the sharded dtype."""
+        shards = self.tensors(node, setup)
+        params = sum(round_up(e * self.sharded, ALLOCATOR_GRANULE) for e in shards)
+        if not (node.inst.trainable and node.cost.optimizer_states):
+            return params, 0
+        n_states = (setup.bytes["optim"] - setup.master_bytes) // setup.state_bytes
+        return params, n_states * sum(round_up(e * self.sharded, ALLOCATOR_GRANULE) for e in shards)
+
+    def unit_list(self) -> list[_Unit]:
+        return [self.units[p] for p in self.order]
+
+    def previous(self, path: str) -> _Unit | None:
+        """The unit that ran forward just before `path`: the one its pre-backward prefetches
+        (FSDPParamGroup._backward_prefetch, post_forward_order)."""
+        i = self.order.index(path)
+        return self.units[self.order[i - 1]] if i > 0 else None
+
+    def step_temporaries(self, nodes: tuple[Node, ...], setup: Setup) -> int:
+        """The optimizer's temporaries on the shards: foreach AdamW's _foreach_sqrt copy of
+        every exp_avg_sq shard; for-loop AdamW two of the largest; no master gradients
+        (the sharded parameters are full precision, their gradients already are)."""
+        if setup.optimizer.type != "adamw" or setup.optimizer.impl == "fused":
+            return 0
+        shards = [e for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
+        if setup.optimizer.impl == "foreach":
+            return sum(round_up(e * self.sharded, ALLOCATOR_GRANULE) for e in shards)
+        return 2 * round_up(max(shards, default=0) * self.sharded, ALLOCATOR_GRANULE)
+
+
+class _FsdpWalk:
+    """FSDP2's allocations along the simulated step, rank 0, in the order the hooks of
+    torch/distributed/fsdp/_fully_shard make them (FSDPParamGroup.pre_forward, post_forward,
+    pre_backward, post_backward; FSDPState._root_post_backward_final_callback)."""
+
+    def __init__(self, plan: _FsdpPlan, state: _State, blocks: Mapping[int, tuple[int, int, int]]):
+        self.plan, self.state, self.blocks = plan, state, blocks
+        self.gathered: set[str] = set()  # units whose unsharded parameters are allocated
+        self.pending: dict[str, int] = {}  # prefetched all-gather outputs awaiting their copy-out
+        self.kept_flat = 0  # the forward's last all-gather output (AllGatherState), freed at the next copy-out
+        self.entered: set[str] = set()
+        self.rs_kept = 0  # the last reduce-scatter input (reduce_scatter_states, at most 1 kept)
+
+    def _gather(self, unit: _Unit, phase: str, stack) -> None:
+        """foreach_all_gather's flat output, then the copy-out into the unsharded parameters.
+        In forward the previous unit's flat output is freed only at this unit's copy-out
+        (wait_for_unshard, implicit prefetch), so two are alive for a moment."""
+        flat = self.pending.pop(unit.path, None)
+        if flat is None:
+            flat = unit.flat
+            self.state.add_buffer(FSDP_GATHER, flat)
+            self.state.observe(phase, f"{unit.path} (FSDP all-gather)", stack)
+        if phase == "forward":
+            self.state.drop_buffer(FSDP_GATHER, self.kept_flat)
+        self.state.add_buffer(FSDP_GATHER, unit.gathered)
+        self.gathered.add(unit.path)
+        self.state.observe(phase, f"{unit.path} (FSDP copy-out)", stack)
+        if phase == "forward":
+            self.kept_flat = flat
+        else:
+            self.state.drop_buffer(FSDP_GATHER, flat)
+
+    def _reshard(self, unit: _Unit) -> None:
+        if unit.path in self.gathered:
+            self.gathered.discard(unit.path)
+            self.state.drop_buffer(FSDP_GATHER, unit.gathered)
+
+    def root_pre_forward(self) -> None:
+        self._gather(self.plan.root, "forward", {})
+
+    def pre_forward(self, node: Node, stack) -> bool:
+        """True when the unit starts here (the caller then runs its forward and post_forward)."""
+        path = node.inst.path
+        if path in self.entered:
+            return False
+        self.entered.add(path)
+        if path not in self.gathered:
+            self._gather(self.plan.units[path], "forward", stack)
+        return True
+
+    def post_forward(self, node: Node) -> None:
+        self.entered.discard(node.inst.path)
+        if self.plan.reshard:
+            self._reshard(self.plan.units[node.inst.path])
+
+    def root_post_forward(self) -> None:
+        # FSDPState._post_forward of the root frees the last all-gather output; the root
+        # itself stays unsharded for backward (its post_forward_mesh_info is None)
+        self.state.drop_buffer(FSDP_GATHER, self.kept_flat)
+        self.kept_flat = 0
+
+    def _prefetch(self, unit: _Unit | None, stack) -> None:
+        if unit is None or unit.path in self.gathered or unit.path in self.pending:
+            return
+        self.pending[unit.path] = unit.flat
+        self.state.add_buffer(FSDP_GATHER, unit.flat)
+        self.state.observe("backward", f"{unit.path} (FSDP prefetch)", stack)
+
+    def root_pre_backward(self) -> None:
+        order = self.plan.unit_list()
+        self._prefetch(order[-1] if order else None, {})
+
+    def pre_backward(self, node: Node, stack) -> None:
+        if not node.inst.grad_flows:
+            return  # NB: no output of the unit requires grad: no pre-backward hook
+        unit = self.plan.units[node.inst.path]
+        if unit.path not in self.gathered:
+            self._gather(unit, "backward", stack)
+        self._prefetch(self.plan.previous(unit.path), stack)
+
+    def post_backward(self, unit: _Unit, stack) -> None:
+        """FSDPParamGroup.post_backward: reshard, release the previous reduce-scatter input,
+        then foreach_reduce: the input (the unsharded gradients copied in, then freed), the
+        output (the sharded gradient, kept), the input kept until the next unit's."""
+        if not any(n.inst.grad_flows for n in unit.nodes[:1]) and unit is not self.plan.root:
+            return
+        self._reshard(unit)
+        self.state.drop_buffer(FSDP_REDUCE, self.rs_kept)
+        self.rs_kept = 0
+        if not unit.rs_in:
+            return
+        state = self.state
+        state.add_buffer(FSDP_REDUCE, unit.rs_in)
+        state.observe("backward", f"{unit.path} (FSDP reduce-scatter)", stack)
+        for n in unit.nodes:
+            g = self.blocks[id(n)][1] if n.cost.gradients else 0
+            if g:
+                state.grads[n.inst.module] -= g
+                state.level -= g
+        state.add_buffer(FSDP_REDUCE, unit.cast)
+        state.grads[unit.module] = state.grads.get(unit.module, 0) + unit.rs_out
+        state.level += unit.rs_out
+        state.observe("backward", f"{unit.path} (FSDP reduce-scatter)", stack)
+        state.drop_buffer(FSDP_REDUCE, unit.cast)
+        self.rs_kept = unit.rs_in
+
+    def root_post_backward(self) -> None:
+        """The final callback: the root's post_backward, the units no backward reached
+        resharded, prefetched outputs dropped (finalize_backward), the last reduce-scatter
+        input released."""
+        self.post_backward(self.plan.root, {})
+        for unit in self.plan.unit_list():
+            self._reshard(unit)
+        for flat in self.pending.values():
+            self.state.drop_buffer(FSDP_GATHER, flat)
+        self.pending.clear()
+        self.state.drop_buffer(FSDP_REDUCE, self.rs_kept)
+        self.rs_kept = 0

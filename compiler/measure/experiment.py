@@ -45,6 +45,11 @@ OPTIONAL_KEYS = ("image_size", "lora")
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
                                  "modules": ["language"], "modules_to_save": [], "bias": "none"}
 LORA_BIAS = ("none", "all", "lora_only")
+# FSDP2 (torch.distributed.fsdp.fully_shard) defaults for what `parallel.fsdp` leaves out:
+# fully_shard's reshard_after_forward=True; gradients reduced in fp32 (MixedPrecisionPolicy
+# reduce_dtype), the full-precision dtype the sharded parameters keep.
+FSDP_DEFAULTS: dict[str, Any] = {"reshard_after_forward": True, "reduce_dtype": "fp32"}
+FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 DESCRIPTIVE_KEYS = ("summary", "gpu", "notes")
 # Forward order of the modules; a module gets gradients flowing through it when it or
 # anything before it is trainable.
@@ -100,6 +105,17 @@ def _check(exp: dict, where: str) -> None:
     lora = exp.get("lora")
     if lora is not None:
         _check_lora(lora, fail)
+    fsdp = exp["parallel"].get("fsdp")
+    if fsdp is not None:
+        unknown = sorted(set(fsdp) - set(FSDP_DEFAULTS))
+        if unknown:
+            fail(f"parallel.fsdp: unknown key(s) {unknown}; known: {list(FSDP_DEFAULTS)}")
+        if not isinstance(fsdp["reshard_after_forward"], bool):
+            fail(f"parallel.fsdp.reshard_after_forward must be true or false, got {fsdp['reshard_after_forward']!r}")
+        if fsdp["reduce_dtype"] not in FSDP_REDUCE_DTYPES:
+            fail(f"parallel.fsdp.reduce_dtype {fsdp['reduce_dtype']!r} is not one of {list(FSDP_REDUCE_DTYPES)}")
+        if exp["parallel"].get("zero", 0):
+            fail("parallel: fsdp and a ZeRO stage exclude each other (one shards the model)")
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
@@ -121,6 +137,14 @@ def _check_lora(lora: dict, fail) -> None:
         fail(f"lora.modules: unknown module(s) {unknown}; known: {list(MODULES)}")
 
 
+def normalise_parallel(parallel: dict) -> dict:
+    """The `parallel` block with its defaults; an `fsdp` block gets FSDP_DEFAULTS filled."""
+    out = {**DEFAULTS["parallel"], **parallel}
+    if out.get("fsdp") is not None:
+        out["fsdp"] = {**FSDP_DEFAULTS, **out["fsdp"]}
+    return out
+
+
 def normalise_lora(lora: dict | None) -> dict | None:
     """The experiment's `lora` block with peft's defaults filled (None: no LoRA)."""
     if lora is None:
@@ -132,8 +156,12 @@ def normalise_lora(lora: dict | None) -> dict | None:
 
 
 def check_measurable(exp: dict) -> None:
-    """Refuse what one process cannot measure: data parallelism and ZeRO sharding."""
-    if exp["parallel"].get("dp", 1) != 1 or exp["parallel"].get("zero", 0) != 0:
+    """Refuse what one process cannot measure: ZeRO sharding, and data parallelism other
+    than FSDP2 (which runs as rank 0 of a fake process group)."""
+    parallel = exp["parallel"]
+    if parallel.get("fsdp") is not None and parallel.get("zero", 0) == 0:
+        return
+    if parallel.get("dp", 1) != 1 or parallel.get("zero", 0) != 0:
         raise ExperimentError(
             f"experiment {exp['experiment']!r}: parallel {exp['parallel']} cannot be measured here: "
             "only dp 1, zero 0 runs on one process (the CLI's --no-parallel measures it unsharded)")
@@ -149,7 +177,7 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     exp = {**DEFAULTS, **raw}
     exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") == "adamw" else {}),
                         **exp["optimizer"]}
-    exp["parallel"] = {**DEFAULTS["parallel"], **exp["parallel"]}
+    exp["parallel"] = normalise_parallel(exp["parallel"])
     exp["trainable"] = list(exp["trainable"])
     exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
     exp["lora"] = normalise_lora(exp.get("lora"))
@@ -172,7 +200,7 @@ def with_overrides(exp: dict, **overrides: Any) -> dict:
     """A copy of `exp` with the non-None overrides applied and checked again."""
     out = dict(exp)
     out.update({k: v for k, v in overrides.items() if v is not None})
-    out["parallel"] = {**DEFAULTS["parallel"], **out["parallel"]}
+    out["parallel"] = normalise_parallel(out["parallel"])
     _check(out, f"experiment {out['experiment']!r} with overrides")
     return out
 
@@ -246,6 +274,9 @@ def label(key: str, value: Any) -> str:
     if isinstance(value, list):
         return "+".join(value) or "none"
     if key == "parallel":
+        if value.get("fsdp") is not None:
+            reshard = "" if value["fsdp"].get("reshard_after_forward", True) else "-keep"
+            return f"dp{value['dp']}-fsdp{reshard}"
         return f"dp{value['dp']}-zero{value['zero']}"
     if key == "image_size":
         return f"{value[0]}x{value[1]}"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import emulation
+from . import emulation, fsdp
 from .experiment import check_measurable
 from .families import family_for
 from .tracer import (
@@ -86,10 +86,17 @@ def config_sha256(config_path: Path) -> str:
     return hashlib.sha256(Path(config_path).read_bytes()).hexdigest()
 
 
+def _fsdp(exp: dict) -> dict | None:
+    return exp["parallel"].get("fsdp")
+
+
 def build_model(config, exp: dict):
     family = family_for(exp["config"])
+    # NB: under FSDP2 the model keeps its full-precision weights (sharded); the policy's
+    # param_dtype copies are what the layers compute with
+    dtype = fsdp.storage_dtype(exp["precision"]) if _fsdp(exp) else DTYPES[exp["precision"]]
     model = family.model_class()._from_config(
-        config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=DTYPES[exp["precision"]])
+        config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=dtype)
     model.train()
     model.requires_grad_(False)
     groups = family.module_groups(model)
@@ -272,7 +279,8 @@ def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
 
 
 def _make_optimizer(exp: dict, trainable: list[torch.Tensor], tracer: MemoryTracer):
-    if exp["precision"] in MIXED:
+    # NB: FSDP2's sharded parameters are the full-precision weights the optimizer steps
+    if exp["precision"] in MIXED and not _fsdp(exp):
         scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
         return MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale), scale
     return PlainOptimizer(trainable, exp["optimizer"]), 1.0
@@ -327,12 +335,15 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
     config = load_config(exp["config"])
     fake_mode = None
+    device_mesh = fsdp.mesh(exp["parallel"]["dp"]) if _fsdp(exp) else None
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake_mode = FakeTensorMode()
     with (fake_mode or _nothing()):
         model = build_model(config, exp)
+        if device_mesh is not None:
+            fsdp.shard(model, exp, device_mesh)
     # NB: the batch is built from real tensors and then faked, so that the values the model
     # reads on the host (the family's HOST_VALUES) survive as constants.
     batch = make_batch(config, exp)

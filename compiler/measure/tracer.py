@@ -65,6 +65,14 @@ def round_up(nbytes: int, granularity: int) -> int:
     return -(-nbytes // granularity) * granularity
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage is on this device: a DTensor's local shard (FSDP2's sharded
+    parameters, their gradients and optimizer states), else the tensor itself. A DTensor is
+    a wrapper without storage of its own."""
+    inner = getattr(tensor, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else tensor
+
+
 def default_category(phase: str, recomputing: bool) -> str:
     """What a storage created in `phase` is, until something relabels it."""
     if phase in (FORWARD, LOSS):
@@ -155,6 +163,7 @@ class MemoryTracer(TorchDispatchMode):
     # -- storages -------------------------------------------------------------------------
 
     def _track(self, tensor: torch.Tensor, category: str, module: str, op: str) -> Allocation | None:
+        tensor = local_tensor(tensor)
         if self.device is not None and tensor.device.type != self.device:
             return None
         storage = tensor.untyped_storage()
@@ -185,6 +194,45 @@ class MemoryTracer(TorchDispatchMode):
         self.total -= record.nbytes
         self.by_category[record.category] -= record.nbytes
 
+    def resized(self, storage, nbytes: int) -> None:
+        """A live storage changed size in place (`UntypedStorage.resize_`: FSDP2 frees and
+        re-allocates its unsharded parameters and all-gather outputs this way). The old
+        record dies and a new one of the new size takes its place, so that a peak taken
+        before keeps the size it saw."""
+        record = self.live.get(storage._cdata)
+        if record is None:
+            return
+        nbytes = round_up(nbytes, self.granularity)
+        if nbytes == record.nbytes:
+            return
+        module, _ = self.context()
+        record.alive = False
+        self.total += nbytes - record.nbytes
+        self.by_category[record.category] += nbytes - record.nbytes
+        self.live[storage._cdata] = Allocation(
+            nbytes=nbytes, category=record.category, phase=self.phase,
+            module=module if nbytes else record.module, op="resize_", dtype=record.dtype, shape=record.shape)
+        self._observe("resize_", module, ())
+
+    def __enter__(self):
+        # NB: storage resizes are no tensor ops: the dispatcher never shows them to a mode,
+        # so the tracer wraps the Python method while it is active.
+        original = torch.UntypedStorage.resize_
+        tracer = self
+
+        def resize_(storage, nbytes):
+            out = original(storage, nbytes)
+            tracer.resized(storage, int(nbytes))
+            return out
+
+        self._original_resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
+
     def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "") -> None:
         """Count tensors created before tracing began (weights, buffers, the batch)."""
         for tensor in tensors:
@@ -195,7 +243,7 @@ class MemoryTracer(TorchDispatchMode):
         for tensor in tensors:
             if tensor is None:
                 continue
-            record = self.live.get(tensor.untyped_storage()._cdata)
+            record = self.live.get(local_tensor(tensor).untyped_storage()._cdata)
             if record is None or record.category == category:
                 continue
             self.by_category[record.category] -= record.nbytes
