@@ -28,6 +28,7 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
+  memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
   memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
@@ -156,6 +157,9 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
     add("--dp", type=int, metavar="N", help="data-parallel degree")
     add("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    add("--fsdp", action="store_true", help="PyTorch FSDP2 (fully_shard) over the --dp ranks, e.g. --fsdp --dp 8")
+    add("--fsdp-reshard-after-forward", choices=["true", "false"], dest="fsdp_reshard", help="FSDP2 reshard_after_forward (default true; false keeps every layer gathered until its backward); implies --fsdp")
+    add("--fsdp-reduce-dtype", choices=["fp32", "bf16", "fp16"], dest="fsdp_reduce", help="FSDP2 MixedPrecisionPolicy.reduce_dtype (default fp32); implies --fsdp")
     add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
     add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
     add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
@@ -163,6 +167,7 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
     r = p.add_argument_group("read what you already have")
     r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it)")
+    r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 
 
@@ -194,6 +199,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if targets is not None and targets == ["all-linear"]:
             lora["target_modules"] = "all-linear"
         out["lora"] = {k: v for k, v in lora.items() if v is not None}
+    if getattr(args, "fsdp", False) or getattr(args, "fsdp_reshard", None) or getattr(args, "fsdp_reduce", None):
+        block: dict[str, Any] = {}
+        if args.fsdp_reshard:
+            block["reshard_after_forward"] = args.fsdp_reshard == "true"
+        if args.fsdp_reduce:
+            block["reduce_dtype"] = args.fsdp_reduce
+        out["fsdp"] = block
     if args.optimizer or args.optimizer_impl or args.momentum is not None:
         opt = {"type": args.optimizer or "adamw"}
         if args.optimizer_impl:
@@ -304,10 +316,21 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     ds_file = getattr(args, "deepspeed", None)
     explicit: dict[str, Any] = {}
-    if getattr(args, "from_command", None):
-        command = launch.read_command(args.from_command)
+    accelerate_file = getattr(args, "accelerate_config", None)
+    command = launch.read_command(args.from_command) if getattr(args, "from_command", None) else None
+    if command is not None and command.config_file and not accelerate_file:
+        accelerate_file = launch.config_path(command.config_file, command)
+    if accelerate_file:
+        reading = launch.read_accelerate(accelerate_file, tuple(m.name for m in _spec(args).modules))
+        out.update(reading.overrides)
+        notes += [f"note: accelerate config {accelerate_file}", *reading.notes]
+    if command is not None:
         spec = _spec(args)
         reading = launch.command_overrides(command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model)
+        if accelerate_file and command.gpus is None:
+            # NB: the config says how many processes; the command's silence is no news
+            reading = launch.Reading({k: v for k, v in reading.overrides.items() if k != "dp"},
+                                     tuple(n for n in reading.notes if "does not say how many GPUs" not in n))
         out.update(reading.overrides)
         notes += [f"note: {command.file}:{command.line}: read the {command.launcher} command running {command.entry}", *reading.notes]
         explicit = {k: out[k] for k in ("micro_batch", "precision") if k in out}
@@ -318,7 +341,10 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
         reading = launch.read_deepspeed(ds_file, explicit)
         out.update(reading.overrides)
         notes += [f"note: DeepSpeed config {ds_file}", *reading.notes]
-    out.update(overrides(args))
+    flags = overrides(args)
+    if isinstance(out.get("fsdp"), dict) and isinstance(flags.get("fsdp"), dict):
+        flags["fsdp"] = {**out["fsdp"], **flags["fsdp"]}  # NB: --fsdp-* change single keys of the file's
+    out.update(flags)
     return out, notes
 
 

@@ -36,8 +36,9 @@ Codes (stable; never reuse a retired one):
 
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
-    E802 DeepSpeed feature not modelled yet (CPU/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)
+    E802 DeepSpeed feature not modelled yet (ZeRO-3/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)
     E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits)
+    E804 accelerate config value of the wrong type or range  E805 accelerate feature not modelled (FSDP1, size wrap, offload, fp8)
 
     memspec report (the HTML page):
     E901 the page cannot be written to -o (a folder, no such folder, not permitted)
@@ -48,6 +49,8 @@ Codes (stable; never reuse a retired one):
     E912 range backwards, step < 1 or factor < 2, too many   E917 base revision unknown to git, or unreadable
     E913 value outside the knob's range or choices           E918 the base revision's cases could not be evaluated
     E914 chart: no knob with two values, or --x not swept
+    the training setup (an experiment, flags, the files read):
+    E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with a ZeRO stage other than 1 or 2
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class Cost:
     checkpoint: tuple[tuple[str, int], ...]  # kept instead of `saved` by a checkpointing unit
     transient_forward: int
     transient_backward: int
+    param_rows: tuple[int, ...] = ()  # dim 0 of each parameter tensor (0: not given), as param_tensors
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
         tb = integer(formula.transient["backward"], formula.transient["backward"](scope)) if "backward" in formula.transient else 0
-        hit = memo[key] = (factors, saved, ckpt, tf, tb)
+        given = tuple(integer(e, e(scope)) for e in formula.param_rows) or (0,) * len(params)
+        rows = tuple(r for b, r in zip(params, given) if b)
+        hit = memo[key] = (factors, saved, ckpt, tf, tb, rows)
     return hit
 
 
@@ -78,7 +81,7 @@ def evaluate(roots: tuple[Instance, ...]) -> tuple[Node, ...]:
 
 def _node(inst: Instance, memo: dict) -> Node:
     f = inst.formula
-    factors, saved, ckpt, tf, tb = _numbers(f, inst.scope, memo)
+    factors, saved, ckpt, tf, tb, rows = _numbers(f, inst.scope, memo)
     if inst.flat_states:
         params, grads, _, *buffers = factors
         factors = (params, grads, params // inst.scope["bytes"]["param"] * inst.scope["bytes"]["optim"], *buffers)
@@ -89,6 +92,7 @@ def _node(inst: Instance, memo: dict) -> Node:
         checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
         transient_forward=tf,
         transient_backward=tb,
+        param_rows=rows,
     )
     return Node(inst, cost, tuple(_node(c, memo) for c in inst.children))
 

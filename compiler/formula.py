@@ -280,6 +280,8 @@ class Formula:
     references: tuple[str, ...]
     examples: tuple[Example, ...]
     doc: Document = field(compare=False, repr=False)
+    # dim 0 of each parameter tensor, where a formula says (FSDP2 shards and pads dim 0)
+    param_rows: tuple[Expr, ...] = ()
 
     @property
     def is_composite(self) -> bool:
@@ -363,12 +365,16 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     factors = {
         name: compile_expr(value, doc, child_path("$.factors", name), scope, problems)
         for name, value in raw_factors.items()
-        if name not in ("parameters", "buffers")
+        if name not in ("parameters", "buffers", "parameter_rows")
     }
     # Parameters and buffers may be listed one tensor each: the allocator rounds every
     # tensor on its own.
     param_tensors = _compile_tensor_list(raw_factors.get("parameters"), doc, "parameters", scope, problems)
     buffers = _compile_tensor_list(raw_factors.get("buffers"), doc, "buffers", scope, problems)
+    param_rows = _compile_tensor_list(raw_factors.get("parameter_rows"), doc, "parameter_rows", scope, problems)
+    if param_rows and len(param_rows) != len(param_tensors):
+        problems.append(doc.diag("E208", "$.factors.parameter_rows", f"{len(param_rows)} rows for {len(param_tensors)} parameter tensors",
+                                 "give dim 0 of every tensor listed under parameters, in the same order"))
     transient = {
         name: compile_expr(value, doc, child_path("$.transient", name), scope, problems)
         for name, value in (data.get("transient") or {}).items()
@@ -394,6 +400,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         lets=tuple(lets),
         factors=factors,
         param_tensors=param_tensors,
+        param_rows=param_rows,
         buffers=buffers,
         activations=activations,
         transient=transient,

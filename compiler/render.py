@@ -40,7 +40,8 @@ def setup_line(r: Report) -> str:
 
 def _sharding(s) -> str:
     if s.fsdp is None:
-        return f"ZeRO-{s.zero}"
+        offload = s.deepspeed is not None and s.deepspeed.offload_optimizer != "none"
+        return f"ZeRO-{s.zero}" + (f", optimizer offloaded to {s.deepspeed.offload_optimizer}" if offload else "")
     keep = "reshard after forward" if s.fsdp.reshard_after_forward else "no reshard after forward"
     return f"FSDP2 ({keep}, reduce {s.fsdp.reduce_dtype})"
 
@@ -116,7 +117,9 @@ def as_data(r: Report) -> dict[str, Any]:
             "optimizer": {"type": s.optimizer.type, "impl": s.optimizer.impl, "momentum": s.optimizer.momentum},
             "gradient_checkpointing": sorted(s.gradient_checkpointing),
             "attention": s.attention,
-            "parallel": {"dp": s.dp, "zero": s.zero, **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {})},
+            "parallel": {"dp": s.dp, "zero": s.zero,
+                         **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
+                         **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {})},
             "bytes": dict(s.bytes),
         },
         "parameters": dict(r.parameters),

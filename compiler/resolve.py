@@ -162,6 +162,7 @@ class DeepSpeed:
     prefetch_bucket: int  # stage3_prefetch_bucket_size
     overlap_comm: bool
     contiguous_gradients: bool
+    offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2)
 
 
 # deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig): reduce_bucket_size 5e8,
@@ -177,6 +178,8 @@ HF_AUTO_PREFETCH_FRACTION = 0.9
 def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, str | None]:
     """The DeepSpeed buffer sizes of a `parallel` block, or a problem with "auto" sizing."""
     if parallel["zero"] == 0:
+        if parallel.get("offload_optimizer", "none") != "none":
+            return None, "offload_optimizer cpu is modelled for ZeRO stage 1 and 2, not 0"
         return None, None
     reduce = parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET)
     prefetch = parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET)
@@ -186,7 +189,10 @@ def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> t
         reduce = hidden_size * hidden_size if reduce == "auto" else reduce
         prefetch = int(HF_AUTO_PREFETCH_FRACTION * hidden_size * hidden_size) if prefetch == "auto" else prefetch
     overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
-    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True))), None
+    offload = parallel.get("offload_optimizer", "none")
+    if offload != "none" and parallel["zero"] not in (1, 2):
+        return None, f"offload_optimizer {offload} is modelled for ZeRO stage 1 and 2, not {parallel['zero']}"
+    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True)), offload), None
 
 
 def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
@@ -436,7 +442,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
-    if problem:
+    if problem and problem.startswith("offload_optimizer"):
+        complain("parallel", "E311", problem, "use zero: 1 or 2 with offload_optimizer: cpu; ZeRO-3 offload is not modelled yet")
+    elif problem:
         complain("parallel", "E505", problem, "write the bucket sizes as numbers, or add hidden_size to the model spec")
     if problems:
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are

@@ -196,6 +196,10 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
     """
     c = node.cost
     elements = [t // setup.bytes["param"] for t in c.param_tensors]
+    if _offloaded(setup):
+        # NB: DeepSpeed's CPU offload keeps the fp32 partition, its gradient and the states
+        # in host memory; only the 16-bit weights stay
+        return sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors), 0, 0
     params = sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors) if p_div == 1 else _div(c.parameters, p_div)
     if not c.gradients:
         grads = 0
@@ -257,6 +261,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.workspace = (setup.target.gemm_threads if trainable else 1) * setup.target.workspace
     state.first_forward_workspace = setup.target.workspace
     state.level = sum(sum(c.values()) for c in per_gpu.values()) + state.workspace
+    # DeepSpeed's offload staging buffer exists from the engine's construction on
+    state.add_buffer(DEEPSPEED, _offload_buffers(setup, _largest_trainable_tensor(nodes, setup))[0])
     state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values())
     state.resident_slack = sum(
         segment_slack(_div(n.cost.parameters, p_div)) + segment_slack(_div(n.cost.optimizer_states, o_div))
@@ -333,14 +339,17 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         state.add_buffer(DEEPSPEED, _bucket_bytes(setup))
         if fs is not None:
             fs.root_pre_backward()
+        norm = _offload_buffers(setup, _largest_trainable_tensor(nodes, setup))[1]
         for root in reversed(nodes):
-            backward(root, {})
+            backward(root, {modules[-1]: norm} if norm else {})
         if fs is not None:
             fs.root_post_backward()
     largest = _largest_trainable(nodes, setup)
     if plan is not None:
         total = plan.step_temporaries(nodes, setup)
         step_transient = {modules[-1]: total} if total else {}
+    elif _offloaded(setup):
+        step_transient = {}  # NB: DeepSpeedCPUAdam steps in host memory
     else:
         step_transient = _step_transient(setup, tensors, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)
@@ -376,6 +385,33 @@ def _push(stack: Mapping[str, int], module: str, extra: int) -> Mapping[str, int
     return out
 
 
+def _offloaded(setup: Setup) -> bool:
+    return setup.deepspeed is not None and setup.deepspeed.offload_optimizer == "cpu"
+
+
+def _offload_buffers(setup: Setup, largest: int) -> tuple[int, int]:
+    """(resident, backward transient) GPU bytes of DeepSpeed's optimizer offload, ZeRO-1/2.
+
+    deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer:
+    - __init__ with cpu_offload: `temp_grad_buffer_for_gpu_offload`, torch.zeros of the
+      largest parameter's numel in the 16-bit dtype on the GPU, kept for the whole run (the
+      fp32 partition `single_partition_of_fp32_groups` and its .grad are on the CPU);
+    - copy_grads_in_partition with cpu_offload: no GPU gradient partition
+      (`grads_in_partition` is never allocated); per parameter, set_norm_for_param_grad_in_gpu
+      takes `.double().norm(2)` of its slice (8 bytes per element), then
+      async_inplace_copy_grad_to_fp32_buffer_from_gpu converts it `.to(fp32)` (4 bytes) for
+      the copy to the host. NB: the slice is at most the whole parameter; it is charged as
+      the largest parameter's, for the whole backward (an upper bound: only the moment its
+      bucket is reduced holds it).
+    - step() runs the optimizer on the CPU: no optimizer temporaries on the GPU.
+    """
+    if not _offloaded(setup):
+        return 0, 0
+    resident = round_up(largest * setup.bytes["grad"], ALLOCATOR_GRANULE)
+    norm = round_up(largest * 8, ALLOCATOR_GRANULE)  # float64
+    return resident, norm
+
+
 def _div(n: int, d: int) -> int:
     return -(-n // d)
 
@@ -389,6 +425,12 @@ def _trainable_elements(nodes, setup: Setup) -> int:
 def _trainable_tensors(nodes, setup: Setup) -> list[int]:
     """Element counts of every tensor the optimizer steps."""
     return [t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states for t in n.cost.param_tensors]
+
+
+def _largest_trainable_tensor(nodes, setup: Setup) -> int:
+    """Elements of the largest parameter tensor that requires grad (DeepSpeed's largest_param_numel)."""
+    return max((t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states
+                for t in n.cost.param_tensors), default=0)
 
 
 def _largest_trainable(nodes, setup: Setup) -> int:
@@ -457,7 +499,6 @@ def _prefetch_bytes(setup: Setup) -> int:
 def _not_modelled(setup: Setup) -> tuple[str, ...]:
     out = []
     if setup.fsdp is not None:
-        out.append("FSDP2: dim-0 padding of a parameter whose first dimension does not divide by dp (taken as ceil(numel / dp) elements per rank)")
         if setup.dp > 1:
             out.append("FSDP2 units other than the decoder/encoder layers and the root (accelerate also wraps CLIPVisionEmbeddings; counted here in the root, which stays gathered longer: an over-estimate)")
     elif setup.dp > 1 and setup.zero == 0:
@@ -496,6 +537,8 @@ class _Unit:
     """One fully_shard unit's allocations on rank 0 (bytes, each rounded to the granule).
 
     torch/distributed/fsdp/_fully_shard (torch 2.13):
+    - `inp`: with a mixed-precision policy, the shards cast to param_dtype in one flat
+      buffer (_get_param_all_gather_inputs, the foreach-copy path), freed once copied in;
     - `flat`: foreach_all_gather's output, world_size x the padded shards in the compute
       dtype (_fsdp_collectives.py, foreach_all_gather; the all-gather input is a view of it);
     - `gathered`: the unsharded parameters, one all_gather_output per parameter, filled by the
@@ -512,6 +555,7 @@ class _Unit:
     nodes: tuple  # the nodes whose parameters the unit holds
     gathered: int
     flat: int
+    inp: int
     rs_in: int
     rs_out: int
     cast: int
@@ -523,9 +567,9 @@ class _FsdpPlan:
     Units as accelerate's FSDP2 auto wrap makes them: every layer HF lists in
     `_no_split_modules` (the formulas' checkpointing units: decoder and encoder layers),
     then the root, which holds every parameter outside them (embeddings, final norm,
-    lm_head, projector). Each parameter is sharded on dim 0; rank 0 holds
-    ceil(numel / dp) elements of it (NB: exact when dim 0 divides by dp; FSDP2 pads dim 0 to
-    a multiple of dp, which adds up to dp - 1 rows of a parameter whose dim 0 does not).
+    lm_head, projector). Each parameter is sharded on dim 0, padded to a multiple of dp:
+    rank 0 holds ceil(dim0 / dp) rows (formulas give dim 0 as `parameter_rows` where it
+    may not divide; elsewhere ceil(numel / dp) elements).
     """
 
     def __init__(self, nodes: tuple[Node, ...], setup: Setup):
@@ -552,13 +596,14 @@ class _FsdpPlan:
         self.sharded = sharded
 
         def unit(path: str, module: str, members: list) -> _Unit:
-            shards = [(self.shard(t // compute), n.inst.trainable) for n in members for t in n.cost.param_tensors]
+            shards = [(e, n.inst.trainable) for n in members for e in self.tensors(n, setup)]
             grads = [e for e, trainable in shards if trainable]
             rs_in = round_up(sum(grads) * self.n * f.reduce_bytes, ALLOCATOR_GRANULE) if grads else 0
             return _Unit(
                 path, module, tuple(members),
                 gathered=sum(round_up(e * self.n * compute, ALLOCATOR_GRANULE) for e, _ in shards),
                 flat=round_up(sum(e for e, _ in shards) * self.n * compute, ALLOCATOR_GRANULE) if shards else 0,
+                inp=round_up(sum(e for e, _ in shards) * compute, ALLOCATOR_GRANULE) if shards and compute != sharded else 0,
                 rs_in=rs_in,
                 rs_out=round_up(sum(grads) * sharded, ALLOCATOR_GRANULE) if grads else 0,
                 cast=round_up(sum(grads) * f.reduce_bytes, ALLOCATOR_GRANULE) if grads and f.reduce_bytes != sharded else 0,
@@ -570,12 +615,18 @@ class _FsdpPlan:
         self.root = unit("<root>", root_module, root_nodes)
         self.root_ids = frozenset(id(n) for n in root_nodes)
 
-    def shard(self, elements: int) -> int:
+    def shard(self, elements: int, rows: int = 0) -> int:
+        """Rank 0's elements of a parameter: ceil(rows / dp) rows of it (FSDPParam's
+        dim-0 chunk, padded: _fsdp_param.py, FSDPParam._init_sharded_param); without rows
+        the parameter is taken as dividing evenly."""
+        if rows:
+            return -(-rows // self.n) * (elements // rows)
         return -(-elements // self.n)
 
     def tensors(self, node: Node, setup: Setup) -> list[int]:
         """Rank 0's elements of each of the node's parameters."""
-        return [self.shard(t // setup.bytes["param"]) for t in node.cost.param_tensors]
+        rows = node.cost.param_rows or (0,) * len(node.cost.param_tensors)
+        return [self.shard(t // setup.bytes["param"], r) for t, r in zip(node.cost.param_tensors, rows)]
 
     def resident(self, node: Node, setup: Setup) -> tuple[int, int]:
         """(sharded parameters, optimizer states) of one node on rank 0: each parameter's
@@ -628,18 +679,25 @@ class _FsdpWalk:
         (wait_for_unshard, implicit prefetch), so two are alive for a moment."""
         flat = self.pending.pop(unit.path, None)
         if flat is None:
-            flat = unit.flat
-            self.state.add_buffer(FSDP_GATHER, flat)
-            self.state.observe(phase, f"{unit.path} (FSDP all-gather)", stack)
-        if phase == "forward":
-            self.state.drop_buffer(FSDP_GATHER, self.kept_flat)
+            flat = self._all_gather(unit, phase, stack)
         self.state.add_buffer(FSDP_GATHER, unit.gathered)
         self.gathered.add(unit.path)
         self.state.observe(phase, f"{unit.path} (FSDP copy-out)", stack)
         if phase == "forward":
+            # NB: wait_for_unshard clears comm_ctx.all_gather_state, but its local
+            # `prev_all_gather_state` holds the previous output until it returns
+            self.state.drop_buffer(FSDP_GATHER, self.kept_flat)
             self.kept_flat = flat
         else:
             self.state.drop_buffer(FSDP_GATHER, flat)
+
+    def _all_gather(self, unit: _Unit, phase: str, stack) -> int:
+        """The all-gather input (with a mixed-precision policy), then the output."""
+        self.state.add_buffer(FSDP_GATHER, unit.inp)
+        self.state.add_buffer(FSDP_GATHER, unit.flat)
+        self.state.observe(phase, f"{unit.path} (FSDP all-gather)", stack)
+        self.state.drop_buffer(FSDP_GATHER, unit.inp)
+        return unit.flat
 
     def _reshard(self, unit: _Unit) -> None:
         if unit.path in self.gathered:
@@ -673,9 +731,7 @@ class _FsdpWalk:
     def _prefetch(self, unit: _Unit | None, stack) -> None:
         if unit is None or unit.path in self.gathered or unit.path in self.pending:
             return
-        self.pending[unit.path] = unit.flat
-        self.state.add_buffer(FSDP_GATHER, unit.flat)
-        self.state.observe("backward", f"{unit.path} (FSDP prefetch)", stack)
+        self.pending[unit.path] = self._all_gather(unit, "backward", stack)
 
     def root_pre_backward(self) -> None:
         order = self.plan.unit_list()

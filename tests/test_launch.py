@@ -145,7 +145,13 @@ def test_offload_is_refused_not_ignored(tmp_path):
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}')
     text = err.value.render()
-    assert "ds.json:1:" in text and "E802 $.zero_optimization.offload_optimizer.device: offloading optimizer states to cpu is not modelled yet" in text
+    assert "ds.json:1:" in text and "E802 $.zero_optimization.offload_optimizer.device: offloading optimizer states to cpu under ZeRO-3 is not modelled yet" in text
+    with pytest.raises(MemspecError) as err:
+        _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}')
+    assert "E802 $.zero_optimization.offload_param.device: offloading parameters to cpu is not modelled yet" in err.value.render()
+    with pytest.raises(MemspecError) as err:
+        _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}')
+    assert "offloading optimizer states to nvme is not modelled yet" in err.value.render()
     assert _ds(tmp_path, '{"zero_optimization": {"offload_param": {"device": "none"}}}').overrides["deepspeed"] == {}
 
 
