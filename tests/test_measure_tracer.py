@@ -93,3 +93,32 @@ def test_inventory_groups_live_activations_by_module():
     # the loss keeps fp32 log-probabilities: b*s x vocab = 2*48 x 256 x 4 B = 98_304
     assert "98304      1  loss  float32[96x256] _log_softmax.default" in measured.inventory
     assert ACTIVATIONS in measured.steps[1].phases["forward"]["breakdown"]
+
+
+def test_storage_resizes_are_frees_and_allocations():
+    # FSDP2 frees and re-allocates unsharded parameters by resizing their storage in place
+    # (_fsdp_param.py free_storage / alloc_storage); no dispatch mode sees a resize.
+    with FakeTensorMode(), MemoryTracer() as tracer:
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 B -> 4096
+        a.untyped_storage().resize_(0)
+        assert tracer.total == 0
+        a.untyped_storage().resize_(4000)
+        assert tracer.total == 4096
+        a.untyped_storage().resize_(0)
+    assert tracer.total == 0
+    assert tracer.peaks[(0, "setup")].allocated == 4096
+    assert torch.UntypedStorage.resize_ is not None and "tracer" not in repr(torch.UntypedStorage.resize_)
+
+
+def test_dtensor_shards_are_counted_by_their_local_storage():
+    from compiler.measure import fsdp
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = fsdp.mesh(2)
+    with FakeTensorMode():
+        layer = torch.nn.Linear(1000, 1001)  # weight [1001, 1000]: dim 0 pads to 1002 rows
+        fully_shard(layer, mesh=mesh)
+        with MemoryTracer() as tracer:
+            tracer.register(layer.parameters(), "parameters")
+    # rank 0: ceil(1001 / 2) = 501 rows of 1000 fp32, and 501 of the bias
+    assert tracer.total == round_up(501 * 1000 * 4, 512) + round_up(501 * 4, 512) == 2_004_480 + 2048
