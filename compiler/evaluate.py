@@ -32,6 +32,9 @@ class Cost:
     transient_forward: int
     transient_backward: int
     param_rows: tuple[int, ...] = ()  # dim 0 of each parameter tensor (0: not given), as param_tensors
+    # An FSDP unit's inputs (its checkpoint saves, checkpointing or not): alive around the
+    # unit's all-gathers, before any of its layers charges them
+    unit_input: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ def _node(inst: Instance, memo: dict) -> Node:
         transient_forward=tf,
         transient_backward=tb,
         param_rows=rows,
+        unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
     )
     return Node(inst, cost, tuple(_node(c, memo) for c in inst.children))
 

@@ -281,7 +281,12 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
         inst = node.inst
-        if fs is not None and inst.shard_unit and phase == "forward" and fs.pre_forward(node, stack):
+        if fs is not None and inst.shard_unit and phase == "forward" and inst.path not in fs.entered:
+            # NB: the unit's inputs exist before its pre-forward all-gathers its weights
+            if inst.checkpointed and keep:
+                state.charge(inst.module, node.cost.checkpoint, kept=True)
+            gap = sum(b for name, b in node.cost.unit_input if name not in state.live)
+            fs.pre_forward(node, _push(stack, inst.module, gap))
             forward(node, stack, keep, phase)
             fs.post_forward(node)
             return
@@ -307,8 +312,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
 
     def backward(node: Node, stack: dict) -> None:
         inst = node.inst
+        # NB: around an FSDP unit's backward hooks its output's gradient (before) and its
+        # input's (after) exist: the size of its input
+        grad_io = node.cost.unit_input[0][1] if fs is not None and node.cost.unit_input else 0
         if fs is not None and inst.shard_unit:
-            fs.pre_backward(node, stack)
+            fs.pre_backward(node, _push(stack, inst.module, grad_io))
         if inst.checkpointed:
             forward(node, stack, keep=True, phase="backward")
         t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
@@ -322,7 +330,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             state.observe("backward", inst.path, t)
         state.free(inst.path, node.cost.saved + node.cost.checkpoint)
         if fs is not None and inst.shard_unit:
-            fs.post_backward(fs.plan.units[inst.path], stack)
+            fs.post_backward(fs.plan.units[inst.path], _push(stack, inst.module, grad_io))
 
     held: list = []  # tensors the model's outputs keep until the forward ends
     if fs is not None:
@@ -707,15 +715,11 @@ class _FsdpWalk:
     def root_pre_forward(self) -> None:
         self._gather(self.plan.root, "forward", {})
 
-    def pre_forward(self, node: Node, stack) -> bool:
-        """True when the unit starts here (the caller then runs its forward and post_forward)."""
+    def pre_forward(self, node: Node, stack) -> None:
         path = node.inst.path
-        if path in self.entered:
-            return False
         self.entered.add(path)
         if path not in self.gathered:
             self._gather(self.plan.units[path], "forward", stack)
-        return True
 
     def post_forward(self, node: Node) -> None:
         self.entered.discard(node.inst.path)
