@@ -130,7 +130,7 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH))
     seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ))
     dp = None
-    if setup.zero >= 1:
+    if setup.zero >= 1 or setup.fsdp is not None:  # NB: sharding makes more ranks need less memory each
         probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
     return FitReport(gpu, margin, budget, base, micro, seq, dp)

@@ -204,7 +204,7 @@ def fit_text(f) -> str:
         _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len),
     ]
     if f.dp is not None:
-        lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, ZeRO-{s.zero}", f.dp))
+        lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
     lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.base.device <= f.budget else 'does not fit'})"]
     if f.base.estimate.not_modelled:
