@@ -152,7 +152,10 @@ def _checked_note(data: Mapping[str, Any]) -> str:
     note = ("The formulas are checked against measured records: training steps traced on fake tensors on CPU with "
             "CUDA's allocation behaviour emulated (docs/measuring.md; memspec validate tests/measured/).")
     parallel = data["setup"]["parallel"]
-    if parallel["dp"] > 1 or parallel["zero"] > 0:
+    if parallel.get("fsdp"):
+        note += (f" FSDP2 over dp {parallel['dp']} is measured as rank 0 of a fake process group (fully_shard on "
+                 "the real model; docs/fsdp.md).")
+    elif parallel["dp"] > 1 or parallel["zero"] > 0:
         note += (f" Only one GPU without sharding is measured: the dp {parallel['dp']} ZeRO-{parallel['zero']} "
                  "sharding and DeepSpeed's buffers here follow DeepSpeed's source, unmeasured.")
     return note
