@@ -29,6 +29,7 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
+  memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config accelerate.yaml
   memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
@@ -166,7 +167,7 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
     add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
     r = p.add_argument_group("read what you already have")
-    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it)")
+    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2")
     r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 
