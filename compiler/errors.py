@@ -49,6 +49,7 @@ Codes (stable; never reuse a retired one):
     E912 range backwards, step < 1 or factor < 2, too many   E917 base revision unknown to git, or unreadable
     E913 value outside the knob's range or choices           E918 the base revision's cases could not be evaluated
     E914 chart: no knob with two values, or --x not swept
+
     the training setup (an experiment, flags, the files read):
     E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with a ZeRO stage other than 1 or 2
 """
