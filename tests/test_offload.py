@@ -68,3 +68,11 @@ def test_offload_without_zero_1_or_2_is_an_error():
     with pytest.raises(MemspecError) as err:
         estimate(FINETUNE, deepspeed={"zero": 3, "offload_optimizer": "cpu"})
     assert "E311" in err.value.render() and "offload_optimizer cpu is modelled for ZeRO stage 1 and 2, not 3" in err.value.render()
+
+
+def test_the_documented_config_gives_the_experiment_setup():
+    # docs/from-your-launch-script.md: the finetune experiment with tests/fixtures/deepspeed/zero2_offload.json
+    reading = launch.read_deepspeed("tests/fixtures/deepspeed/zero2_offload.json")
+    assert reading.overrides["deepspeed"] == {**ZERO2, "offload_optimizer": "cpu"}
+    via_file = estimate(FINETUNE, deepspeed=reading.overrides["deepspeed"])
+    assert via_file.allocated == _est(offload_optimizer="cpu").allocated
