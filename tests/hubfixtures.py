@@ -28,9 +28,10 @@ DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8}
 # --------------------------------------------------------------------------- tensor lists
 
 def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False,
-                  qkv_bias: bool = False, qk_norm: bool = False, fused: bool = False) -> list[tuple[str, str, list[int]]]:
-    """A Llama-style decoder's tensors; `qkv_bias` (Qwen2), `qk_norm` (Qwen3) and `fused`
-    (Phi-3: one qkv_proj and one gate_up_proj) are the variants' differences."""
+                  qkv_bias: bool = False, qk_norm: bool = False, fused: bool = False, moe: str | None = None) -> list[tuple[str, str, list[int]]]:
+    """A Llama-style decoder's tensors; `qkv_bias` (Qwen2), `qk_norm` (Qwen3), `fused`
+    (Phi-3: one qkv_proj and one gate_up_proj) and `moe` (a sparse MoE block in place of the
+    MLP, in the layout of the named family's checkpoints) are the variants' differences."""
     h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     nkv = c.get("num_key_value_heads") or nh
     hd = c.get("head_dim") or h // nh
@@ -51,11 +52,18 @@ def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.w
             (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
             (p + "post_attention_layernorm.weight", dtype, [h]),
         ]
-        if fused:
+        if moe == "mixtral":  # block_sparse_moe: the router, then w1 (gate), w2 (down), w3 (up) per expert
+            m = p + "block_sparse_moe."
+            out.append((m + "gate.weight", dtype, [c["num_local_experts"], h]))
+            for e in range(c["num_local_experts"]):
+                out += [(m + f"experts.{e}.w1.weight", dtype, [inter, h]), (m + f"experts.{e}.w2.weight", dtype, [h, inter]),
+                        (m + f"experts.{e}.w3.weight", dtype, [inter, h])]
+        elif fused:
             out.append((p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]))
         else:
             out += [(p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h])]
-        out.append((p + "mlp.down_proj.weight", dtype, [h, inter]))
+        if moe is None:
+            out.append((p + "mlp.down_proj.weight", dtype, [h, inter]))
         if inv_freq:  # a buffer that checkpoints saved before transformers 4.31 made it non-persistent
             out.append((p + "self_attn.rotary_emb.inv_freq", "F32", [hd // 2]))
     out.append((f"{prefix}norm.weight", dtype, [h]))
@@ -319,6 +327,14 @@ MISTRAL_7B_V01 = {
     "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
     "use_cache": True, "vocab_size": 32000,
 }
+MIXTRAL_8X7B_V01 = {
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000,
+}
 QWEN2_5_7B = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
     "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
@@ -366,6 +382,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Meta-Llama-3-8B", LLAMA_3_8B, llama_tensors(LLAMA_3_8B, dtype="BF16"), shards=4)
     write_checkpoint(FIXTURES / "Llama-3.2-1B", LLAMA_3_2_1B, llama_tensors(LLAMA_3_2_1B, head=None, dtype="BF16"))
     write_checkpoint(FIXTURES / "Mistral-7B-v0.1", MISTRAL_7B_V01, llama_tensors(MISTRAL_7B_V01, dtype="BF16"), shards=2)
+    write_checkpoint(FIXTURES / "Mixtral-8x7B-v0.1", MIXTRAL_8X7B_V01, llama_tensors(MIXTRAL_8X7B_V01, dtype="BF16", moe="mixtral"), shards=19)
     write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
     write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
     write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)

@@ -76,6 +76,10 @@ def _error(fn, *args, **kwargs) -> str:
         # Phi-3-mini-4k: 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o 3072^2, gate_up_proj
         # 16384 x 3072, down 3072 x 8192, norms 2 * 3072) + 2 * 98_500_608 (vocab 32064) + norm 3072
         ("Phi-3-mini-4k-instruct", {"language": 3_821_079_552}),
+        # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
+        # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
+        # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
+        ("Mixtral-8x7B-v0.1", {"language": 46_702_792_704}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
@@ -448,3 +452,44 @@ def test_estimating_a_spec_never_imports_huggingface_hub():
     assert "HUB=False" in out.stderr
     out = subprocess.run([sys.executable, "-c", "import compiler, compiler.hub, compiler.importer, sys; print('huggingface_hub' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+def test_mixtral_experts_reach_the_spec():
+    inputs = importer.import_spec(str(FIX / "Mixtral-8x7B-v0.1")).data["modules"]["language"]["inputs"]
+    assert (inputs["n_experts"], inputs["top_k"], inputs["intermediate"]) == (8, 2, 14336)
+    assert inputs["sliding_window"] == 0  # config.json "sliding_window": null: no window
+
+
+def _tiny_mixtral(**changes) -> dict:
+    return {**hf.MIXTRAL_8X7B_V01, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "vocab_size": 128, **changes}
+
+
+def test_mixtral_tiny_counts_every_expert(tmp_path):
+    config = _tiny_mixtral()
+    imported = importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, moe="mixtral")))
+    # per layer: q, o 64^2, k, v 32 x 64 (4096 + 2 * 2048 + 4096 = 12_288), router 4 x 64 = 256,
+    # 4 experts x 3 x 64 x 96 = 73_728, norms 2 * 64: 86_400; 2 layers + 2 * 128 x 64 + norm 64
+    assert imported.header_parameters == {"language": 2 * 86_400 + 2 * 8192 + 64}
+    assert importer.formula_counts(imported.spec) == {"language": 189_248}
+
+
+def test_mixtral_missing_expert_weight_is_a_count_mismatch(tmp_path):
+    config = _tiny_mixtral()
+    tensors = [t for t in hf.llama_tensors(config, moe="mixtral") if t[0] != "model.layers.1.block_sparse_moe.experts.3.w3.weight"]
+    assert _error(importer.import_spec, _folder(tmp_path, config, tensors)).startswith(
+        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 189,248 parameters, the header 183,104 (off by +6,144)")  # one w3, 96 x 64
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"output_router_logits": True}, "output_router_logits (the router's auxiliary load-balancing loss in training) is not modelled yet"),
+    # NB: a family's config values are integers, booleans or strings: a non-zero jitter is refused
+    # as a float before the family's own check (jitter == 0) can say why
+    ({"router_jitter_noise": 0.01}, "E713"),
+    ({"router_jitter_noise": 1}, "router_jitter_noise (multiplicative noise on the MoE input in training) is not modelled"),
+])
+def test_mixtral_training_variants_not_modelled_are_refused(tmp_path, changes, message):
+    config = _tiny_mixtral(**changes)
+    assert message in _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(config, moe="mixtral")))
