@@ -234,8 +234,8 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
 
     Matrix file: `matrix` (name), `base` (fields shared by all entries), `axes` (an ordered
     mapping from experiment key to either a list of values or a mapping label -> value).
-    Checkpointing a module no gradient flows through changes nothing, so such modules are
-    dropped from `gradient_checkpointing`.
+    Checkpointing a module no gradient flows through (nothing in or before it trains, no LoRA
+    adapter in it) changes nothing, so such modules are dropped from `gradient_checkpointing`.
     """
     path = Path(path)
     matrix = _read_yaml(path)
@@ -251,8 +251,10 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
         raw = _nested({**base}, [(key, value) for key, _, value in combo])
         labels = "_".join(name for _, name, _ in combo)
         raw["experiment"] = f"{matrix.get('matrix', path.stem)}_{labels}"
+        # NB: LoRA adapters train inside their modules, so gradients flow there too
+        adapted = (raw.get("lora") or {}).get("modules", LORA_DEFAULTS["modules"]) if raw.get("lora") else []
         raw["gradient_checkpointing"] = [m for m in raw.get("gradient_checkpointing", [])
-                                         if m in grad_flows(raw.get("trainable", DEFAULTS["trainable"]))]
+                                         if m in grad_flows(list(raw.get("trainable", DEFAULTS["trainable"])) + list(adapted))]
         exp = normalise(raw, path.parent, f"{path} entry {labels}")
         out.append((raw["experiment"], exp))
     return out
