@@ -54,14 +54,14 @@ def test_the_default_experts_implementation_is_grouped_mm(tiny):
     model = mixtral.model_class()._from_config(config)
     assert model.config._experts_implementation == "grouped_mm"
     gate = model.model.layers[0].mlp.gate
+    original = type(gate).forward
     with mixtral.routing("worst") as name:
-        _, weights, indices = gate(torch.randn(5, 64))
+        _, weights, indices = gate(torch.randn(5, 64, dtype=gate.weight.dtype))
     assert name == "moe-routing-worst"
     assert indices.tolist() == [[0, 1]] * 5
     assert torch.allclose(weights.sum(-1), torch.ones(5))  # renormalised, as top-k's were
     assert weights.requires_grad  # the router still gets its gradient
-    _, _, own = gate(torch.randn(5, 64))
-    assert own.shape == (5, 2)  # the patch is gone
+    assert type(gate).forward is original  # the patch is gone
 
 
 def _phases(exp: dict) -> list[dict]:
