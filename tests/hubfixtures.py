@@ -52,7 +52,13 @@ def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.w
             (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
             (p + "post_attention_layernorm.weight", dtype, [h]),
         ]
-        if moe == "mixtral":  # block_sparse_moe: the router, then w1 (gate), w2 (down), w3 (up) per expert
+        if moe == "qwen3_moe":  # mlp: the router, then gate_proj, up_proj, down_proj per expert
+            m, f = p + "mlp.", c["moe_intermediate_size"]
+            out.append((m + "gate.weight", dtype, [c["num_experts"], h]))
+            for e in range(c["num_experts"]):
+                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+        elif moe == "mixtral":  # block_sparse_moe: the router, then w1 (gate), w2 (down), w3 (up) per expert
             m = p + "block_sparse_moe."
             out.append((m + "gate.weight", dtype, [c["num_local_experts"], h]))
             for e in range(c["num_local_experts"]):
@@ -335,6 +341,17 @@ MIXTRAL_8X7B_V01 = {
     "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000,
 }
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 QWEN2_5_7B = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
     "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
@@ -383,6 +400,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Llama-3.2-1B", LLAMA_3_2_1B, llama_tensors(LLAMA_3_2_1B, head=None, dtype="BF16"))
     write_checkpoint(FIXTURES / "Mistral-7B-v0.1", MISTRAL_7B_V01, llama_tensors(MISTRAL_7B_V01, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "Mixtral-8x7B-v0.1", MIXTRAL_8X7B_V01, llama_tensors(MIXTRAL_8X7B_V01, dtype="BF16", moe="mixtral"), shards=19)
+    write_checkpoint(FIXTURES / "Qwen3-30B-A3B", QWEN3_30B_A3B, llama_tensors(QWEN3_30B_A3B, dtype="BF16", qk_norm=True, moe="qwen3_moe"), shards=16)
     write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
     write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
     write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)
