@@ -80,6 +80,10 @@ def _error(fn, *args, **kwargs) -> str:
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
         ("Mixtral-8x7B-v0.1", {"language": 46_702_792_704}),
+        # Qwen3-30B-A3B: 48 * 623_120_640 layers (q, o 4096 x 2048, k, v 512 x 2048: 18_874_368;
+        # q_norm, k_norm 128 each; router 128 x 2048 = 262_144; 128 experts x 3 x 2048 x 768
+        # = 603_979_776; norms 2 * 2048) + 2 * 311_164_928 (vocab 151936) + norm 2048
+        ("Qwen3-30B-A3B", {"language": 30_532_122_624}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
@@ -456,6 +460,13 @@ def test_estimating_a_spec_never_imports_huggingface_hub():
 
 # --------------------------------------------------------------------------- mixture of experts
 
+def test_qwen3_moe_experts_reach_the_spec():
+    inputs = importer.import_spec(str(FIX / "Qwen3-30B-A3B")).data["modules"]["language"]["inputs"]
+    # the experts' width is moe_intermediate_size, not the (unused) dense intermediate_size 6144
+    assert (inputs["n_experts"], inputs["top_k"], inputs["intermediate"]) == (128, 8, 768)
+    assert (inputs["norm_topk"], inputs["fp32_routing"], inputs["qk_norm"]) == (True, False, True)
+
+
 def test_mixtral_experts_reach_the_spec():
     inputs = importer.import_spec(str(FIX / "Mixtral-8x7B-v0.1")).data["modules"]["language"]["inputs"]
     assert (inputs["n_experts"], inputs["top_k"], inputs["intermediate"]) == (8, 2, 14336)
@@ -493,3 +504,15 @@ def test_mixtral_missing_expert_weight_is_a_count_mismatch(tmp_path):
 def test_mixtral_training_variants_not_modelled_are_refused(tmp_path, changes, message):
     config = _tiny_mixtral(**changes)
     assert message in _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(config, moe="mixtral")))
+
+
+def test_qwen3_moe_dense_layers_are_refused(tmp_path):
+    config = {**hf.QWEN3_30B_A3B, "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128}
+    tensors = hf.llama_tensors(config, qk_norm=True, moe="qwen3_moe")
+    assert importer.import_spec(_folder(tmp_path / "sparse", config, tensors)).header_parameters == {
+        # per layer: q, o 64 x 64, k, v 32 x 64 (12_288), q_norm, k_norm 16 each, router 4 x 64,
+        # 4 experts x 3 x 64 x 32 = 24_576, norms 2 * 64: 37_280; + 2 * 128 x 64 + norm 64
+        "language": 2 * 37_280 + 2 * 8192 + 64}
+    assert "decoder_sparse_step > 1 (dense MLP layers between the sparse ones) is not modelled" in _error(
+        importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors))
