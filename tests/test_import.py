@@ -494,8 +494,13 @@ def test_mixtral_missing_expert_weight_is_a_count_mismatch(tmp_path):
         f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 189,248 parameters, the header 183,104 (off by +6,144)")  # one w3, 96 x 64
 
 
+def test_mixtral_router_aux_loss_reaches_the_spec(tmp_path):
+    config = _tiny_mixtral(output_router_logits=True)
+    imported = importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, moe="mixtral")))
+    assert imported.data["modules"]["language"]["inputs"]["router_aux"] is True
+
+
 @pytest.mark.parametrize("changes, message", [
-    ({"output_router_logits": True}, "output_router_logits (the router's auxiliary load-balancing loss in training) is not modelled yet"),
     # NB: a family's config values are integers, booleans or strings: a non-zero jitter is refused
     # as a float before the family's own check (jitter == 0) can say why
     ({"router_jitter_noise": 0.01}, "E713"),
