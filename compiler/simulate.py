@@ -318,7 +318,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if fs is not None and inst.shard_unit:
             fs.pre_backward(node, _push(stack, inst.module, grad_io))
         if inst.checkpointed:
-            forward(node, stack, keep=True, phase="backward")
+            # NB: the unit's backward transient (the gradient of its output, which triggers
+            # the recomputation) is alive while it recomputes
+            forward(node, _push(stack, inst.module, node.cost.transient_backward), keep=True, phase="backward")
         t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
         for c in reversed(node.children):
             backward(c, t)
