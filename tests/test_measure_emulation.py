@@ -139,3 +139,31 @@ def test_other_adamw_implementations(impl, expected_op):
     ops = {row["op"] for row in measured.timeline if row["phase"] == "optimizer"}
     assert expected_op in ops
     assert not {op for op in ops if op.startswith("_foreach_sqrt")}
+
+
+def test_qwen2_5_vl_window_index_runs_on_the_host_with_the_models_values(monkeypatch):
+    from torch._subclasses import fake_tensor
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.vision_utils import get_vision_window_index
+
+    from compiler.measure.families import qwen2_5_vl
+
+    # two images: 448 x 336 px and 224 x 224 px at patch 14 -> grids (1, 32, 24) and (1, 16, 16);
+    # Qwen2.5-VL's window is 112 px = 4 x 4 merged tokens
+    grid = torch.tensor([[1, 32, 24], [1, 16, 16]])
+    want_index, want_cu = get_vision_window_index(grid, spatial_merge_size=2, window_size=112, patch_size=14)
+    monkeypatch.setattr(fake_tensor, "CONSTANT_NUMEL_LIMIT", emulation.HOST_VALUE_NUMEL_LIMIT)  # as the harness runs it
+    mode = FakeTensorMode()
+    fake_grid = mode.fake_tensor_converter.from_real_tensor(mode, grid, make_constant=True)
+    with mode, pytest.raises(Exception, match="nonzero"):  # unpatched: the boolean-mask select
+        get_vision_window_index(fake_grid, spatial_merge_size=2, window_size=112, patch_size=14)
+    with qwen2_5_vl.host_patches() as names, mode, MemoryTracer() as tracer:
+        index, cu = modeling_qwen2_5_vl.get_vision_window_index(fake_grid, spatial_merge_size=2, window_size=112, patch_size=14)
+        counted = [(r.op, r.dtype, r.nbytes) for r in tracer.live.values()]
+    assert qwen2_5_vl.WINDOW_INDEX_ON_HOST in names
+    assert modeling_qwen2_5_vl.get_vision_window_index is get_vision_window_index  # restored
+    # the model's own values: 16 * 12 + 8 * 8 = 256 merged tokens; 4 * 3 + 2 * 2 = 16 windows of 16 tokens
+    assert torch.equal(index.constant, want_index) and index.shape == (256,)
+    assert torch.equal(cu.constant, want_cu) and cu.tolist()[-1] == 1024 and cu.shape == (17,)
+    # only cu_window_seqlens lives on the device: int32 [17] = 68 bytes, one 512-byte block
+    assert counted == [("clone.default", "int32", BLOCK)]
