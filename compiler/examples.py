@@ -17,10 +17,10 @@ from .evaluate import evaluate
 from .expand import _MEMO, _instance
 from .formula import Example, Formula, Library
 from .load import child_path
-from .resolve import Optimizer, Setup, derive_bytes, gpu_catalog
+from .resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
-    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "checkpointing": False,
+    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
 }
 
 
@@ -34,6 +34,8 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, deepspeed=None, gpu=None,
         target=gpu_catalog()[1].default_gpu,
         bytes=values, master_bytes=master, state_bytes=state,
+        # NB: an example names its anyres tile grid directly: one pinpoint of rows x cols 1-px tiles
+        anyres=Anyres(1, ((context["grid_rows"], context["grid_cols"]),)) if context.get("grid_rows") else None,
     )
 
 

@@ -78,6 +78,8 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "images": setup.images_per_sample,
         "image_h": setup.image_hw[0],
         "image_w": setup.image_hw[1],
+        "grid_rows": setup.grid[0],
+        "grid_cols": setup.grid[1],
         "checkpointing": checkpointing,
         "input_grads": setup.input_require_grads,
     }
@@ -89,7 +91,8 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     roots = []
     grad = False
     experiment = {"micro_batch": setup.micro_batch, "seq_len": setup.seq_len, "images_per_sample": setup.images_per_sample,
-                  "image_h": setup.image_hw[0], "image_w": setup.image_hw[1]}
+                  "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
+                  "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
     for m in spec.modules:
         if m.type not in library:
             from .errors import did_you_mean

@@ -39,6 +39,8 @@ CONTEXT_NAMES = frozenset(
         "images",  # images per sample
         "image_h",  # input image height in pixels (native-resolution towers; 0 when none applies)
         "image_w",  # input image width in pixels
+        "grid_rows",  # anyres tiling (LLaVA-NeXT): rows of tiles of the image's grid pinpoint; 0 without
+        "grid_cols",  # anyres tiling: columns of tiles
         "checkpointing",  # the module's layers are gradient-checkpointing units
         "input_grads",  # enable_input_require_grads(): input embeddings' outputs require grad
     }

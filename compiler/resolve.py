@@ -40,7 +40,7 @@ DEFAULTS: Mapping[str, Any] = {
     "parallel": {"dp": 1, "zero": 0},
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
-EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w"})
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols"})
 SGD_DEFAULT_MOMENTUM = 0.9
 KIB = 1 << 10
 MIB = 1 << 20
@@ -140,6 +140,34 @@ class Module:
 
 
 @dataclass(frozen=True)
+class Anyres:
+    """LLaVA-NeXT's anyres tiling: the crop size and the grid pinpoints [(h, w), ...] in pixels."""
+
+    tile: int
+    pinpoints: tuple[tuple[int, int], ...]
+
+    def grid(self, image_h: int, image_w: int) -> tuple[int, int]:
+        """(rows, cols) of tiles for an image: the pinpoint `select_best_resolution` picks.
+
+        transformers/image_processing_utils.py select_best_resolution: the pinpoint with the
+        largest effective resolution (the image scaled to fit inside it, no larger than the
+        original), ties to the least wasted area, then to the first listed. The scaled sides
+        are int(side * scale) with scale = min(W / w, H / h); in integers, the side that
+        limits the scale is the pinpoint's and the other is floor(side * W / w)."""
+        best, best_key = (0, 0), None
+        for h, w in self.pinpoints:
+            if w * image_h <= h * image_w:  # width limits: scale = w / image_w
+                scaled = w * (image_h * w // image_w)
+            else:
+                scaled = (image_w * h // image_h) * h
+            effective = min(scaled, image_h * image_w)
+            key = (effective, -(h * w - effective))
+            if best_key is None or key > best_key:
+                best, best_key = (h, w), key
+        return best[0] // self.tile, best[1] // self.tile
+
+
+@dataclass(frozen=True)
 class Spec:
     model: str
     file: str
@@ -149,6 +177,7 @@ class Spec:
     modules: tuple[Module, ...]
     doc: Document = field(compare=False, repr=False)
     image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
+    anyres: Anyres | None = None  # LLaVA-NeXT's tiling
 
     def module(self, name: str) -> Module | None:
         return next((m for m in self.modules if m.name == name), None)
@@ -295,6 +324,7 @@ class Setup:
     # enable_input_require_grads(): the outputs of every input embedding (token embeddings,
     # a vision tower's patch embedding) require grad, so frozen towers record autograd.
     input_require_grads: bool = False
+    anyres: Anyres | None = None  # the spec's anyres tiling (LLaVA-NeXT), for grid_rows / grid_cols
 
     @property
     def tokens(self) -> int:
@@ -304,6 +334,13 @@ class Setup:
     def image_hw(self) -> tuple[int, int]:
         """(image_h, image_w) as formulas see them: 0, 0 when no size applies (fixed-size towers)."""
         return self.image_size or (0, 0)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(grid_rows, grid_cols): the anyres tile grid of the image; 0, 0 without tiling."""
+        if self.anyres is None or self.image_size is None:
+            return (0, 0)
+        return self.anyres.grid(*self.image_size)
 
 
 def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
@@ -348,6 +385,7 @@ def resolve_spec(doc: Document) -> Spec:
         hidden_size=data.get("hidden_size"),
         modules=tuple(modules),
         image_size=tuple(data["image_size"]) if data.get("image_size") else None,
+        anyres=Anyres(data["anyres"]["tile"], tuple(tuple(p) for p in data["anyres"]["grid_pinpoints"])) if data.get("anyres") else None,
         doc=doc,
     )
 
@@ -463,6 +501,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
         image_size=image_size,
+        anyres=spec.anyres,
         # NB: peft freezes every base weight of the modules it adapts
         trainable=frozenset(data["trainable"]) - (lora.modules if lora else frozenset()),
         precision=data["precision"],

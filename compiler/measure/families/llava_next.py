@@ -1,0 +1,96 @@
+"""LLaVA-NeXT (LlavaNextForConditionalGeneration, anyres tiling) for the measuring harness.
+
+Contract: as `llava.py` (`load_config`, `model_class`, `module_groups`, `make_batch`), plus
+`HOST_VALUES` (`image_sizes`: the model reads each image's size on the host to pick its tile
+grid and unpad its features). The batch is what LlavaNextProcessor produces for one image
+per sample of the experiment's `image_size` [h, w]: `pixel_values` [b, 1 + tiles, C, 336,
+336] (the base image and the tiles of the best grid pinpoint), `image_sizes` [b, 2] = (h, w),
+`input_ids` of exactly seq_len positions whose first positions per sample are the image
+tokens, as many as the model's `pack_image_features` makes, and labels with those at -100.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..experiment import ExperimentError
+
+TEXT_TOKEN_ID = 1  # any id other than the image token will do
+IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
+HOST_VALUES = ("image_sizes",)
+
+
+def load_config(config_path: Path):
+    """LlavaNextConfig from a config.json, with the KV cache off (training)."""
+    from transformers import LlavaNextConfig
+
+    config = LlavaNextConfig(**json.loads(Path(config_path).read_text()))
+    config.text_config.use_cache = False
+    return config
+
+
+def model_class():
+    from transformers import LlavaNextForConditionalGeneration
+
+    return LlavaNextForConditionalGeneration
+
+
+def module_groups(model) -> dict[str, list]:
+    """Experiment module names -> the submodules (and the image_newline parameter) they mean."""
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector, model.model.image_newline],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def checkpoint_module(model, name: str) -> torch.nn.Module:
+    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
+
+
+def anyres(config, image_size: list[int]) -> tuple[int, int]:
+    """(crops, image tokens) of one image of `image_size` [h, w], by the model's own code.
+
+    Crops: `image_size_to_num_patches` (the base image plus the tiles of the grid pinpoint
+    `select_best_resolution` picks). Tokens: the base image's features, then the tiles'
+    features laid out as one picture, unpadded to the image's aspect ratio (`unpad_image`,
+    run on a meta tensor) with one image_newline per row (`pack_image_features`).
+    """
+    from transformers.models.llava_next.modeling_llava_next import (
+        get_anyres_image_grid_shape, image_size_to_num_patches, unpad_image,
+    )
+
+    v = config.vision_config
+    side = v.image_size // v.patch_size
+    base = side * side + (1 if config.vision_feature_select_strategy == "full" else 0)
+    crops = image_size_to_num_patches(list(image_size), config.image_grid_pinpoints, v.image_size)
+    rows, cols = get_anyres_image_grid_shape(list(image_size), config.image_grid_pinpoints, v.image_size)
+    grid = torch.empty(1, rows * side, cols * side, device="meta")
+    h, w = unpad_image(grid, list(image_size)).shape[1:]
+    return crops, base + h * (w + 1)
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    if images not in (0, 1):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT is measured with one image per sample")
+    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
+    batch = {"input_ids": input_ids, "attention_mask": None}
+    if images:
+        if not exp.get("image_size"):
+            raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT needs image_size [h, w]")
+        crops, n_image = anyres(config, exp["image_size"])
+        if n_image > s:
+            raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
+                                  f"{n_image} image tokens per sample")
+        input_ids[:, :n_image] = config.image_token_id
+        v = config.vision_config
+        batch["pixel_values"] = torch.zeros(b, crops, v.num_channels, v.image_size, v.image_size, dtype=dtype)
+        batch["image_sizes"] = torch.tensor([list(exp["image_size"])] * b, dtype=torch.long)
+    labels = input_ids.clone()
+    labels[input_ids == config.image_token_id] = IGNORE_INDEX
+    batch["labels"] = labels
+    return batch
