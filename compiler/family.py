@@ -76,6 +76,15 @@ class Values:
 
 
 @dataclass(frozen=True)
+class AnyresMapping:
+    """Where a family's anyres tiling comes from: the tile (an expression), the pinpoints' key."""
+
+    tile: Expr
+    pinpoints_key: str
+    image_size: tuple[Expr, Expr]
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     file: str
@@ -88,6 +97,22 @@ class Family:
     ignore_tensors: tuple[str, ...]
     notes: tuple[str, ...]
     doc: Document
+    anyres: AnyresMapping | None = None
+
+    def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
+        """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
+        root, *parts = self.anyres.pinpoints_key.split(".")
+        found = _lookup({"config": config, "processor": processor or {}}[root], parts)
+        ok = isinstance(found, list) and found and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p) for p in found)
+        if not ok:
+            shown = "missing" if found is _MISSING else repr(found)
+            raise MemspecError(Diagnostic(
+                "E717", "", 0, 0, "",
+                f"{where}: {self.anyres.pinpoints_key.split('.', 1)[1]} is {shown}, not a list of [height, width] pixel pairs (the {self.name} family's anyres tiling)",
+                "LLaVA-NeXT configs list them as image_grid_pinpoints, e.g. [[336, 672], [672, 336], [672, 672]]",
+            ))
+        return [list(p) for p in found]
 
     def read(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> Values:
         """Neutral values from the Hugging Face files; `where` names the source in errors
@@ -220,10 +245,17 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         context = {k: _compile_template(m["context"][k], doc, child_path(child_path(path, "context"), k), with_tokens, problems) for k in ("batch", "seq")}
         modules.append(FamilyModule(name, m["type"], inputs, context, tuple(m["tensors"]), m.get("trainable"), m.get("doc")))
     summary = _compile_template(data["summary"], doc, "$.summary", with_tokens | {"repo"}, problems)
+    anyres = None
+    if "anyres" in data:
+        a = data["anyres"]
+        anyres = AnyresMapping(
+            compile_expr(a["tile"], doc, "$.anyres.tile", names, problems), a["grid_pinpoints"],
+            tuple(compile_expr(x, doc, child_path("$.anyres.image_size", i), names, problems) for i, x in enumerate(a["image_size"])),
+        )
     return Family(
         name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
-        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc,
+        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
     )
 
 

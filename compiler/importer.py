@@ -221,11 +221,24 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "summary": " ".join(family.summary.render({**scope, "repo": ckpt.source}).split()),
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
+        **_anyres_data(ckpt, family, scope),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
         "notes": notes,
     }
     return {"data": data}
+
+
+def _anyres_data(ckpt: Checkpoint, family: Family, scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's image_size and anyres block, for a family with anyres tiling (else nothing)."""
+    if family.anyres is None:
+        return {}
+    a = family.anyres
+    return {
+        "image_size": [_integer(e(scope), "anyres.image_size", family, ckpt) for e in a.image_size],
+        "anyres": {"tile": _integer(a.tile(scope), "anyres.tile", family, ckpt),
+                   "grid_pinpoints": family.pinpoints(ckpt.config, ckpt.processor, ckpt.where)},
+    }
 
 
 def _resolve(draft: Mapping[str, Any], ckpt: Checkpoint) -> Spec:
@@ -293,6 +306,12 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         lines.append(f"  revision: {_scalar(data['source']['revision'])}")
     if "hidden_size" in data:
         lines.append(_commented(f"hidden_size: {data['hidden_size']}", "what HF Trainer's DeepSpeed \"auto\" bucket sizes use"))
+    if "anyres" in data:
+        a = data["anyres"]
+        lines.append(_commented(f"image_size: [{', '.join(map(str, data['image_size']))}]", "the default input image (height, width); experiments set their own"))
+        lines.append(_commented("anyres:", f"tiling: config.json {family.anyres.pinpoints_key.split('.', 1)[1]}, tiles of {a['tile']} px"))
+        lines.append(f"  tile: {a['tile']}")
+        lines.append(f"  grid_pinpoints: [{', '.join(f'[{h}, {w}]' for h, w in a['grid_pinpoints'])}]")
     lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.compiled else ""))
     lines.append("modules:")
     for m in family.modules:

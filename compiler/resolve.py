@@ -462,6 +462,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if parallel["zero"] > 0 and parallel["dp"] == 1:
         pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+    if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
+        complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
+                 "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
     # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
     # another size has its token count in the formulas only, so the check needs the default.
     if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size:

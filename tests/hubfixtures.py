@@ -114,6 +114,20 @@ def llava_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]
     return language + projector + clip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
+# the text_config classes' defaults that llava-v1.6's config.json files leave out
+LLAMA_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32}
+MISTRAL_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                    "num_key_value_heads": 8}
+CLIP_DEFAULTS = {"num_channels": 3}
+
+
+def llava_next_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """llava-hf's llava-v1.6 checkpoints: LLaVA-1.5's layout plus the image_newline [hidden]."""
+    t = {**(MISTRAL_DEFAULTS if c["text_config"]["model_type"] == "mistral" else LLAMA_DEFAULTS), **c["text_config"]}
+    filled = {**c, "text_config": t, "vision_config": {**CLIP_DEFAULTS, **c["vision_config"]}}
+    return llava_tensors(filled, dtype) + [("image_newline", dtype, [t["hidden_size"]])]
+
+
 def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """Qwen2-VL / Qwen2.5-VL as the hub checkpoints store them: model.* (the Qwen2 language
     model), lm_head, visual.* (patch embedding, blocks, merger)."""
@@ -406,6 +420,11 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)
     write_checkpoint(FIXTURES / "Phi-3-mini-4k-instruct", PHI_3_MINI_4K, llama_tensors(PHI_3_MINI_4K, dtype="BF16", fused=True), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
+    for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
+        hf = ROOT / "specs" / "llava_next" / "hf" / folder
+        config = json.loads((hf / "config.json").read_text())
+        processor = json.loads((hf / "preprocessor_config.json").read_text())
+        write_checkpoint(FIXTURES / name, config, llava_next_tensors(config), shards=4 if "mistral" in name else 3, processor=processor)
     for name, folder in (("Qwen2-VL-7B-Instruct", "qwen2-vl-7b-instruct"), ("Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b-instruct")):
         hf = ROOT / "specs" / "qwen2_vl" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())

@@ -84,6 +84,11 @@ def _error(fn, *args, **kwargs) -> str:
         # q_norm, k_norm 128 each; router 128 x 2048 = 262_144; 128 experts x 3 x 2048 x 768
         # = 603_979_776; norms 2 * 2048) + 2 * 311_164_928 (vocab 151936) + norm 2048
         ("Qwen3-30B-A3B", {"language": 30_532_122_624}),
+        # LLaVA-NeXT: LLaVA-1.5's CLIP and projector, plus image_newline [4096] in the projector
+        # (20_979_712 + 4096); Vicuna-7B with vocab 32064 as in llava-1.5-7b-hf
+        ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
+        # Mistral-7B's 7_241_732_096 with vocab 32064: + 2 * 64 * 4096 = 524_288
+        ("llava-v1.6-mistral-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 7_242_256_384}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
