@@ -452,12 +452,17 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
     )
 
 
-def _link(formulas: dict[str, Formula], problems: list[Diagnostic]) -> dict[str, Formula]:
-    """Second pass, once every file is known: child types, child inputs, cycles."""
+def _link(formulas: dict[str, Formula], problems: list[Diagnostic], broken: frozenset[str] = frozenset()) -> dict[str, Formula]:
+    """Second pass, once every file is known: child types, child inputs, cycles. A child
+    whose type's file exists but failed to load (`broken`) is not reported again: that
+    file's own errors are the cause."""
     linked = {}
     for name, f in formulas.items():
         children = []
         for c in f.children:
+            if c.type in broken:
+                children.append(c)
+                continue
             if c.type not in formulas:
                 problems.append(
                     f.doc.diag(
@@ -536,18 +541,21 @@ def load_library(folder: str | Path) -> Library:
     problems: list[Diagnostic] = []
     formulas: dict[str, Formula] = {}
     paths = sorted(Path(folder).glob("*.yaml"))
+    broken: set[str] = set()
     for path in paths:
         try:
             doc = load_yaml(display(path))
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
+            broken.add(path.stem)
             continue
         found = validate(doc, schema)
         if found:
             problems.extend(found)
+            broken.add(path.stem)
             continue
         formulas[path.stem] = _compile_formula(doc, problems)
-    formulas = _link(formulas, problems)
+    formulas = _link(formulas, problems, frozenset(broken))
     if problems:
         raise MemspecError(problems)
     return Library(formulas, str(folder))
