@@ -40,6 +40,7 @@ from .resolve import Setup, Spec, resolve_setup, resolve_spec
 
 _MODEL_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _SHOWN_TENSORS = 8  # tensor groups named in one error
+COUNTING_SEQ = 1 << 16  # LLM positions of the setup the parameter counts are evaluated in
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,9 @@ def formula_counts(spec: Spec) -> dict[str, int]:
     from .evaluate import evaluate
     from .expand import expand
 
-    setup = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, 1)})
+    # NB: parameters do not depend on the sequence; one of COUNTING_SEQ positions holds the
+    # image tokens of any default image (a tiled one has more than spec.image_tokens)
+    setup = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, COUNTING_SEQ)})
     nodes = evaluate(expand(spec, setup, library()))
     return {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
 
