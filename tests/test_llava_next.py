@@ -123,3 +123,12 @@ def test_a_tiled_spec_without_an_image_size_is_refused(tmp_path):
     assert "E717" in exc.value.render() and "--image-size HxW" in exc.value.render()
     assert api.estimate(str(bare), micro_batch=1, seq_len=4096, image_size=[672, 672]).allocated == \
         api.estimate(str(SPEC), micro_batch=1, seq_len=4096).allocated
+
+
+def test_a_sequence_shorter_than_the_tiled_image_is_refused():
+    from compiler.errors import MemspecError
+
+    with pytest.raises(MemspecError) as exc:
+        api.estimate(str(SPEC), micro_batch=1, seq_len=2048, image_size=[672, 672])
+    assert "E723" in exc.value.render() and "(1 x 2928 = 2928 at image size 672 x 672)" in exc.value.render()
+    api.estimate(str(SPEC), micro_batch=1, seq_len=2048, image_size=[1344, 336])  # 1944 positions fit
