@@ -128,7 +128,7 @@ def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool =
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak)."""
     lib = formulas or library()
-    nodes = evaluate(expand(spec, setup, lib))
+    nodes = evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
     _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import Diagnostic, MemspecError, UsageError
+from .optimizers import HF_OPTIM, IMPLS, TYPES
 
 MAIN_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb
@@ -26,6 +27,8 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/llava/llava-1.5-7b.yaml --micro-batch 8 --seq-len 2048 \\
       --trainable projector,language --zero 2 --dp 8 --gpu h100-80gb
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer paged_adamw_8bit
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer adafactor --precision bf16
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
@@ -151,9 +154,12 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
     add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
     add("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
-    add("--optimizer", choices=["adamw", "sgd"])
-    add("--optimizer-impl", choices=["foreach", "fused", "forloop"])
-    add("--momentum", type=float, metavar="X", help="SGD momentum (0 for none)")
+    add("--optimizer", choices=list(TYPES) + [n for n in HF_OPTIM if n not in TYPES], metavar="NAME",
+        help=f"{', '.join(TYPES)}, or a Hugging Face --optim name ({', '.join(n for n in HF_OPTIM if n not in TYPES)}), "
+             "e.g. --optimizer paged_adamw_8bit")
+    add("--optimizer-impl", choices=list(IMPLS))
+    add("--momentum", type=float, metavar="X", help="SGD momentum (0 for none); Adafactor beta1 (0: no first moment)")
+    add("--weight-decay", type=float, metavar="X", help="weight decay; changes memory only for adam and sgd (coupled: a gradient copy)")
     add("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
     add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
     add("--dp", type=int, metavar="N", help="data-parallel degree")
@@ -207,12 +213,15 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if args.fsdp_reduce:
             block["reduce_dtype"] = args.fsdp_reduce
         out["fsdp"] = block
-    if args.optimizer or args.optimizer_impl or args.momentum is not None:
-        opt = {"type": args.optimizer or "adamw"}
+    if args.optimizer or args.optimizer_impl or args.momentum is not None or getattr(args, "weight_decay", None) is not None:
+        name = args.optimizer or "adamw"
+        opt = dict(HF_OPTIM[name]) if name in HF_OPTIM and name not in TYPES else {"type": name}
         if args.optimizer_impl:
             opt["impl"] = args.optimizer_impl
         if args.momentum is not None:
             opt["momentum"] = args.momentum
+        if getattr(args, "weight_decay", None) is not None:
+            opt["weight_decay"] = args.weight_decay
         out["optimizer"] = opt
     return out
 

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping
 
+from . import optimizers
+from .errors import Diagnostic, MemspecError
 from .expand import Instance
+from .optimizers import Optimizer
 from .formula import FACTOR_NAMES, Formula, integer
 
 
@@ -26,6 +29,7 @@ class Cost:
     buffers: int
     param_tensors: tuple[int, ...]  # each parameter tensor's bytes (parameters is their sum)
     buffer_tensors: tuple[int, ...]  # each buffer tensor's bytes (buffers is their sum)
+    param_shapes: tuple[tuple[int, ...] | None, ...]  # each parameter tensor's dims, where its formula gives them
     saved: tuple[tuple[str, int], ...]  # (tensor, bytes) kept for backward, in declaration order, zeros dropped
     held: tuple[tuple[str, int], ...]  # (tensor, bytes) alive until the forward ends, not kept for backward
     checkpoint: tuple[tuple[str, int], ...]  # kept instead of `saved` by a checkpointing unit
@@ -64,9 +68,11 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     hit = memo.get(key)
     if hit is None:
         params = tuple(integer(e, e(scope)) for e in formula.param_tensors)
+        shapes = tuple(None if dims is None else tuple(integer(d, d(scope)) for d in dims) for dims in formula.param_shapes)
         buffers = tuple(integer(e, e(scope)) for e in formula.buffers)
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
-        factors = (sum(params), *factors, sum(buffers), tuple(b for b in params if b), tuple(b for b in buffers if b))
+        factors = (sum(params), *factors, sum(buffers), tuple(b for b in params if b), tuple(b for b in buffers if b),
+                   tuple(s for b, s in zip(params, shapes) if b))
         saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
@@ -77,19 +83,31 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     return hit
 
 
-def evaluate(roots: tuple[Instance, ...]) -> tuple[Node, ...]:
+def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0,
+             master_bytes: int = 0) -> tuple[Node, ...]:
+    """`optimizer` (with one state element's bytes and the master copy's) replaces the formulas' element-wise
+    `bytes.optim` by the optimizer's own states where they are not element-wise (Adafactor's
+    factored moments, bitsandbytes' 8-bit blocks)."""
     memo: dict = {}
-    return tuple(_node(r, memo) for r in roots)
+    states = None if optimizer is None or optimizers.is_elementwise(optimizer) else (optimizer, state_bytes, master_bytes)
+    return tuple(_node(r, memo, states) for r in roots)
 
 
-def _node(inst: Instance, memo: dict) -> Node:
+def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     f = inst.formula
     factors, saved, ckpt, tf, tb, rows = _numbers(f, inst.scope, memo)
-    if inst.flat_states:
-        params, grads, _, *buffers = factors
-        factors = (params, grads, params // inst.scope["bytes"]["param"] * inst.scope["bytes"]["optim"], *buffers)
+    *factors, shapes = factors
+    b = inst.scope["bytes"]
+    params, grads, optim, *buffers = factors
+    if inst.flat_states or (states is not None and (optim or grads)):
+        if states is None:
+            optim = params // b["param"] * b["optim"]
+        else:
+            optim = _optimizer_states(inst, factors[4], shapes, b, *states)
+        factors = (params, grads, optim, *buffers)
     cost = Cost(
         *factors,
+        param_shapes=shapes,
         saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "backward"),
         held=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "forward"),
         checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
@@ -98,7 +116,23 @@ def _node(inst: Instance, memo: dict) -> Node:
         param_rows=rows,
         unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
     )
-    return Node(inst, cost, tuple(_node(c, memo) for c in inst.children))
+    return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
+
+
+def _optimizer_states(inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int],
+                      optimizer: Optimizer, state_bytes: int, master_bytes: int) -> int:
+    """A layer's optimizer bytes from its tensors: the fp32 master copy plus every state
+    tensor the optimizer makes for each (compiler/optimizers.py)."""
+    total = 0
+    for nbytes, shape in zip(tensors, shapes):
+        elements = nbytes // b["param"]
+        if optimizer.type == "adafactor" and shape is None:
+            raise MemspecError(Diagnostic(
+                "E306", inst.formula.file, 0, 0, "$.factors.parameters",
+                f"Adafactor needs each parameter tensor's shape; {inst.formula.layer_type} gives only its bytes ({inst.path})",
+                "list the parameters as {shape: [dims]} entries (formulas/README.md)"))
+        total += master_bytes * elements + sum(s.nbytes for s in optimizers.states(optimizer, elements, shape, state_bytes))
+    return total
 
 
 # --------------------------------------------------------------------------- layer table

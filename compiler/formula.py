@@ -273,6 +273,7 @@ class Formula:
     lets: tuple[tuple[str, Expr], ...]
     factors: Mapping[str, Expr]  # gradients, optimizer_states
     param_tensors: tuple[Expr, ...]  # bytes of each parameter tensor
+    param_shapes: tuple[tuple[Expr, ...] | None, ...]  # each one's shape, where the file gives it
     buffers: tuple[Expr, ...]  # bytes of each buffer tensor
     activations: tuple[Saved, ...]
     transient: Mapping[str, Expr]
@@ -371,7 +372,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     }
     # Parameters and buffers may be listed one tensor each: the allocator rounds every
     # tensor on its own.
-    param_tensors = _compile_tensor_list(raw_factors.get("parameters"), doc, "parameters", scope, problems)
+    param_tensors, param_shapes = _compile_parameters(raw_factors.get("parameters"), doc, scope, problems)
     buffers = _compile_tensor_list(raw_factors.get("buffers"), doc, "buffers", scope, problems)
     param_rows = _compile_tensor_list(raw_factors.get("parameter_rows"), doc, "parameter_rows", scope, problems)
     if param_rows and len(param_rows) != len(param_tensors):
@@ -403,6 +404,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         factors=factors,
         param_tensors=param_tensors,
         param_rows=param_rows,
+        param_shapes=param_shapes,
         buffers=buffers,
         activations=activations,
         transient=transient,
@@ -413,6 +415,27 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         examples=examples,
         doc=doc,
     )
+
+
+def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> tuple[tuple[Expr, ...], tuple]:
+    """Parameter tensors: a bytes expression each, or `{shape: [dims]}` (elements in the
+    weight dtype: prod(dims) * bytes.param), which also tells shape-aware optimizers
+    (Adafactor's factored second moments) the tensor's dims."""
+    path = child_path("$.factors", "parameters")
+    if not isinstance(raw, list):
+        return _compile_tensor_list(raw, doc, "parameters", scope, problems), ((None,) if raw is not None else ())
+    tensors, shapes = [], []
+    for i, entry in enumerate(raw):
+        at = child_path(path, i)
+        if isinstance(entry, dict):
+            dims = entry["shape"]
+            shapes.append(tuple(compile_expr(d, doc, child_path(child_path(at, "shape"), j), scope, problems) for j, d in enumerate(dims)))
+            text = " * ".join(f"({d})" for d in dims) + " * bytes.param"
+            tensors.append(compile_expr(text, doc, child_path(at, "shape"), scope, problems))
+        else:
+            shapes.append(None)
+            tensors.append(compile_expr(entry, doc, at, scope, problems))
+    return tuple(tensors), tuple(shapes)
 
 
 def _compile_tensor_list(raw, doc: Document, name: str, scope: frozenset[str], problems) -> tuple[Expr, ...]:

@@ -177,7 +177,7 @@ def formula_counts(spec: Spec) -> dict[str, int]:
     # NB: parameters do not depend on the sequence; one of COUNTING_SEQ positions holds the
     # image tokens of any default image (a tiled one has more than spec.image_tokens)
     setup = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, COUNTING_SEQ)})
-    nodes = evaluate(expand(spec, setup, library()))
+    nodes = evaluate(expand(spec, setup, library()), setup.optimizer, setup.state_bytes, setup.master_bytes)
     return {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
 
 

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from .errors import Diagnostic, MemspecError
 from .load import Document, child_path, load_yaml
+from .optimizers import HF_OPTIM
 
 
 @dataclass(frozen=True)
@@ -454,12 +455,8 @@ NO_MEMORY_EFFECT = frozenset({
 # The training entry points whose attention implementation is fixed in code (LLaVA's
 # train_mem.py calls train(attn_implementation="flash_attention_2")).
 ENTRY_ATTENTION = {"train_mem.py": "flash_attention_2"}
-# HF --optim names -> memspec's optimizer (transformers/training_args.py OptimizerNames).
-OPTIM = {
-    "adamw_torch": {"type": "adamw", "impl": "foreach"},
-    "adamw_torch_fused": {"type": "adamw", "impl": "fused"},
-    "sgd": {"type": "sgd", "momentum": 0.0},
-}
+# HF --optim names -> memspec's optimizer: compiler/optimizers.py, HF_OPTIM.
+OPTIM = HF_OPTIM
 # LLaVA's TrainingArguments defaults (llava/train/train.py).
 LLAVA_LORA_DEFAULTS = {"r": 64, "alpha": 16, "dropout": 0.05, "bias": "none"}
 LLAVA_PROJECTORS = {"mlp2x_gelu": "mlp_projector"}
@@ -613,7 +610,13 @@ def _optimizer_flag(r: _Reader, notes: list[str]) -> dict[str, Any]:
     if name not in OPTIM:
         r.bad("optim", f"optimizer {name!r} is not modelled yet", f"modelled: {', '.join(OPTIM)}", "E813")
         return {}
-    return {"optimizer": dict(OPTIM[name])}
+    out = dict(OPTIM[name])
+    decay = r.number("weight_decay")
+    if out["type"] == "sgd" and decay:
+        # NB: Trainer puts biases and norm weights in a group without decay; giving every
+        # tensor the decay copies a few more (small) gradients than SGD does: an over-estimate
+        out["weight_decay"] = decay
+    return {"optimizer": out}
 
 
 def _trainable_flags(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:

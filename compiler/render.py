@@ -41,7 +41,7 @@ def setup_line(r: Report) -> str:
     s = r.setup
     image_tokens = s.images_per_sample * _image_positions(r)
     seq = f"seq {s.seq_len}" + (f" ({image_tokens} image + {s.seq_len - image_tokens} text)" if image_tokens else "")
-    opt = s.optimizer.type + (f" {s.optimizer.impl}" if s.optimizer.type == "adamw" else f" momentum {s.optimizer.momentum:g}")
+    opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
@@ -125,7 +125,7 @@ def as_data(r: Report) -> dict[str, Any]:
             "images_per_sample": s.images_per_sample,
             "trainable": sorted(s.trainable),
             "precision": s.precision,
-            "optimizer": {"type": s.optimizer.type, "impl": s.optimizer.impl, "momentum": s.optimizer.momentum},
+            "optimizer": _optimizer_json(s.optimizer),
             "gradient_checkpointing": sorted(s.gradient_checkpointing),
             "attention": s.attention,
             "parallel": {"dp": s.dp, "zero": s.zero,
@@ -313,3 +313,10 @@ def sweep_text(s) -> str:
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]
     return "\n".join(lines) + "\n"
+
+
+def _optimizer_json(o) -> dict:
+    """type, impl, momentum, and the options that are not their defaults."""
+    out = {"type": o.type, "impl": o.impl, "momentum": o.momentum}
+    out.update({k: v for k, v, default in (("weight_decay", o.weight_decay, 0.0), ("bits", o.bits, 32), ("paged", o.paged, False)) if v != default})
+    return out

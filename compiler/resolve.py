@@ -17,6 +17,8 @@ from typing import Any, Mapping
 from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from .formula import Expr, compile_expr
 from .load import Document, child_path, load_yaml
+from . import optimizers
+from .optimizers import TYPE_IMPLS, Optimizer
 
 # Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
 FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
@@ -270,13 +272,6 @@ def fsdp_setup(block: Mapping[str, Any] | None, precision: str) -> Fsdp | None:
     return Fsdp(bool(b["reshard_after_forward"]), b["reduce_dtype"], FSDP_REDUCE_BYTES[b["reduce_dtype"]], master or param)
 
 
-@dataclass(frozen=True)
-class Optimizer:
-    type: str  # adamw | sgd
-    impl: str  # foreach | fused | forloop
-    momentum: float  # sgd only
-
-
 # peft LoraConfig defaults (peft/tuners/lora/config.py) for what an experiment's `lora`
 # block leaves out; `modules` restricts the targets to memspec modules.
 LORA_DEFAULTS: Mapping[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
@@ -344,14 +339,17 @@ class Setup:
 
 
 def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
-    """bytes.* for a precision and optimizer, the master-weight bytes and one state's bytes."""
+    """bytes.* for a precision and optimizer, the master-weight bytes and one state's bytes.
+
+    bytes.optim is the optimizer's bytes per trainable element where its states are
+    element-wise; Adafactor's and bitsandbytes' are not (factored moments, 8-bit blocks,
+    fp32 states whatever the weight's dtype), and the evaluator computes those per tensor
+    (compiler/optimizers.py); their bytes.optim counts the master copy only.
+    """
     param, grad, act, master = PRECISIONS[precision]
     state = 4 if master else param
-    if optimizer.type == "adamw":
-        n_states = 2  # exp_avg, exp_avg_sq
-    else:
-        n_states = 1 if optimizer.momentum > 0 else 0  # momentum_buffer
-    values = {"param": param, "grad": grad, "optim": master + n_states * state, "act": act, **FIXED_DTYPE_BYTES}
+    per_element = optimizer.n_dense_states * state if optimizers.is_elementwise(optimizer) else 0
+    values = {"param": param, "grad": grad, "optim": master + per_element, "act": act, **FIXED_DTYPE_BYTES}
     return values, master, state
 
 
@@ -448,10 +446,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         for i, name in enumerate(data.get(key) or ()):
             if name not in module_names:
                 complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
-    opt = data["optimizer"]
-    optimizer = Optimizer(opt["type"], opt.get("impl", "foreach"), float(opt.get("momentum", SGD_DEFAULT_MOMENTUM if opt["type"] == "sgd" else 0.0)))
-    if optimizer.type == "sgd" and optimizer.impl == "fused":
-        complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
+    optimizer = _optimizer(data["optimizer"], complain)
     if parallel.get("fsdp") is not None and parallel["zero"] > 0:
         if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
             problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
@@ -525,6 +520,24 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # gradient checkpointing on (PeftModel._prepare_model_for_gradient_checkpointing).
         input_require_grads=data.get("input_require_grads", bool(lora and data["gradient_checkpointing"])),
     )
+
+
+def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
+    """The experiment's `optimizer` block, each option checked against its type."""
+    kind = opt["type"]
+    impls = TYPE_IMPLS[kind]
+    impl = opt.get("impl", impls[0])
+    if impl not in impls:
+        complain("optimizer", "E305", f"{kind} has no '{impl}' implementation here", f"{kind} runs as: {', '.join(impls)}")
+        impl = impls[0]
+    bnb = impl == "bitsandbytes"
+    for key, ok, need in (("bits", bnb, "impl: bitsandbytes"), ("paged", bnb, "impl: bitsandbytes"),
+                          ("momentum", kind in ("sgd", "adafactor"), "type sgd (momentum) or adafactor (beta1)")):
+        if key in opt and not ok:
+            complain("optimizer", "E305", f"optimizer option '{key}' does not apply to {kind} {impl}", f"'{key}' needs {need}")
+    default_momentum = SGD_DEFAULT_MOMENTUM if kind == "sgd" else 0.0
+    return Optimizer(kind, impl, float(opt.get("momentum", default_momentum)), float(opt.get("weight_decay", 0.0)),
+                     int(opt.get("bits", 32)), bool(opt.get("paged", False)))
 
 
 def _lora(block: Mapping[str, Any] | None) -> Lora | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .evaluate import Node, first_charges
+from . import optimizers
 from .resolve import Constant, Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
@@ -210,15 +211,26 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
     if not c.optimizer_states:
         states = 0
     elif o_div == 1:
-        n_states = (setup.bytes["optim"] - setup.master_bytes) // setup.state_bytes
         states = sum(
             (round_up(e * setup.master_bytes, ALLOCATOR_GRANULE) if setup.master_bytes else 0)
-            + n_states * round_up(e * setup.state_bytes, ALLOCATOR_GRANULE)
-            for e in elements
+            + sum(round_up(s.nbytes, ALLOCATOR_GRANULE) for s in _states(setup, e, shape) if not s.paged)
+            for e, shape in zip(elements, c.param_shapes)
         )
     else:
         states = _div(c.optimizer_states, o_div)
     return params, grads, states
+
+
+def _states(setup: Setup, elements: int, shape) -> tuple:
+    return optimizers.states(setup.optimizer, elements, shape, setup.state_bytes)
+
+
+def _paged_bytes(nodes, setup: Setup) -> int:
+    """bitsandbytes' paged states: CUDA unified memory (cudaMallocManaged), never in
+    torch.cuda.max_memory_allocated."""
+    if not setup.optimizer.paged:
+        return 0
+    return sum(s.nbytes for e, shape in _trainable_tensors(nodes, setup) for s in _states(setup, e, shape) if s.paged)
 
 
 def _shards(setup: Setup) -> tuple[int, int, int]:
@@ -254,9 +266,16 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             "parameters": sum(blocks[id(n)][0] for n in walk) + buffers,
             "optimizer_states": sum(blocks[id(n)][2] for n in walk),
         }
+    tensors = _trainable_tensors(nodes, setup)
+    once = optimizers.once(setup.optimizer, [e for e, _ in tensors])
+    if once:
+        # NB: optimizer-wide tensors (bitsandbytes' quantile maps) belong to no layer; shown
+        # with the first module that trains.
+        first = next(r.inst.module for r in nodes if any(n.cost.optimizer_states for n in r.walk()))
+        per_gpu[first]["optimizer_states"] += sum(round_up(b, ALLOCATOR_GRANULE) for b in once)
+        resident[first]["optimizer_states"] += sum(once)
     state = _State(modules, per_gpu, first_charges(nodes))
     trainable = _trainable_elements(nodes, setup)
-    tensors = _trainable_tensors(nodes, setup)
     # NB: with nothing trainable there is no backward (and no optimizer step) to walk.
     state.workspace = (setup.target.gemm_threads if trainable else 1) * setup.target.workspace
     state.first_forward_workspace = setup.target.workspace
@@ -382,7 +401,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         resident=per_gpu_totals,
         activations_end_of_forward=end_of_forward,
         seed_sum=seed_sum,
-        not_modelled=_not_modelled(setup),
+        not_modelled=_not_modelled(setup) + _paged_note(nodes, setup),
         trainable_params=trainable,
     )
 
@@ -432,9 +451,10 @@ def _trainable_elements(nodes, setup: Setup) -> int:
     return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states)
 
 
-def _trainable_tensors(nodes, setup: Setup) -> list[int]:
-    """Element counts of every tensor the optimizer steps."""
-    return [t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states for t in n.cost.param_tensors]
+def _trainable_tensors(nodes, setup: Setup) -> list[tuple[int, tuple[int, ...] | None]]:
+    """(element count, shape) of every tensor the optimizer steps."""
+    return [(t // setup.bytes["param"], shape) for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states
+            for t, shape in zip(n.cost.param_tensors, n.cost.param_shapes)]
 
 
 def _largest_trainable_tensor(nodes, setup: Setup) -> int:
@@ -447,31 +467,67 @@ def _largest_trainable(nodes, setup: Setup) -> int:
     return max((n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable and not n.children), default=0)
 
 
-def step_temporaries(setup: Setup, tensors: list[int], largest: int, o_div: int = 1) -> dict[str, int]:
-    """Bytes alive only during optimizer.step(), per GPU, for the stepped tensors' element
-    counts `tensors` (unsharded: each its own allocation; sharded: one flat partition).
+def step_temporaries(setup: Setup, tensors: list[tuple[int, tuple[int, ...] | None]], largest: int, o_div: int = 1) -> dict[str, int]:
+    """Bytes alive only during optimizer.step(), per GPU, for the stepped tensors
+    (element count, shape) (unsharded: each its own allocation; sharded: one flat partition).
 
     - master_grads: mixed precision converts the 16-bit gradients to fp32 for the master
       weights (DeepSpeed converts the whole flat partition at once; DOMAIN.md);
-    - foreach AdamW: `torch._foreach_sqrt(exp_avg_sqs)` returns a new tensor per state, a
-      full copy of the second moments (torch/optim/adam.py, _multi_tensor_adam);
-    - for-loop AdamW: `exp_avg_sq.sqrt()` and its quotient by the bias correction, one
-      parameter at a time: two copies of the largest parameter's state;
-    - fused AdamW and SGD (no weight decay, no Nesterov) update in place.
+    - foreach Adam/AdamW: `torch._foreach_sqrt(exp_avg_sqs)` returns a new tensor per state, a
+      full copy of the second moments (torch/optim/adam.py, _multi_tensor_adam). Adam's
+      coupled weight decay first makes `device_grads = torch._foreach_add(grads, params)`, a
+      copy of the gradients in the same dtype, deleted (`del device_grads`) before the sqrt:
+      the two never coexist, so the peak is the sqrt's either way;
+    - for-loop Adam/AdamW: `exp_avg_sq.sqrt()` and its quotient by the bias correction, one
+      parameter at a time: two copies of the largest parameter's state; Adam's coupled
+      weight decay adds `grad = grad.add(param, alpha=weight_decay)`, a third, alive
+      through the update (_single_tensor_adam);
+    - SGD with weight decay: foreach `torch._foreach_add(device_grads, device_params)`, a
+      copy of every gradient alive through the step; for-loop `grad.add(param)`, one
+      parameter's (torch/optim/sgd.py);
+    - Adafactor (transformers): parameter by parameter; see `_adafactor_temporaries`;
+    - fused AdamW, SGD without weight decay and bitsandbytes (fused CUDA kernels, in place)
+      allocate none.
     """
 
     def allocated(nbytes: int) -> int:
         if o_div > 1:
-            return _div(sum(tensors) * nbytes, o_div)
-        return sum(round_up(e * nbytes, ALLOCATOR_GRANULE) for e in tensors)
+            return _div(sum(e for e, _ in tensors) * nbytes, o_div)
+        return sum(round_up(e * nbytes, ALLOCATOR_GRANULE) for e, _ in tensors)
 
+    opt = setup.optimizer
     out = {"master_grads": allocated(setup.master_bytes) if setup.master_bytes else 0}
-    if setup.optimizer.type == "adamw":
-        if setup.optimizer.impl == "foreach":
+    one = round_up(setup.state_bytes * largest, ALLOCATOR_GRANULE)
+    if opt.type in ("adamw", "adam") and not opt.bnb:
+        if opt.impl == "foreach":
             out["optimizer_temporaries"] = allocated(setup.state_bytes)
-        elif setup.optimizer.impl == "forloop":
-            out["optimizer_temporaries"] = 2 * round_up(setup.state_bytes * largest, ALLOCATOR_GRANULE)
+        elif opt.impl == "forloop":
+            coupled = opt.type == "adam" and opt.weight_decay > 0
+            out["optimizer_temporaries"] = (3 if coupled else 2) * one
+    elif opt.type == "sgd" and opt.weight_decay > 0:
+        out["optimizer_temporaries"] = allocated(setup.state_bytes) if opt.impl == "foreach" else one
+    elif opt.type == "adafactor":
+        out["optimizer_temporaries"] = max((_adafactor_temporaries(setup, e, s) for e, s in tensors), default=0)
     return out
+
+
+def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] | None) -> int:
+    """The most transformers' Adafactor.step holds at once for one parameter (fp32 throughout):
+
+    `grad.float()` and `p.float()` when they are 16-bit (no master copy); `update = grad**2 + eps`
+    (grad**2 freed once the sum exists); factored: `_approx_sq_grad` builds r_factor (the row
+    vector's size) and c_factor (the column vector's) and their product, a new update, while
+    the old one is alive; unfactored: `exp_avg_sq.rsqrt()` next to the old update. Later
+    `p_data_fp32.add_(-update)` holds two parameter-sized tensors again, never more.
+    """
+    n4 = round_up(optimizers.FP32 * elements, ALLOCATOR_GRANULE)
+    sixteen = not setup.master_bytes and setup.bytes["param"] < optimizers.FP32
+    upcasts = 2 * n4 if sixteen else 0  # grad.float(), p.float()
+    if shape is not None and optimizers.adafactor_factored(shape):
+        rows, cols = optimizers.adafactor_vectors(shape)
+        vectors = round_up(optimizers.FP32 * rows, ALLOCATOR_GRANULE) + round_up(optimizers.FP32 * cols, ALLOCATOR_GRANULE)
+        return upcasts + 2 * n4 + vectors
+    return upcasts + 2 * n4
 
 
 def _step_transient(setup: Setup, tensors: list[int], largest: int, o_div: int, modules) -> dict[str, int]:
@@ -518,6 +574,14 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
     if setup.zero >= 3 and setup.dp > 1:
         out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
     return tuple(out) + _lora_not_modelled(setup.lora)
+
+
+def _paged_note(nodes, setup: Setup) -> tuple[str, ...]:
+    paged = _paged_bytes(nodes, setup)
+    if not paged:
+        return ()
+    return (f"bitsandbytes paged optimizer states, {paged:,} B in CUDA unified memory (cudaMallocManaged): outside "
+            "max_memory_allocated and reserved, resident on the GPU until memory runs short, then paged to host memory",)
 
 
 def _lora_not_modelled(lora) -> tuple[str, ...]:
