@@ -20,8 +20,9 @@ import yaml
 MODULES = ("vision", "projector", "language")
 PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
 ATTENTIONS = ("flash_attention_2", "sdpa", "eager")
-OPTIMIZER_TYPES = ("adamw", "sgd")
+OPTIMIZER_TYPES = ("adamw", "adam", "sgd", "adafactor")
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
+OPTIMIZER_KEYS = ("type", "impl", "momentum", "weight_decay")
 
 DEFAULTS: dict[str, Any] = {
     "images_per_sample": 1,
@@ -99,7 +100,11 @@ def _check(exp: dict, where: str) -> None:
     if optimizer.get("type") not in OPTIMIZER_TYPES:
         fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
     if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
-        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}")
+        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}"
+             + (" (bitsandbytes needs CUDA and real tensors: it cannot run on fake tensors)" if optimizer.get("impl") == "bitsandbytes" else ""))
+    unknown = sorted(set(optimizer) - set(OPTIMIZER_KEYS))
+    if unknown:
+        fail(f"optimizer: unknown key(s) {unknown}; measurable: {list(OPTIMIZER_KEYS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
     lora = exp.get("lora")
@@ -175,7 +180,7 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     if missing:
         raise ExperimentError(f"{where}: missing required key(s) {missing}")
     exp = {**DEFAULTS, **raw}
-    exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") == "adamw" else {}),
+    exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}),
                         **exp["optimizer"]}
     exp["parallel"] = normalise_parallel(exp["parallel"])
     exp["trainable"] = list(exp["trainable"])

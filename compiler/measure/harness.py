@@ -180,17 +180,27 @@ def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
 
 
 def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.Optimizer:
-    """AdamW or SGD with the implementation flag passed explicitly.
+    """AdamW, Adam, SGD (torch, the implementation flag passed explicitly) or transformers'
+    Adafactor as Trainer builds it (scale_parameter=False, relative_step=False,
+    trainer_optimizer.py _get_adafactor; beta1 = the experiment's momentum, None at 0).
 
     NB: `_default_to_fused_or_foreach` rejects fake tensors and would pick the for-loop
     implementation; CUDA's default is foreach.
     """
     impl = spec.get("impl", "foreach")
     flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
+    decay = spec.get("weight_decay", WEIGHT_DECAY)
     if spec["type"] == "adamw":
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY, **flags)
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=decay, **flags)
+    if spec["type"] == "adam":
+        return torch.optim.Adam(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=decay, **flags)
+    if spec["type"] == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=LEARNING_RATE, scale_parameter=False, relative_step=False,
+                         beta1=spec.get("momentum") or None, weight_decay=decay)
     return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=spec.get("momentum", 0.0),
-                           weight_decay=WEIGHT_DECAY, **flags)
+                           weight_decay=decay, **flags)
 
 
 class MasterWeightOptimizer:

@@ -152,6 +152,9 @@ class MemoryTracer(TorchDispatchMode):
         self.device = device
         self.keep_timeline = timeline
         self.live: dict[int, Allocation] = {}
+        # Storages the host ops made: an in-place op on one (a for-loop optimizer's
+        # `step_t += 1` on its host step counter) returns it, and it stays on the host.
+        self.host: set[int] = set()
         self.total = 0
         self.by_category: Counter[str] = Counter()
         self.persistent: dict[str, int] = {}
@@ -168,6 +171,8 @@ class MemoryTracer(TorchDispatchMode):
             return None
         storage = tensor.untyped_storage()
         key = storage._cdata
+        if key in self.host:
+            return None
         record = self.live.get(key)
         if record is not None:
             return record
@@ -185,6 +190,13 @@ class MemoryTracer(TorchDispatchMode):
         self.by_category[category] += record.nbytes
         weakref.finalize(storage, self._free, key)
         return record
+
+    def _host(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key not in self.host:
+            self.host.add(key)
+            weakref.finalize(storage, self.host.discard, key)
 
     def _free(self, key: int) -> None:
         record = self.live.pop(key, None)
@@ -256,7 +268,11 @@ class MemoryTracer(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         module, recomputing = self.context()
-        if func not in self.host_ops:
+        if func in self.host_ops:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._host(t)
+        else:
             category = default_category(self.phase, recomputing)
             name = func.__name__
             for t in tree_flatten(out)[0]:
