@@ -144,7 +144,7 @@ def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
     for n in nodes:
         m = spec.module(n.inst.module)
         # NB: LoRA adapters (a lora_linear's children after its base_layer) are not in the checkpoint
-        adapters = {id(a) for x in n.walk() if x.inst.formula.layer_type == "lora_linear" for c in x.children[1:] for a in c.walk()}
+        adapters = {id(a) for x in n.walk() if x.inst.formula.layer_type in ("lora_linear", "dora_linear") for c in x.children[1:] for a in c.walk()}
         counted = sum(x.cost.parameters for x in n.walk() if id(x) not in adapters) // setup.bytes["param"]
         if counted != m.parameters:
             line, col = spec.doc.where(m.path + ".parameters")

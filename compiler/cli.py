@@ -172,6 +172,7 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
     add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
     add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
+    add("--lora-dora", action="store_const", const=True, help="DoRA (peft use_dora=True), e.g. --lora-r 16 --lora-dora")
     r = p.add_argument_group("read what you already have")
     r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2")
     r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
@@ -200,7 +201,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("micro_batch", "seq_len", "dp"):
         if key in out and out[key] < 1:
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
-    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"))}
+    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"))}
     if any(v is not None for v in lora.values()):
         targets = lora["target_modules"]
         if targets is not None and targets == ["all-linear"]:

@@ -191,14 +191,15 @@ def _bound_scope(formula: Formula, given: Mapping[str, Any], scope_key: tuple, c
     return hit[1]
 
 
-def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple) -> tuple:
-    key = ("child", child.path, c_formula.layer_type, scope_key, previous)
+def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple,
+                  upstream: bool = False) -> tuple:
+    key = ("child", child.path, c_formula.layer_type, scope_key, previous, upstream)
     hit = _MEMO.get(key)
     if hit is None:
         count = integer(child.count, child.count(scope)) if child.count is not None else 1
         c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else scope["batch"]
         c_seq = integer(child.context["seq"], child.context["seq"](scope)) if "seq" in child.context else scope["seq"]
-        c_grad_in = bool(child.grad_in({**scope, "previous": previous})) if child.grad_in is not None else previous
+        c_grad_in = bool(child.grad_in({**scope, "previous": previous, "upstream": upstream})) if child.grad_in is not None else previous
         c_reaches = bool(child.reaches_loss(scope)) if child.reaches_loss is not None else True
         c_given = {k: (e.constant if _is_tensor(c_formula, k) else e(scope)) for k, e in child.inputs.items()}
         hit = _MEMO[key] = (count, c_batch, c_seq, c_grad_in, c_reaches, c_given)
@@ -221,16 +222,17 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     children = []
     previous = grad_in
+    upstream = False  # any earlier sibling's output requires grad (parallel readers: q, k, v)
     for child in formula.children:
         c_formula = library[child.type]
-        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(child, c_formula, scope, previous, scope_key)
+        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(child, c_formula, scope, previous, scope_key, upstream)
         if count == 0:
             continue
         c_reaches = reaches_loss and c_reaches
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
         # NB: the adapter's own linears (inside a lora_linear) are never adapted again
-        if setup.lora is not None and c_formula.layer_type == "linear" and formula.layer_type != "lora_linear" and lora_target(setup.lora, module, f"{path}.{child.name}"):
+        if setup.lora is not None and c_formula.layer_type == "linear" and formula.layer_type not in ("lora_linear", "dora_linear") and lora_target(setup.lora, module, f"{path}.{child.name}"):
             c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
             c_requires = True  # the adapters train; lora_linear's base_layer is frozen
         out = previous
@@ -260,6 +262,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
             children.append(inst)
             out = _grad_out(inst) if c_reaches else out
         previous = out
+        upstream = upstream or out
     return Instance(
         path=path,
         template=template,
@@ -299,8 +302,8 @@ def lora_target(lora, module: str, path: str) -> bool:
 
 
 def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mapping[str, str]) -> tuple:
-    """A linear child as a `lora_linear`: its inputs plus the adapter's, and lora_A reading
-    x itself when there is no dropout (nn.Identity)."""
+    """A linear child as a `lora_linear` (`dora_linear` with use_dora): its inputs plus the
+    adapter's, and lora_A reading x itself when there is no dropout (nn.Identity)."""
     key = ("lora", id(given))
     hit = _MEMO.get(key)
     if hit is None:
@@ -308,7 +311,7 @@ def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mappin
     out = dict(tensors)
     if not lora.dropout > 0 and "input" in tensors:
         out["lora_input"] = tensors["input"]
-    return library["lora_linear"], hit[1], out
+    return library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
 
 
 def _tensor_inputs(formula: Formula) -> set[str]:

@@ -467,7 +467,7 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
             k: compile_expr(v, doc, child_path(child_path(path, "context"), k), scope, problems)
             for k, v in (entry.get("context") or {}).items()
         },
-        grad_in=expr("grad_in", entry["grad_in"], frozenset({"previous"})) if "grad_in" in entry else None,
+        grad_in=expr("grad_in", entry["grad_in"], frozenset({"previous", "upstream"})) if "grad_in" in entry else None,
         reaches_loss=expr("reaches_loss", entry["reaches_loss"]) if "reaches_loss" in entry else None,
         checkpoint_unit=bool(entry.get("checkpoint_unit", False)),
         path=path,

@@ -275,7 +275,8 @@ def fsdp_setup(block: Mapping[str, Any] | None, precision: str) -> Fsdp | None:
 # peft LoraConfig defaults (peft/tuners/lora/config.py) for what an experiment's `lora`
 # block leaves out; `modules` restricts the targets to memspec modules.
 LORA_DEFAULTS: Mapping[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
-                                    "modules": ["language"], "modules_to_save": [], "bias": "none"}
+                                    "modules": ["language"], "modules_to_save": [], "bias": "none",
+                                    "use_dora": False}
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,7 @@ class Lora:
     modules: frozenset[str]  # their base weights are frozen
     modules_to_save: tuple[str, ...]
     bias: str  # none | all | lora_only
+    use_dora: bool = False  # DoRA: a trainable magnitude per output row, the weight's row norms each forward
 
 
 @dataclass(frozen=True)
@@ -548,7 +550,7 @@ def _lora(block: Mapping[str, Any] | None) -> Lora | None:
     targets = b["target_modules"]
     targets = "all-linear" if targets == "all-linear" else tuple([targets] if isinstance(targets, str) else targets)
     return Lora(int(b["r"]), b["alpha"], float(b["dropout"]), targets, frozenset(b["modules"]),
-                tuple(b["modules_to_save"]), b["bias"])
+                tuple(b["modules_to_save"]), b["bias"], bool(b["use_dora"]))
 
 
 def with_overrides(setup: Setup, **changes: Any) -> Setup:

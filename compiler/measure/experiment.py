@@ -44,7 +44,7 @@ OPTIONAL_KEYS = ("image_size", "lora")
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
 # restricts the targets to memspec modules (LLaVA's recipes adapt the language model only).
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
-                                 "modules": ["language"], "modules_to_save": [], "bias": "none"}
+                                 "modules": ["language"], "modules_to_save": [], "bias": "none", "use_dora": False}
 LORA_BIAS = ("none", "all", "lora_only")
 # FSDP2 (torch.distributed.fsdp.fully_shard) defaults for what `parallel.fsdp` leaves out:
 # fully_shard's reshard_after_forward=True; gradients reduced in fp32 (MixedPrecisionPolicy

@@ -153,7 +153,7 @@ def apply_lora(model, exp: dict, groups: dict):
     lora = exp["lora"]
     config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                         target_modules=lora_targets(model, lora, groups), bias=lora["bias"],
-                        modules_to_save=lora["modules_to_save"] or None)
+                        modules_to_save=lora["modules_to_save"] or None, use_dora=lora.get("use_dora", False))
     # NB: adapters are created in the base dtype (the default dtype while peft builds them)
     # on the base device, which is where peft then moves them (`_replace_module`,
     # `_move_adapter_to_device_of_base_layer`); `Module.to()` cannot swap a fake parameter
