@@ -138,6 +138,18 @@ def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool =
     return Report(spec, setup, nodes, rows, est, est.peak.total, est.reserved, device, consts, setup.gpu, params)
 
 
+QUANTIZED = ("linear_4bit", "linear_8bit")
+
+
+def _elements(node: Node, setup: Setup) -> int:
+    """A layer's parameter count: bytes over the weight dtype, or the weight's own count for a
+    quantized linear (packed codes are not elements)."""
+    if node.inst.formula.layer_type in QUANTIZED:
+        s = node.inst.scope
+        return s["d_in"] * s["d_out"] + (s["d_out"] if s["bias"] else 0)
+    return node.cost.parameters // setup.bytes["param"]
+
+
 def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
     """The formulas' parameter count per module must equal the checkpoint's."""
     problems = []
@@ -145,7 +157,7 @@ def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
         m = spec.module(n.inst.module)
         # NB: LoRA adapters (a lora_linear's children after its base_layer) are not in the checkpoint
         adapters = {id(a) for x in n.walk() if x.inst.formula.layer_type in ("lora_linear", "dora_linear") for c in x.children[1:] for a in c.walk()}
-        counted = sum(x.cost.parameters for x in n.walk() if id(x) not in adapters) // setup.bytes["param"]
+        counted = sum(_elements(x, setup) for x in n.walk() if id(x) not in adapters)
         if counted != m.parameters:
             line, col = spec.doc.where(m.path + ".parameters")
             problems.append(

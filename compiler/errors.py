@@ -25,6 +25,7 @@ Codes (stable; never reuse a retired one):
     experiment and overrides (resolve):
     E305 optimizer option that does not apply to its type or implementation (impl, bits, paged, momentum)
     E306 Adafactor on a layer whose formula gives parameter bytes without shapes
+    E307 a quantized (bitsandbytes 4-/8-bit) module listed as trainable
 
     memspec import (a hub id or a model folder; each message names the repo and revision):
     E701 repo not found, or neither a folder nor a repo id   E708 no family covers the model_type

@@ -235,6 +235,9 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         if setup.lora is not None and c_formula.layer_type == "linear" and formula.layer_type not in ("lora_linear", "dora_linear") and lora_target(setup.lora, module, f"{path}.{child.name}"):
             c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
             c_requires = True  # the adapters train; lora_linear's base_layer is frozen
+        elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
+            c_formula, c_given = _quantized(library, setup.quantization, c_given)
+            c_requires = False
         out = previous
         for i in range(count):
             name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
@@ -299,6 +302,30 @@ def lora_target(lora, module: str, path: str) -> bool:
     if lora.target_modules == "all-linear":
         return dotted.rsplit(".", 1)[-1] != OUTPUT_EMBEDDING
     return any(dotted == t or dotted.endswith("." + t) for t in lora.target_modules)
+
+
+def quantized(q, module: str, parent_type: str, name: str, path: str) -> bool:
+    """Whether transformers' replace_with_bnb_linear makes the linear at `path` a bitsandbytes
+    one: every nn.Linear of the quantized modules but the output embedding and
+    llm_int8_skip_modules; inside a LoRA wrapper only the base layer (the adapters are added
+    after quantization, in the compute dtype)."""
+    if module not in q.modules:
+        return False
+    if parent_type in ("lora_linear", "dora_linear"):
+        return name == "base_layer"
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    if dotted.rsplit(".", 1)[-1] == OUTPUT_EMBEDDING:
+        return False
+    return not any(dotted == s or dotted.endswith("." + s) or f".{s}." in f".{dotted}." for s in q.skip_modules)
+
+
+def _quantized(library: Library, q, given: Mapping[str, Any]) -> tuple:
+    key = ("quantized", id(given), q.bits, q.double_quant)
+    hit = _MEMO.get(key)
+    if hit is None:
+        extra = {"double_quant": q.double_quant} if q.bits == 4 else {}
+        hit = _MEMO[key] = (given, {**given, **extra})
+    return library["linear_4bit" if q.bits == 4 else "linear_8bit"], hit[1]
 
 
 def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mapping[str, str]) -> tuple:

@@ -465,7 +465,7 @@ USED = frozenset({
     "per_device_train_batch_size", "model_max_length", "max_seq_length", "gradient_checkpointing", "bf16", "fp16",
     "optim", "deepspeed", "lora_enable", "lora_r", "lora_alpha", "lora_dropout", "lora_bias", "tune_mm_mlp_adapter",
     "freeze_backbone", "freeze_mm_mlp_adapter", "unfreeze_mm_vision_tower", "vision_tower", "mm_projector_type",
-    "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "model_name_or_path",
+    "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "double_quant", "quant_type", "model_name_or_path",
     "num_gpus", "nproc_per_node",
 })
 
@@ -564,8 +564,16 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
     if attention:
         out["attention"] = attention
     bits = r.integer("bits")
-    if bits is not None and bits != 16:
-        r.bad("bits", f"{bits}-bit quantized training (QLoRA) is not modelled yet", "estimate with --bits 16 (the default)", "E813")
+    if bits is not None and bits not in (4, 8, 16):
+        r.bad("bits", f"--bits {bits}: LLaVA's train.py quantizes to 4 or 8 bits (16: none)", "write --bits 4, 8 or 16", "E812")
+    elif bits in (4, 8):
+        # NB: LLaVA's train.py: BitsAndBytesConfig(load_in_4bit / load_in_8bit,
+        # llm_int8_skip_modules=["mm_projector"], bnb_4bit_use_double_quant=--double_quant
+        # (default True), bnb_4bit_quant_type=--quant_type (default nf4)); the vision tower is
+        # loaded after from_pretrained, unquantized
+        double = r.boolean("double_quant")
+        out["quantization"] = {"bits": bits, "quant_type": r.text("quant_type") or "nf4",
+                               "double_quant": True if double is None else double, "modules": ["language"]}
     dp = command.gpus * command.nodes if command.gpus else None
     for name in ("num_gpus", "nproc_per_node"):  # NB: some scripts pass these to the training script
         n = r.integer(name)

@@ -293,6 +293,24 @@ class Lora:
     use_dora: bool = False  # DoRA: a trainable magnitude per output row, the weight's row norms each forward
 
 
+# transformers' BitsAndBytesConfig defaults for what an experiment's `quantization` block leaves
+# out (bnb_4bit_quant_type "fp4", bnb_4bit_use_double_quant False); `modules` are the memspec
+# modules whose linear layers are quantized (LLaVA's --bits loads the language model quantized
+# and the vision tower after it, unquantized; llm_int8_skip_modules keeps mm_projector).
+QUANTIZATION_DEFAULTS: Mapping[str, Any] = {"quant_type": "fp4", "double_quant": False, "modules": ["language"], "skip_modules": []}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """bitsandbytes weights of the linear layers of `modules` (QLoRA: 4-bit; LLM.int8(): 8-bit)."""
+
+    bits: int  # 4 | 8
+    quant_type: str  # nf4 | fp4 (4-bit; same memory)
+    double_quant: bool
+    modules: frozenset[str]
+    skip_modules: tuple[str, ...]  # llm_int8_skip_modules: names (or name suffixes) kept in 16 bits
+
+
 @dataclass(frozen=True)
 class Setup:
     """One training setup, every knob explicit."""
@@ -318,6 +336,7 @@ class Setup:
     state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
     lora: Lora | None = None
     fsdp: Fsdp | None = None  # FSDP2 sharding over the dp ranks (zero is then 0)
+    quantization: Quantization | None = None
     # enable_input_require_grads(): the outputs of every input embedding (token embeddings,
     # a vision tower's patch embedding) require grad, so frozen towers record autograd.
     input_require_grads: bool = False
@@ -491,6 +510,15 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     for i, name in enumerate(sorted(lora.modules) if lora else ()):
         if name not in module_names:
             complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+    quantization = _quantization(data.get("quantization"))
+    if quantization is not None:
+        for name in sorted(quantization.modules):
+            if name not in module_names:
+                complain("quantization", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+        trained = sorted(quantization.modules & (frozenset(data["trainable"]) - (lora.modules if lora else frozenset())))
+        if trained:
+            complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
+                     "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
     if problems:
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     values, master, state = derive_bytes(data["precision"], optimizer)
@@ -518,10 +546,19 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         state_bytes=state,
         lora=lora,
         fsdp=fsdp_setup(parallel.get("fsdp"), data["precision"]),
+        quantization=quantization,
         # NB: peft's get_peft_model calls enable_input_require_grads() when the model has
         # gradient checkpointing on (PeftModel._prepare_model_for_gradient_checkpointing).
         input_require_grads=data.get("input_require_grads", bool(lora and data["gradient_checkpointing"])),
     )
+
+
+def _quantization(block: Mapping[str, Any] | None) -> Quantization | None:
+    """The experiment's `quantization` block with BitsAndBytesConfig's defaults (None: none)."""
+    if not block or not block.get("bits"):
+        return None
+    b = {**QUANTIZATION_DEFAULTS, **block}
+    return Quantization(int(b["bits"]), b["quant_type"], bool(b["double_quant"]), frozenset(b["modules"]), tuple(b["skip_modules"]))
 
 
 def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:

@@ -105,3 +105,51 @@ def test_adafactor_step_temporaries_of_the_largest_matrix(precision, upcasts):
     n4 = 136_134_656 * 4  # 544_538_624, a multiple of 512
     vectors = 151_936 * 4 + 896 * 4  # 607_744 + 3584
     assert _adafactor_temporaries(setup, 136_134_656, (151_936, 896)) == upcasts * n4 + 2 * n4 + vectors
+
+
+# ----------------------------------------------------------------------------- QLoRA
+
+
+LLAVA_LORA = "specs/experiments/llava-1.5-7b-lora.yaml"
+UNSHARDED = dict(dp=1, zero=0)
+
+
+def _language_parameters(report) -> int:
+    return report.estimate.resident["language"]["parameters"]
+
+
+def test_qlora_packs_every_language_linear_but_lm_head():
+    plain = estimate(LLAVA_LORA, **UNSHARDED)
+    q = estimate(LLAVA_LORA, **UNSHARDED, quantization={"bits": 4, "double_quant": True})
+    rows = {r.path: r for r in q.rows}
+    base = rows["language.layers[0:32].self_attn.q_proj.base_layer"]
+    assert base.type == "linear_4bit" and base.parameters == 8_388_608  # 4096 * 4096 / 2
+    assert base.buffers == 267_332  # absmax 262_144 + offset 4 + state2.absmax 4096 + code 64 + state2.code 1024
+    assert rows["language.lm_head"].type == "linear"  # the output embedding stays in bf16
+    # Per layer the 4 attention (4096^2) and 3 MLP (4096 x 11008) weights lose 2 - 1/2 bytes
+    # per element: 32 * (4 * 16_777_216 + 3 * 45_088_768) * 1.5 = 9_714_008_064, allocated per
+    # tensor (each a multiple of 512 B) plus the quant states (absmax 1 B per 64 elements, ...).
+    saved = _language_parameters(plain) - _language_parameters(q)
+    packed = 32 * (4 * 16_777_216 + 3 * 45_088_768) * 3 // 2
+    assert packed == 9_714_008_064
+    assert 0 < packed - saved < packed // 50  # the quant states cost back under 2 %
+
+
+def test_quantized_trainable_module_is_an_error(capsys):
+    from compiler.cli import main as cli
+
+    code = cli(["estimate", "specs/llava/llava-1.5-7b.yaml", "--micro-batch", "1", "--seq-len", "1024",
+                "--trainable", "projector,language", "--quantization", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "E307" in err and "adapt them with LoRA" in err
+
+
+def test_llava_bits_flag_reads_as_qlora(tmp_path):
+    from compiler.launch import command_overrides, read_command
+
+    script = tmp_path / "finetune_qlora.sh"
+    script.write_text("deepspeed llava/train/train_mem.py --lora_enable True --bits 4 --bf16 True "
+                      "--per_device_train_batch_size 4 --model_max_length 2048\n")
+    command = read_command(str(script))
+    reading = command_overrides(command, {"vision": {}, "projector": {"type": "mlp_projector"}, "language": {}}, "llava")
+    assert reading.overrides["quantization"] == {"bits": 4, "quant_type": "nf4", "double_quant": True, "modules": ["language"]}
