@@ -121,6 +121,10 @@ def _check(exp: dict, where: str) -> None:
             fail(f"parallel.fsdp.reduce_dtype {fsdp['reduce_dtype']!r} is not one of {list(FSDP_REDUCE_DTYPES)}")
         if exp["parallel"].get("zero", 0):
             fail("parallel: fsdp and a ZeRO stage exclude each other (one shards the model)")
+    bits = (exp.get("quantization") or {}).get("bits", 16)
+    if bits != 16:
+        fail(f"quantization bits {bits}: bitsandbytes' 4-/8-bit layers need CUDA and real tensors and cannot run on fake "
+             "tensors (the estimate pins them to bitsandbytes' source: formulas/linear_4bit.yaml, linear_8bit.yaml)")
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
