@@ -217,6 +217,9 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if args.fsdp_reduce:
             block["reduce_dtype"] = args.fsdp_reduce
         out["fsdp"] = block
+    if getattr(args, "quantization", None) is not None:
+        out["quantization"] = {"bits": args.quantization, **({"quant_type": args.quant_type} if args.quant_type else {}),
+                               **({"double_quant": True} if args.double_quant else {})}
     if args.optimizer or args.optimizer_impl or args.momentum is not None or getattr(args, "weight_decay", None) is not None:
         name = args.optimizer or "adamw"
         opt = dict(HF_OPTIM[name]) if name in HF_OPTIM and name not in TYPES else {"type": name}
