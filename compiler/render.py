@@ -46,6 +46,8 @@ def setup_line(r: Report) -> str:
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
+        + (f" | DoRA r{s.lora.r}" if s.lora is not None and s.lora.use_dora else "")
+        + (f" | {quantization_label(s.quantization)}" if s.quantization is not None else "")
     )
 
 
@@ -55,6 +57,12 @@ def _sharding(s) -> str:
         return f"ZeRO-{s.zero}" + (f", optimizer offloaded to {s.deepspeed.offload_optimizer}" if offload else "")
     keep = "reshard after forward" if s.fsdp.reshard_after_forward else "no reshard after forward"
     return f"FSDP2 ({keep}, reduce {s.fsdp.reduce_dtype})"
+
+
+def quantization_label(q) -> str:
+    """`bitsandbytes 4-bit nf4, double quant (language)`."""
+    kind = f"4-bit {q.quant_type}" + (", double quant" if q.double_quant else "") if q.bits == 4 else "8-bit LLM.int8()"
+    return f"bitsandbytes {kind} ({', '.join(sorted(q.modules))})"
 
 
 def _where(p: Point) -> str:
@@ -126,6 +134,10 @@ def as_data(r: Report) -> dict[str, Any]:
             "trainable": sorted(s.trainable),
             "precision": s.precision,
             "optimizer": _optimizer_json(s.optimizer),
+            **({"quantization": {"bits": s.quantization.bits, "quant_type": s.quantization.quant_type,
+                                 "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
+                                 "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
+            **({"use_dora": True} if s.lora is not None and s.lora.use_dora else {}),
             "gradient_checkpointing": sorted(s.gradient_checkpointing),
             "attention": s.attention,
             "parallel": {"dp": s.dp, "zero": s.zero,

@@ -153,3 +153,20 @@ def test_llava_bits_flag_reads_as_qlora(tmp_path):
     command = read_command(str(script))
     reading = command_overrides(command, {"vision": {}, "projector": {"type": "mlp_projector"}, "language": {}}, "llava")
     assert reading.overrides["quantization"] == {"bits": 4, "quant_type": "nf4", "double_quant": True, "modules": ["language"]}
+
+
+def test_adafactor_refuses_a_parameter_without_a_shape(tmp_path):
+    import shutil
+
+    from compiler.api import library, load_inputs, run
+    from compiler.errors import MemspecError
+
+    folder = tmp_path / "formulas"
+    shutil.copytree("formulas", folder)
+    norm = folder / "rms_norm.yaml"
+    norm.write_text(norm.read_text().replace("  parameters:       [{shape: [dim]}]", '  parameters:       "n_params * bytes.param"'))
+    spec, setup = load_inputs(QWEN, {**SMALL, "optimizer": {"type": "adafactor"}})
+    with pytest.raises(MemspecError) as e:
+        run(spec, setup, library(str(folder)))
+    (d,) = e.value.diagnostics
+    assert d.code == "E306" and "rms_norm gives only its bytes" in d.message
