@@ -573,6 +573,11 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
     if setup.zero >= 3 and setup.dp > 1:
         out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
+    if setup.quantization is not None:
+        # NB: peft/utils/other.py, prepare_model_for_kbit_training: every fp16/bf16 parameter
+        # left unquantized is cast to fp32 (LLaVA's train.py casts some back afterwards)
+        out.append("peft prepare_model_for_kbit_training's fp32 copy of the unquantized 16-bit weights (norms, embeddings, lm_head), "
+                   "and bitsandbytes' outlier columns (LLM.int8() threshold 6.0)")
     return tuple(out) + _lora_not_modelled(setup.lora)
 
 
