@@ -22,11 +22,6 @@ Codes (stable; never reuse a retired one):
     E109 ambiguous number (leading zero)
     E110 explicit tag
 
-    experiment and overrides (resolve):
-    E305 optimizer option that does not apply to its type or implementation (impl, bits, paged, momentum)
-    E306 Adafactor on a layer whose formula gives parameter bytes without shapes
-    E307 a quantized (bitsandbytes 4-/8-bit) module listed as trainable
-
     memspec import (a hub id or a model folder; each message names the repo and revision):
     E701 repo not found, or neither a folder nor a repo id   E708 no family covers the model_type
     E702 gated repo: access not granted or no token          E709 header tensors no module claims
@@ -58,6 +53,9 @@ Codes (stable; never reuse a retired one):
 
     the training setup (an experiment, flags, the files read):
     E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with a ZeRO stage other than 1 or 2
+    E305 optimizer option that does not apply to its type or implementation (impl, bits, paged, momentum)
+    E306 Adafactor on a layer whose formula gives parameter bytes without shapes
+    E307 a quantized (bitsandbytes 4-/8-bit) module listed as trainable
 """
 
 from __future__ import annotations
