@@ -56,6 +56,7 @@ Codes (stable; never reuse a retired one):
     E305 optimizer option that does not apply to its type or implementation (impl, bits, paged, momentum)
     E306 Adafactor on a layer whose formula gives parameter bytes without shapes
     E307 a quantized (bitsandbytes 4-/8-bit) module listed as trainable
+    E308 an optimizer the FSDP2 walk does not model (Adafactor, bitsandbytes, SGD with weight decay)
 """
 
 from __future__ import annotations

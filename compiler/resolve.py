@@ -468,6 +468,11 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             if name not in module_names:
                 complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
     optimizer = _optimizer(data["optimizer"], complain)
+    if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
+        # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
+        # without weight decay; other optimizers on DTensor shards are not modelled
+        complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
+                 "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
     if parallel.get("fsdp") is not None and parallel["zero"] > 0:
         if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
             problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
@@ -559,6 +564,10 @@ def _quantization(block: Mapping[str, Any] | None) -> Quantization | None:
         return None
     b = {**QUANTIZATION_DEFAULTS, **block}
     return Quantization(int(b["bits"]), b["quant_type"], bool(b["double_quant"]), frozenset(b["modules"]), tuple(b["skip_modules"]))
+
+
+def _fsdp_modelled(o: Optimizer) -> bool:
+    return not o.bnb and (o.type in ("adamw", "adam") or (o.type == "sgd" and not o.weight_decay))
 
 
 def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:

@@ -731,12 +731,13 @@ class _FsdpPlan:
         """The optimizer's temporaries on the shards: foreach AdamW's _foreach_sqrt copy of
         every exp_avg_sq shard; for-loop AdamW two of the largest; no master gradients
         (the sharded parameters are full precision, their gradients already are)."""
-        if setup.optimizer.type != "adamw" or setup.optimizer.impl == "fused":
+        if setup.optimizer.type not in ("adamw", "adam") or setup.optimizer.impl == "fused":
             return 0
         shards = [e for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
         if setup.optimizer.impl == "foreach":
             return sum(round_up(e * self.sharded, ALLOCATOR_GRANULE) for e in shards)
-        return 2 * round_up(max(shards, default=0) * self.sharded, ALLOCATOR_GRANULE)
+        coupled = setup.optimizer.type == "adam" and setup.optimizer.weight_decay > 0  # grad.add(param): a third copy
+        return (3 if coupled else 2) * round_up(max(shards, default=0) * self.sharded, ALLOCATOR_GRANULE)
 
 
 class _FsdpWalk:

@@ -170,3 +170,10 @@ def test_adafactor_refuses_a_parameter_without_a_shape(tmp_path):
         run(spec, setup, library(str(folder)))
     (d,) = e.value.diagnostics
     assert d.code == "E306" and "rms_norm gives only its bytes" in d.message
+
+
+def test_fsdp_refuses_the_optimizers_its_walk_does_not_model(capsys):
+    code = main(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--zero", "0", "--dp", "8", "--fsdp",
+                 "--optimizer", "paged_adamw_8bit"])
+    err = capsys.readouterr().err
+    assert code == 2 and "E308" in err and "not modelled with FSDP2" in err
