@@ -229,6 +229,19 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
         language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
     return language + projector + out
+def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Gemma / Gemma 2 / Gemma 3 text decoders: Llama's projections, tied embeddings (no
+    lm_head tensor); Gemma 2 and 3 add pre/post feed-forward norms, Gemma 3 the per-head q/k
+    norms."""
+    post_norms = c["model_type"] in ("gemma2", "gemma3_text")
+    out = [t for t in llama_tensors(c, prefix, head=None, dtype=dtype, qk_norm=c["model_type"] == "gemma3_text")]
+    if not post_norms:
+        return out
+    h, extra = c["hidden_size"], []
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        extra += [(p + "pre_feedforward_layernorm.weight", dtype, [h]), (p + "post_feedforward_layernorm.weight", dtype, [h])]
+    return out + extra
 
 
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
@@ -399,6 +412,26 @@ PHI_3_MINI_4K = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True,
     "vocab_size": 32064,
 }
+# google/gemma-2-2b and google/gemma-2-9b, config.json as of the repos' main (revision of
+# 2024-07/08; weights stored in float32, the 2B in 3 shards, the 9B in 8).
+GEMMA_2_2B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": True,
+    "vocab_size": 256000,
+}
+GEMMA_2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
+    "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 256000,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -419,6 +452,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
     write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)
     write_checkpoint(FIXTURES / "Phi-3-mini-4k-instruct", PHI_3_MINI_4K, llama_tensors(PHI_3_MINI_4K, dtype="BF16", fused=True), shards=2)
+    write_checkpoint(FIXTURES / "gemma-2-2b", GEMMA_2_2B, gemma_tensors(GEMMA_2_2B), shards=3)
+    write_checkpoint(FIXTURES / "gemma-2-9b", GEMMA_2_9B, gemma_tensors(GEMMA_2_9B), shards=8)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder

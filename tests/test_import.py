@@ -89,6 +89,12 @@ def _error(fn, *args, **kwargs) -> str:
         ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
         # Mistral-7B's 7_241_732_096 with vocab 32064: + 2 * 64 * 4096 = 524_288
         ("llava-v1.6-mistral-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 7_242_256_384}),
+        # Gemma-2-2B: 26 * 77_865_984 layers (q, o 2304 x 2048, k, v 2304 x 1024, MLP
+        # 3 * 2304 * 9216, four norms 4 * 2304) + one tied 589_824_000 table (256000 x 2304) + norm 2304
+        ("gemma-2-2b", {"language": 2_614_341_888}),
+        # Gemma-2-9B: 42 * 198_195_200 layers (q, o 3584 x 4096, k, v 3584 x 2048, MLP
+        # 3 * 3584 * 14336, four norms 4 * 3584) + one tied 917_504_000 table (256000 x 3584) + norm 3584
+        ("gemma-2-9b", {"language": 9_241_705_984}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
