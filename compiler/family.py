@@ -113,6 +113,7 @@ class Family:
                 "LLaVA-NeXT configs list them as image_grid_pinpoints, e.g. [[336, 672], [672, 336], [672, 672]]",
             ))
         return [list(p) for p in found]
+    attention: tuple[str, ...] = ()  # implementations transformers accepts, its default first; () for all
 
     def read(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> Values:
         """Neutral values from the Hugging Face files; `where` names the source in errors
@@ -256,6 +257,8 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
+        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc,
+        attention=tuple(data.get("attention") or ()),
     )
 
 

@@ -225,6 +225,7 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
+        **({"attention": list(family.attention)} if family.attention else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
         "notes": notes,
@@ -315,6 +316,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         lines.append(_commented("anyres:", f"tiling: config.json {family.anyres.pinpoints_key.split('.', 1)[1]}, tiles of {a['tile']} px"))
         lines.append(f"  tile: {a['tile']}")
         lines.append(f"  grid_pinpoints: [{', '.join(f'[{h}, {w}]' for h, w in a['grid_pinpoints'])}]")
+    if "attention" in data:
+        lines.append(_commented(f"attention: [{', '.join(data['attention'])}]", "what transformers accepts for this model, its default first"))
     lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.compiled else ""))
     lines.append("modules:")
     for m in family.modules:

@@ -180,6 +180,9 @@ class Spec:
     doc: Document = field(compare=False, repr=False)
     image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
     anyres: Anyres | None = None  # LLaVA-NeXT's tiling
+    # The attention implementations transformers accepts for the model, its default first;
+    # () when the spec does not say (all three, sdpa the default).
+    attention: tuple[str, ...] = ()
 
     def module(self, name: str) -> Module | None:
         return next((m for m in self.modules if m.name == name), None)
@@ -405,6 +408,7 @@ def resolve_spec(doc: Document) -> Spec:
         modules=tuple(modules),
         image_size=tuple(data["image_size"]) if data.get("image_size") else None,
         anyres=Anyres(data["anyres"]["tile"], tuple(tuple(p) for p in data["anyres"]["grid_pinpoints"])) if data.get("anyres") else None,
+        attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
 
@@ -439,6 +443,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if overrides.get("lora") is not None:
         # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
+    if spec.attention and "attention" not in overrides and (doc is None or "attention" not in doc.data):
+        # NB: an experiment that names no implementation gets the one transformers picks
+        data["attention"] = spec.attention[0]
     data.update(overrides)
     data["parallel"] = parallel
     file = doc.file if doc is not None else spec.file
@@ -473,6 +480,17 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # without weight decay; other optimizers on DTensor shards are not modelled
         complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
                  "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
+    if spec.attention and data["attention"] not in spec.attention:
+        complain(
+            "attention",
+            "E714",
+            f"{spec.model} does not run with attention '{data['attention']}' in transformers",
+            f"it takes {', '.join(spec.attention)} ({spec.attention[0]} by default; the spec's attention list in {spec.file})",
+        )
+    opt = data["optimizer"]
+    optimizer = Optimizer(opt["type"], opt.get("impl", "foreach"), float(opt.get("momentum", SGD_DEFAULT_MOMENTUM if opt["type"] == "sgd" else 0.0)))
+    if optimizer.type == "sgd" and optimizer.impl == "fused":
+        complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
     if parallel.get("fsdp") is not None and parallel["zero"] > 0:
         if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
             problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",

@@ -532,3 +532,16 @@ def test_qwen3_moe_dense_layers_are_refused(tmp_path):
         "language": 2 * 37_280 + 2 * 8192 + 64}
     assert "decoder_sparse_step > 1 (dense MLP layers between the sparse ones) is not modelled" in _error(
         importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors))
+def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):
+    """Gemma 2 refuses sdpa in transformers (no soft-capping): the spec says eager or flash,
+    an estimate that names none gets eager, and sdpa is refused with E714."""
+    imported = importer.import_spec(str(FIX / "gemma-2-2b"))
+    assert imported.data["attention"] == ["eager", "flash_attention_2"]
+    assert "attention: [eager, flash_attention_2]" in imported.text
+    spec = api.load_spec("specs/gemma2/gemma-2-2b.yaml")
+    assert resolve_setup(None, spec, {"micro_batch": 1, "seq_len": 1024, "images_per_sample": 0}).attention == "eager"
+    code = main(["estimate", "specs/gemma2/gemma-2-2b.yaml", "--micro-batch", "1", "--seq-len", "1024", "--images-per-sample", "0", "--attention", "sdpa"])
+    assert code == 2
+    assert "E714 --attention: gemma-2-2b does not run with attention 'sdpa' in transformers" in capsys.readouterr().err
+    # a spec without the list keeps the old default
+    assert resolve_setup(None, api.load_spec("specs/qwen2/qwen2.5-0.5b.yaml"), {"micro_batch": 1, "seq_len": 8, "images_per_sample": 0}).attention == "sdpa"
