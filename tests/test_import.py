@@ -95,6 +95,10 @@ def _error(fn, *args, **kwargs) -> str:
         # Gemma-2-9B: 42 * 198_195_200 layers (q, o 3584 x 4096, k, v 3584 x 2048, MLP
         # 3 * 3584 * 14336, four norms 4 * 3584) + one tied 917_504_000 table (256000 x 3584) + norm 3584
         ("gemma-2-9b", {"language": 9_241_705_984}),
+        # Gemma-3-1B: 26 * 26_842_112 layers (q, o 1152 x 1024, k, v 1152 x 256, q_norm and k_norm
+        # 256 each, MLP 3 * 1152 * 6912, four norms 4 * 1152) + one tied 301_989_888 table
+        # (262144 x 1152) + norm 1152
+        ("gemma-3-1b-pt", {"language": 999_885_952}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
