@@ -432,6 +432,15 @@ GEMMA_2_9B = {
     "rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
     "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 256000,
 }
+# google/gemma-2b, config.json as of the repo's main (2024-02; bfloat16, 2 shards). Its
+# hidden_act "gelu" is the tanh approximation: GemmaConfig rewrites it to gelu_pytorch_tanh.
+GEMMA_2B = {
+    "architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": 1,
+    "head_dim": 256, "hidden_act": "gelu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 16384,
+    "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 8, "num_hidden_layers": 18,
+    "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16", "transformers_version": "4.38.0.dev0", "use_cache": True, "vocab_size": 256000,
+}
 # google/gemma-3-1b-pt, config.json as of the repo's main (2025-03; one bfloat16 shard).
 GEMMA_3_1B = {
     "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
@@ -465,6 +474,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Phi-3-mini-4k-instruct", PHI_3_MINI_4K, llama_tensors(PHI_3_MINI_4K, dtype="BF16", fused=True), shards=2)
     write_checkpoint(FIXTURES / "gemma-2-2b", GEMMA_2_2B, gemma_tensors(GEMMA_2_2B), shards=3)
     write_checkpoint(FIXTURES / "gemma-2-9b", GEMMA_2_9B, gemma_tensors(GEMMA_2_9B), shards=8)
+    write_checkpoint(FIXTURES / "gemma-2b", GEMMA_2B, gemma_tensors(GEMMA_2B, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "gemma-3-1b-pt", GEMMA_3_1B, gemma_tensors(GEMMA_3_1B, dtype="BF16"))
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -99,6 +99,9 @@ def _error(fn, *args, **kwargs) -> str:
         # 256 each, MLP 3 * 1152 * 6912, four norms 4 * 1152) + one tied 301_989_888 table
         # (262144 x 1152) + norm 1152
         ("gemma-3-1b-pt", {"language": 999_885_952}),
+        # Gemma-2B (Gemma 1): 18 * 110_104_576 layers (q, o 2048^2, MQA k, v 2048 x 256, MLP
+        # 3 * 2048 * 16384, two norms 2 * 2048) + one tied 524_288_000 table (256000 x 2048) + norm 2048
+        ("gemma-2b", {"language": 2_506_172_416}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
