@@ -114,6 +114,14 @@ class Family:
             ))
         return [list(p) for p in found]
     attention: tuple[str, ...] = ()  # implementations transformers accepts, its default first; () for all
+    # Implementations transformers accepts, its default first: a list, or an expression giving
+    # them comma-separated; () for all three.
+    attention: tuple[str, ...] | Expr = ()
+
+    def attention_for(self, scope: Mapping[str, Any]) -> tuple[str, ...]:
+        if isinstance(self.attention, tuple):
+            return self.attention
+        return tuple(a.strip() for a in str(self.attention(scope)).split(",") if a.strip())
 
     def read(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> Values:
         """Neutral values from the Hugging Face files; `where` names the source in errors
@@ -258,7 +266,8 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc,
-        attention=tuple(data.get("attention") or ()),
+        attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
+                   if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
     )
 
 

@@ -244,6 +244,40 @@ def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[t
     return out + extra
 
 
+def siglip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """A SigLIP vision tower (SiglipVisionModel, no pooling head) as PaliGemma stores it."""
+    h, inter, p, size = v["hidden_size"], v["intermediate_size"], v["patch_size"], v.get("image_size", 224)
+    e = prefix + "embeddings."
+    out = [
+        (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
+        (e + "patch_embedding.bias", dtype, [h]),
+        (e + "position_embedding.weight", dtype, [(size // p) ** 2, h]),
+    ]
+    for i in range(v["num_hidden_layers"]):
+        q = f"{prefix}encoder.layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            out += [(q + f"self_attn.{proj}.weight", dtype, [h, h]), (q + f"self_attn.{proj}.bias", dtype, [h])]
+        out += [
+            (q + "layer_norm1.weight", dtype, [h]), (q + "layer_norm1.bias", dtype, [h]),
+            (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
+            (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
+            (q + "layer_norm2.weight", dtype, [h]), (q + "layer_norm2.bias", dtype, [h]),
+        ]
+    out += [(prefix + "post_layernorm.weight", dtype, [h]), (prefix + "post_layernorm.bias", dtype, [h])]
+    return out
+
+
+def paligemma_tensors(c: dict, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """PaliGemma / PaliGemma 2 in the hub's layout: language_model.model.* (Gemma, tied: no
+    lm_head), multi_modal_projector.linear, vision_tower.vision_model.*."""
+    t, v = c["text_config"], c["vision_config"]
+    text = {"num_key_value_heads": 1, "head_dim": 256, **t}
+    language = gemma_tensors(text, prefix="language_model.model.", dtype=dtype)
+    projector = [("multi_modal_projector.linear.weight", dtype, [v["projection_dim"], v["hidden_size"]]),
+                 ("multi_modal_projector.linear.bias", dtype, [v["projection_dim"]])]
+    return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -452,6 +486,38 @@ GEMMA_3_1B = {
     "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True,
     "vocab_size": 262144,
 }
+# google/paligemma-3b-pt-224 (2024-05, float32, 3 shards) and google/paligemma2-3b-pt-448
+# (2024-12, bfloat16, 2 shards), config.json as of the repos' main.
+PALIGEMMA_3B_PT_224 = {
+    "architectures": ["PaliGemmaForConditionalGeneration"], "bos_token_id": 2, "eos_token_id": 1, "hidden_size": 2048,
+    "ignore_index": -100, "image_token_index": 257152, "model_type": "paligemma", "pad_token_id": 0, "projection_dim": 2048,
+    "text_config": {
+        "hidden_size": 2048, "intermediate_size": 16384, "model_type": "gemma", "num_attention_heads": 8, "num_hidden_layers": 18,
+        "num_image_tokens": 256, "num_key_value_heads": 1, "torch_dtype": "float32", "vocab_size": 257216,
+    },
+    "torch_dtype": "float32", "transformers_version": "4.41.0.dev0",
+    "vision_config": {
+        "hidden_size": 1152, "intermediate_size": 4304, "model_type": "siglip_vision_model", "num_attention_heads": 16,
+        "num_hidden_layers": 27, "num_image_tokens": 256, "patch_size": 14, "projection_dim": 2048,
+        "projector_hidden_act": "gelu_fast", "vision_use_head": False,
+    },
+}
+PALIGEMMA2_3B_PT_448 = {
+    "architectures": ["PaliGemmaForConditionalGeneration"], "bos_token_id": 2, "eos_token_id": 1, "hidden_size": 2048,
+    "image_token_index": 257152, "model_type": "paligemma", "pad_token_id": 0, "projection_dim": 2304,
+    "text_config": {
+        "attn_logit_softcapping": 50.0, "cache_implementation": "hybrid", "final_logit_softcapping": 30.0, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "intermediate_size": 9216, "model_type": "gemma2",
+        "num_attention_heads": 8, "num_hidden_layers": 26, "num_image_tokens": 1024, "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 257216,
+    },
+    "torch_dtype": "bfloat16", "transformers_version": "4.47.0.dev0",
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 448, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "num_image_tokens": 1024, "num_positions": 1024, "patch_size": 14,
+        "projection_dim": 2304, "torch_dtype": "bfloat16", "vision_use_head": False,
+    },
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -476,6 +542,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "gemma-2-9b", GEMMA_2_9B, gemma_tensors(GEMMA_2_9B), shards=8)
     write_checkpoint(FIXTURES / "gemma-2b", GEMMA_2B, gemma_tensors(GEMMA_2B, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "gemma-3-1b-pt", GEMMA_3_1B, gemma_tensors(GEMMA_3_1B, dtype="BF16"))
+    write_checkpoint(FIXTURES / "paligemma-3b-pt-224", PALIGEMMA_3B_PT_224, paligemma_tensors(PALIGEMMA_3B_PT_224, "F32"), shards=3)
+    write_checkpoint(FIXTURES / "paligemma2-3b-pt-448", PALIGEMMA2_3B_PT_448, paligemma_tensors(PALIGEMMA2_3B_PT_448, "BF16"), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder

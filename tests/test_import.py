@@ -102,6 +102,13 @@ def _error(fn, *args, **kwargs) -> str:
         # Gemma-2B (Gemma 1): 18 * 110_104_576 layers (q, o 2048^2, MQA k, v 2048 x 256, MLP
         # 3 * 2048 * 16384, two norms 2 * 2048) + one tied 524_288_000 table (256000 x 2048) + norm 2048
         ("gemma-2b", {"language": 2_506_172_416}),
+        # PaliGemma-3B-224: SigLIP so400m/14 at 224 (patch conv 3 * 14 * 14 * 1152 + 1152 = 678_528,
+        # positions 256 * 1152 = 294_912, 27 * 15_239_504 layers, post-LN 2304), projector
+        # 1152 * 2048 + 2048, Gemma-2B with vocab 257216 (18 * 110_104_576 + tied 526_778_368 + 2048)
+        ("paligemma-3b-pt-224", {"vision": 412_442_352, "projector": 2_361_344, "language": 2_508_662_784}),
+        # PaliGemma2-3B-448: the same tower with 1024 positions (+ 768 * 1152), projector
+        # 1152 * 2304 + 2304, Gemma-2-2B with vocab 257216 (26 * 77_865_984 + tied 592_625_664 + 2304)
+        ("paligemma2-3b-pt-448", {"vision": 413_327_088, "projector": 2_656_512, "language": 2_617_143_552}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):

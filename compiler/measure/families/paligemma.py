@@ -1,0 +1,69 @@
+"""PaliGemma and PaliGemma 2 (PaliGemmaForConditionalGeneration) for the measuring harness.
+
+Contract: as in `llava.py`. The batch carries token_type_ids, as PaliGemma's processor makes
+them for training: 0 over the image tokens (the prefix, attended bidirectionally), 1 over the
+text that follows (the suffix, causal), whose positions alone carry labels.
+NB: transformers 5.23 loads PaliGemma 2 (a Gemma 2 language model) with eager or
+flash_attention_2 only; asking for sdpa raises in Gemma2Model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..experiment import ExperimentError
+
+TEXT_TOKEN_ID = 1
+IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
+
+
+def load_config(config_path: Path):
+    """PaliGemmaConfig from a config.json, with the KV cache off (training)."""
+    from transformers import PaliGemmaConfig
+
+    config = PaliGemmaConfig(**json.loads(Path(config_path).read_text()))
+    config.text_config.use_cache = False
+    return config
+
+
+def model_class():
+    from transformers import PaliGemmaForConditionalGeneration
+
+    return PaliGemmaForConditionalGeneration
+
+
+def image_tokens_per_image(config) -> int:
+    """(image_size / patch)^2: 256 at 224 px, 1024 at 448, 4096 at 896 (so400m/14)."""
+    return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+
+
+def module_groups(model) -> dict[str, list[torch.nn.Module]]:
+    """Experiment module names -> the Hugging Face submodules they mean."""
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """pixel_values, input_ids (image tokens first), token_type_ids and labels."""
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    n_image = images * image_tokens_per_image(config)
+    if n_image > s:
+        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
+                              f"{n_image} image tokens per sample")
+    size = config.vision_config.image_size
+    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
+    input_ids[:, :n_image] = config.image_token_id
+    token_type_ids = torch.ones((b, s), dtype=torch.long)
+    token_type_ids[:, :n_image] = 0
+    labels = input_ids.clone()
+    labels[:, :n_image] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "labels": labels, "token_type_ids": token_type_ids, "attention_mask": None}
+    if images:
+        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
+    return batch
