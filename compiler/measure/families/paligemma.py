@@ -29,10 +29,31 @@ def load_config(config_path: Path):
     return config
 
 
-def model_class():
-    from transformers import PaliGemmaForConditionalGeneration
+class _Builder:
+    """PaliGemmaForConditionalGeneration whose random init runs on fake tensors.
 
-    return PaliGemmaForConditionalGeneration
+    NB: SigLIP's `_init_weights` draws with `trunc_normal_` (lecun_normal_ via
+    transformers.initialization), whose torch implementation reads a tensor value that fake
+    tensors do not have (DataDependentOutputException); while the model is built it draws from
+    a plain normal instead, in place, which allocates nothing either way.
+    """
+
+    @staticmethod
+    def _from_config(config, **kwargs):
+        from transformers import PaliGemmaForConditionalGeneration
+        from transformers import initialization
+
+        table = initialization.TORCH_INIT_FUNCTIONS
+        original = table["trunc_normal_"]
+        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
+        try:
+            return PaliGemmaForConditionalGeneration._from_config(config, **kwargs)
+        finally:
+            table["trunc_normal_"] = original
+
+
+def model_class():
+    return _Builder
 
 
 def image_tokens_per_image(config) -> int:
