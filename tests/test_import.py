@@ -559,3 +559,14 @@ def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):
     assert "E714 --attention: gemma-2-2b does not run with attention 'sdpa' in transformers" in capsys.readouterr().err
     # a spec without the list keeps the old default
     assert resolve_setup(None, api.load_spec("specs/qwen2/qwen2.5-0.5b.yaml"), {"micro_batch": 1, "seq_len": 8, "images_per_sample": 0}).attention == "sdpa"
+
+
+def test_paligemma_attention_follows_the_language_model():
+    """The family's attention list is an expression: PaliGemma 2's Gemma 2 refuses sdpa,
+    PaliGemma's Gemma takes all three (sdpa first, transformers' default)."""
+    assert importer.import_spec(str(FIX / "paligemma2-3b-pt-448")).data["attention"] == ["eager", "flash_attention_2"]
+    pg1 = importer.import_spec(str(FIX / "paligemma-3b-pt-224"))
+    assert pg1.data["attention"] == ["sdpa", "eager", "flash_attention_2"]
+    # (224 // 14)^2 = 256 image tokens per image; PaliGemma 2 at 448: (448 // 14)^2 = 1024
+    assert pg1.data["image_tokens"] == 256
+    assert importer.import_spec(str(FIX / "paligemma2-3b-pt-448")).data["image_tokens"] == 1024
