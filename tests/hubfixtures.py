@@ -229,6 +229,8 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
         language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
     return language + projector + out
+
+
 def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Gemma / Gemma 2 / Gemma 3 text decoders: Llama's projections, tied embeddings (no
     lm_head tensor); Gemma 2 and 3 add pre/post feed-forward norms, Gemma 3 the per-head q/k

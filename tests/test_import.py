@@ -546,6 +546,8 @@ def test_qwen3_moe_dense_layers_are_refused(tmp_path):
         "language": 2 * 37_280 + 2 * 8192 + 64}
     assert "decoder_sparse_step > 1 (dense MLP layers between the sparse ones) is not modelled" in _error(
         importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors))
+
+
 def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):
     """Gemma 2 refuses sdpa in transformers (no soft-capping): the spec says eager or flash,
     an estimate that names none gets eager, and sdpa is refused with E714."""
