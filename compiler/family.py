@@ -113,7 +113,6 @@ class Family:
                 "LLaVA-NeXT configs list them as image_grid_pinpoints, e.g. [[336, 672], [672, 336], [672, 672]]",
             ))
         return [list(p) for p in found]
-    attention: tuple[str, ...] = ()  # implementations transformers accepts, its default first; () for all
     # Implementations transformers accepts, its default first: a list, or an expression giving
     # them comma-separated; () for all three.
     attention: tuple[str, ...] | Expr = ()
@@ -265,7 +264,6 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
-        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc,
         attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
                    if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
     )

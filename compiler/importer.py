@@ -225,7 +225,6 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
-        **({"attention": list(family.attention)} if family.attention else {}),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,

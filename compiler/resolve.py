@@ -487,10 +487,6 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             f"{spec.model} does not run with attention '{data['attention']}' in transformers",
             f"it takes {', '.join(spec.attention)} ({spec.attention[0]} by default; the spec's attention list in {spec.file})",
         )
-    opt = data["optimizer"]
-    optimizer = Optimizer(opt["type"], opt.get("impl", "foreach"), float(opt.get("momentum", SGD_DEFAULT_MOMENTUM if opt["type"] == "sgd" else 0.0)))
-    if optimizer.type == "sgd" and optimizer.impl == "fused":
-        complain("optimizer", "E205", "SGD has no fused implementation here", "use impl: foreach or forloop")
     if parallel.get("fsdp") is not None and parallel["zero"] > 0:
         if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
             problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
