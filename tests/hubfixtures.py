@@ -280,6 +280,17 @@ def paligemma_tensors(c: dict, dtype: str) -> list[tuple[str, str, list[int]]]:
     return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
+def idefics3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Idefics3 / SmolVLM in the hub's layout: model.vision_model.* (SigLIP, no head),
+    model.connector.modality_projection.proj (no bias; its input is the pixel-shuffled
+    vision hidden size x scale_factor^2), model.text_model.* (Llama, untied) and lm_head."""
+    t, v = c["text_config"], c["vision_config"]
+    projector = [("model.connector.modality_projection.proj.weight", dtype,
+                  [t["hidden_size"], v["hidden_size"] * c["scale_factor"] ** 2])]
+    return (siglip_tensors(v, "model.vision_model.", dtype) + projector
+            + llama_tensors(t, prefix="model.text_model.", dtype=dtype))
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -520,6 +531,56 @@ PALIGEMMA2_3B_PT_448 = {
         "projection_dim": 2304, "torch_dtype": "bfloat16", "vision_use_head": False,
     },
 }
+# HuggingFaceTB/SmolVLM-Instruct (2024-11; model_type idefics3, one bfloat16 shard) and
+# HuggingFaceM4/Idefics3-8B-Llama3 (2024-08; bfloat16, 4 shards), config.json and
+# preprocessor_config.json as of the repos' main (the generation-only keys left out).
+SMOLVLM_INSTRUCT = {
+    "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 49190, "model_type": "idefics3",
+    "scale_factor": 3,
+    "text_config": {
+        "_name_or_path": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "architectures": ["VLlama3ForCausalLM"],
+        "hidden_size": 2048, "intermediate_size": 8192, "max_position_embeddings": 16384, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": 32, "pad_token_id": 2,
+        "rms_norm_eps": 1e-05, "rope_theta": 273768.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 49155,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 384, "intermediate_size": 4304, "max_image_size": {"longest_edge": 384},
+        "model_type": "idefics3", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+        "size": {"longest_edge": 1536}, "tie_word_embeddings": False,
+    },
+    "vocab_size": 49155,
+}
+SMOLVLM_INSTRUCT_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "Idefics3Processor",
+    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+}
+IDEFICS3_8B = {
+    "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 128257, "model_type": "idefics3",
+    "scale_factor": 2,
+    "text_config": {
+        "_name_or_path": "meta-llama/Meta-Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009], "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 131072, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16", "vocab_size": 128259,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 364, "intermediate_size": 4304, "model_type": "idefics3",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+    },
+}
+IDEFICS3_8B_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 364}, "processor_class": "Idefics3Processor",
+    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1456},
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -546,6 +607,10 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "gemma-3-1b-pt", GEMMA_3_1B, gemma_tensors(GEMMA_3_1B, dtype="BF16"))
     write_checkpoint(FIXTURES / "paligemma-3b-pt-224", PALIGEMMA_3B_PT_224, paligemma_tensors(PALIGEMMA_3B_PT_224, "F32"), shards=3)
     write_checkpoint(FIXTURES / "paligemma2-3b-pt-448", PALIGEMMA2_3B_PT_448, paligemma_tensors(PALIGEMMA2_3B_PT_448, "BF16"), shards=2)
+    write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT),
+                     processor=SMOLVLM_INSTRUCT_PROCESSOR)
+    write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
+                     processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
