@@ -109,6 +109,14 @@ def _error(fn, *args, **kwargs) -> str:
         # PaliGemma2-3B-448: the same tower with 1024 positions (+ 768 * 1152), projector
         # 1152 * 2304 + 2304, Gemma-2-2B with vocab 257216 (26 * 77_865_984 + tied 592_625_664 + 2304)
         ("paligemma2-3b-pt-448", {"vision": 413_327_088, "projector": 2_656_512, "language": 2_617_143_552}),
+        # SmolVLM-Instruct (idefics3): SigLIP so400m/14 at 384 (patch conv 678_528, positions
+        # 729 * 1152 = 839_808, 27 * 15_239_504 layers, post-LN 2304), connector (pixel shuffle
+        # 3 x 3: 1152 * 9 = 10_368 inputs) 10_368 * 2048, no bias, SmolLM2-1.7B with vocab 49155
+        # (24 * 67_112_960 layers + embeddings and an untied lm_head 2 * 100_669_440 + norm 2048)
+        ("SmolVLM-Instruct", {"vision": 412_987_248, "projector": 21_233_664, "language": 1_812_051_968}),
+        # Idefics3-8B-Llama3: the tower at 364 (676 * 1152 = 778_752 positions), connector 2 x 2:
+        # 4608 * 4096, Llama-3.1-8B with vocab 128259 (8_030_261_248 + 2 * 3 * 4096)
+        ("Idefics3-8B-Llama3", {"vision": 412_926_192, "projector": 18_874_368, "language": 8_030_285_824}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
@@ -120,6 +128,29 @@ def test_parameters_per_module_equal_the_header(fixture, modules):
 
 def test_total_parameters():
     assert sum(importer.import_spec(str(FIX / "llava-1.5-7b-hf")).header_parameters.values()) == 7_063_427_072
+
+
+@pytest.mark.parametrize(
+    "fixture, image_size, tiles",
+    [
+        # SmolVLM (size 1536, tile 384): the longest edge to 1536, the other side scaled
+        ("SmolVLM-Instruct", None, 17),            # no size: square, 4 x 4 + the global tile
+        ("SmolVLM-Instruct", [768, 1024], 13),     # 1152 x 1536: 3 x 4 + 1
+        ("SmolVLM-Instruct", [640, 1536], 9),      # 640 x 1536: 2 x 4 + 1
+        ("SmolVLM-Instruct", [2000, 300], 5),      # 1536 x 230 (int 230.4, even): 4 x 1 + 1
+        # Idefics3-8B (size 1456, tile 364): 1000 x 700 -> 1456 x 1020 (1019.2 floored, made
+        # even): rows ceil(1456 / 364) = 4, cols ceil(1020 / 364) = 3: 13
+        ("Idefics3-8B-Llama3", [1000, 700], 13),
+    ],
+)
+def test_tiles_per_image_follow_the_processor(fixture, image_size, tiles):
+    """The vision tower's batch is the tiles: its pixel_values buffer is tiles x 3 x tile^2 x 2
+    bytes (bf16), and the processor's pixel_attention_mask tiles x tile^2 x 8 (int64)."""
+    spec = importer.import_spec(str(FIX / fixture)).spec
+    side = 384 if fixture == "SmolVLM-Instruct" else 364
+    setup = resolve_setup(None, spec, {"micro_batch": 2, "seq_len": 4096, **({"image_size": image_size} if image_size else {})})
+    vision = next(row for row in api.run(spec, setup).rows if row.path == "vision")
+    assert vision.buffers == 2 * tiles * side * side * (3 * 2 + 8)
 
 
 def test_gqa_and_tied_embeddings_reach_the_spec():
