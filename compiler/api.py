@@ -150,6 +150,17 @@ def _elements(node: Node, setup: Setup) -> int:
     return node.cost.parameters // setup.bytes["param"]
 
 
+def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
+    """The LLM positions the images of one sample take, as the formulas count them at the
+    experiment's image size (image_merge: images x tokens per image); None without a merge."""
+    for n in nodes:
+        for x in n.walk():
+            if x.inst.formula.layer_type == "image_merge":
+                return x.inst.scope["images"] * x.inst.scope["image_tokens"]
+    return None
+
+
+
 def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
     """The formulas' parameter count per module must equal the checkpoint's."""
     problems = []

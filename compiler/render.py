@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
-from .api import Report
+from .api import Report, image_tokens_per_sample
 from .evaluate import Row
 from .simulate import CATEGORIES, Point
 
@@ -26,20 +26,10 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-def _image_positions(r: Report) -> int:
-    """LLM positions per image as the formulas count them (the image merge's image_tokens):
-    the spec's image_tokens is for its default image, and a tiled or native-resolution image
-    of another size has another count."""
-    for root in r.nodes:
-        for n in root.walk():
-            if n.inst.formula.layer_type == "image_merge":
-                return n.inst.scope["image_tokens"]
-    return r.spec.image_tokens
-
-
 def setup_line(r: Report) -> str:
     s = r.setup
-    image_tokens = s.images_per_sample * _image_positions(r)
+    merged = image_tokens_per_sample(r.nodes)  # at the experiment's size (tiles, native resolution)
+    image_tokens = s.images_per_sample * r.spec.image_tokens if merged is None else merged
     seq = f"seq {s.seq_len}" + (f" ({image_tokens} image + {s.seq_len - image_tokens} text)" if image_tokens else "")
     opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"

@@ -153,6 +153,15 @@ def test_tiles_per_image_follow_the_processor(fixture, image_size, tiles):
     assert vision.buffers == 2 * tiles * side * side * (3 * 2 + 8)
 
 
+def test_seq_len_must_hold_the_tiles_image_tokens():
+    """768 x 1024 is 13 tiles of 81 tokens (1053): seq_len 1024 cannot hold them (E723), 1053 can."""
+    spec = importer.import_spec(str(FIX / "SmolVLM-Instruct")).spec
+    short = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": 1024, "image_size": [768, 1024]})
+    message = _error(api.run, spec, short)
+    assert "E723" in message and "seq_len 1024 is shorter than the image tokens it must hold (1 x 1053 = 1053 at image size 768 x 1024)" in message
+    api.run(spec, resolve_setup(None, spec, {"micro_batch": 1, "seq_len": 1053, "image_size": [768, 1024]}))
+
+
 def test_gqa_and_tied_embeddings_reach_the_spec():
     llama3 = importer.import_spec(str(FIX / "Meta-Llama-3-8B")).data["modules"]["language"]["inputs"]
     assert (llama3["n_heads"], llama3["n_kv_heads"], llama3["head_dim"]) == (32, 8, 128)
