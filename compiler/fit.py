@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .api import Report, run
+from .api import Report, image_tokens_per_sample, run
 from .resolve import Gpu, Setup, Spec
 
 # Search bounds: beyond these the question is not one of a single GPU type.
@@ -126,7 +126,9 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     base = run(spec, setup)
     probe_b = _Probe(spec, lambda b: replace(setup, micro_batch=b), budget)
     probe_s = _Probe(spec, lambda s: replace(setup, seq_len=s), budget)
-    min_seq = max(spec.image_tokens * setup.images_per_sample + 1, 1)
+    # NB: the image tokens at the experiment's image size (tiles, native resolution), not the
+    # spec's default size: a shorter sequence cannot hold the images (E723)
+    min_seq = (image_tokens_per_sample(base.nodes) or 0) + 1
     micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH))
     seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ))
     dp = None

@@ -66,3 +66,16 @@ def test_fit_needs_a_gpu(capsys):
 
     assert main(["fit", "specs/llava/llava-1.5-7b.yaml", "--micro-batch", "1", "--seq-len", "1024"]) == 2
     assert "E201 --gpu: fit needs a GPU" in capsys.readouterr().err
+
+
+def test_longest_sequence_holds_the_images_at_the_experiment_size():
+    """Qwen2-VL-7B at 1344 x 1344: (1344 / 28)^2 = 48^2 = 2304 image tokens, more than the
+    spec's default image brings; the sequence search starts above them instead of failing."""
+    gpu = gpu_catalog()[0]["h100-80gb"]
+    spec, setup = load_inputs("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", {
+        "micro_batch": 1, "seq_len": 4096, "image_size": [1344, 1344], "trainable": ["language"],
+        "gradient_checkpointing": ["language"], "dp": 8, "zero": 3, "gpu": "h100-80gb"})
+    f = fit(spec, setup, gpu, margin=0.05)
+    assert f.seq_len.value is not None and f.seq_len.value > 2304
+    assert _device(spec, setup, seq_len=f.seq_len.value) == f.seq_len.device <= f.budget
+    assert _device(spec, setup, seq_len=f.seq_len.next_value) == f.seq_len.next_device > f.budget
