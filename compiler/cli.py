@@ -177,7 +177,7 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--quant-type", choices=["nf4", "fp4"], help="4-bit data type (same memory)")
     add("--double-quant", action="store_const", const=True, help="bnb_4bit_use_double_quant: 8-bit absmax")
     r = p.add_argument_group("read what you already have")
-    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2")
+    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2, offload_optimizer and offload_param to cpu or nvme under ZeRO-3")
     r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 

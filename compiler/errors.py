@@ -38,7 +38,7 @@ Codes (stable; never reuse a retired one):
 
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
-    E802 DeepSpeed feature not modelled yet (ZeRO-3/NVMe offload) E812 flag value unusable (not a bool/number, unset shell variable)
+    E802 offload DeepSpeed lacks (nvme or params below ZeRO-3) E812 flag value unusable (not a bool/number, unset shell variable)
     E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits)
     E804 accelerate config value of the wrong type or range  E805 accelerate feature not modelled (FSDP1, size wrap, offload, fp8)
 
@@ -53,7 +53,8 @@ Codes (stable; never reuse a retired one):
     E914 chart: no knob with two values, or --x not swept
 
     the training setup (an experiment, flags, the files read):
-    E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with a ZeRO stage other than 1 or 2
+    E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with ZeRO-0, or to nvme below ZeRO-3
+    E806 offload_param with a ZeRO stage other than 3        E807 offload_param without offload_optimizer
     E305 optimizer option that does not apply to its type or implementation (impl, bits, paged, momentum)
     E306 Adafactor on a layer whose formula gives parameter bytes without shapes
     E307 a quantized (bitsandbytes 4-/8-bit) module listed as trainable

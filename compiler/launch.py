@@ -57,6 +57,9 @@ DS_NO_MEMORY_EFFECT = frozenset({
     "zero_optimization.gather_16bit_weights_on_model_save",
     "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
     "zero_optimization.round_robin_gradients", "zero_optimization.load_from_fp32_weights",
+    # NVMe offload's asynchronous I/O settings: its buffers are pinned host memory
+    # (deepspeed/runtime/swap_tensor/partitioned_param_swapper.py, AsyncPartitionedParameterSwapper._configure_aio)
+    "aio",
 })
 # Keys that change memory a little and are not modelled yet (a warning, not an error).
 DS_NOT_MODELLED = frozenset({
@@ -148,8 +151,13 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         dotted = "zero_optimization." + key
         if dotted in flat:
             used.add(dotted)
-            if _offload(flat[dotted], dotted, bad, ds.get("zero", 0), key == "offload_optimizer"):
-                ds[key] = "cpu"
+            device = _offload(flat[dotted], dotted, bad, ds.get("zero", 0), key == "offload_optimizer")
+            if device:
+                ds[key] = device
+    if ds.get("offload_param") and not ds.get("offload_optimizer"):
+        bad("zero_optimization.offload_param", "parameter offload without optimizer offload",
+            "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading: \"parameter offload is only "
+            "available with optimizer state offload\"); add \"offload_optimizer\": {\"device\": \"cpu\"}", "E807")
     precision, seen = _precision(flat, used, bad)
     if precision:
         out["precision"] = precision
@@ -168,23 +176,29 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
     return Reading(out, _ds_notes(path, flat, used | seen))
 
 
-def _offload(value: Any, dotted: str, bad, stage: int, optimizer: bool) -> bool:
-    """True for an offload the estimate models: the optimizer to the CPU under ZeRO-1/2
-    (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer with cpu_offload)."""
+def _offload(value: Any, dotted: str, bad, stage: int, optimizer: bool) -> str | None:
+    """The device of an offload the estimate models, else None (nothing offloaded, or a problem
+    reported through `bad`). Modelled: the optimizer to the CPU under ZeRO-1/2
+    (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer with cpu_offload); under
+    ZeRO-3 the optimizer and the parameters to the CPU or NVMe (deepspeed/runtime/zero/stage3.py,
+    DeepSpeedZeroOptimizer_Stage3; NVMe only through the ZeRO-3 swappers, swap_tensor/)."""
     device = value.get("device", "none") if isinstance(value, dict) else value
     if device is None or device == "none":
-        return False
+        return None
+    where = dotted + (".device" if isinstance(value, dict) else "")
     if device not in OFFLOAD_DEVICES:
-        bad(dotted + (".device" if isinstance(value, dict) else ""), f"expected one of {', '.join(OFFLOAD_DEVICES)}, got {device!r}", "write \"device\": \"cpu\", or \"none\"")
-        return False
-    if optimizer and device == "cpu" and stage in (1, 2):
-        return True
+        bad(where, f"expected one of {', '.join(OFFLOAD_DEVICES)}, got {device!r}", "write \"device\": \"cpu\", or \"none\"")
+        return None
+    if stage == 3 or (optimizer and device == "cpu" and stage in (1, 2)):
+        return device
     what = "optimizer states" if optimizer else "parameters"
-    where = f" under ZeRO-{stage}" if stage in (0, 3) and optimizer and device == "cpu" else ""
-    modelled = "modelled: offload_optimizer to cpu with ZeRO stage 1 or 2"
-    bad(dotted + (".device" if isinstance(value, dict) else ""), f"offloading {what} to {device}{where} is not modelled yet",
-        f"{modelled}; remove {dotted.split('.')[-1]} (or set \"device\": \"none\") to estimate with everything on the GPU; the estimate would otherwise count {what} that leave the GPU", "E802")
-    return False
+    modelled = ("modelled: offload_optimizer to cpu with ZeRO stage 1 or 2; offload_optimizer and offload_param to cpu "
+                "or nvme with ZeRO stage 3")
+    why = ("DeepSpeed offloads to NVMe only with ZeRO-3 (docs/_pages/config-json.md, offload_optimizer; stage_1_and_2.py has no swapper)" if device == "nvme" and stage in (1, 2) and optimizer
+           else "parameter offload is a ZeRO-3 feature" if not optimizer else "ZeRO-0 has no optimizer partition to offload")
+    bad(where, f"offloading {what} to {device} under ZeRO-{stage} is not modelled: {why}",
+        f"{modelled}; remove {dotted.split('.')[-1]} (or set \"device\": \"none\") to estimate with everything on the GPU", "E802")
+    return None
 
 
 def _precision(flat: Mapping[str, Any], used: set, bad) -> tuple[str | None, set]:
@@ -876,7 +890,11 @@ def _accelerate_deepspeed(flat: Mapping[str, Any], bad, doc: Document, notes: li
     for key in ("offload_optimizer_device", "offload_param_device"):
         device = flat.get("deepspeed_config." + key, "none")
         dotted = "deepspeed_config." + key
-        if _offload(device, dotted, lambda k, m, h, c="E801": bad(dotted, m, h, "E804" if c == "E801" else c),
-                    stage if "deepspeed" in out else 0, key == "offload_optimizer_device"):
-            out["deepspeed"]["offload_optimizer"] = "cpu"
+        found = _offload(device, dotted, lambda k, m, h, c="E801": bad(dotted, m, h, "E804" if c == "E801" else c),
+                         stage if "deepspeed" in out else 0, key == "offload_optimizer_device")
+        if found:
+            out["deepspeed"][key.removesuffix("_device")] = found
+    if "deepspeed" in out and out["deepspeed"].get("offload_param") and not out["deepspeed"].get("offload_optimizer"):
+        bad("deepspeed_config.offload_param_device", "parameter offload without optimizer offload",
+            "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading); set offload_optimizer_device: cpu", "E807")
     return out

@@ -43,8 +43,10 @@ def setup_line(r: Report) -> str:
 
 def _sharding(s) -> str:
     if s.fsdp is None:
-        offload = s.deepspeed is not None and s.deepspeed.offload_optimizer != "none"
-        return f"ZeRO-{s.zero}" + (f", optimizer offloaded to {s.deepspeed.offload_optimizer}" if offload else "")
+        ds = s.deepspeed
+        optimizer = f", optimizer offloaded to {ds.offload_optimizer}" if ds is not None and ds.offload_optimizer != "none" else ""
+        param = f", parameters offloaded to {ds.offload_param}" if ds is not None and ds.offload_param != "none" else ""
+        return f"ZeRO-{s.zero}{optimizer}{param}"
     keep = "reshard after forward" if s.fsdp.reshard_after_forward else "no reshard after forward"
     return f"FSDP2 ({keep}, reduce {s.fsdp.reduce_dtype})"
 
@@ -132,6 +134,7 @@ def as_data(r: Report) -> dict[str, Any]:
             "attention": s.attention,
             "parallel": {"dp": s.dp, "zero": s.zero,
                          **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
+                         **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
                          **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {})},
             "bytes": dict(s.bytes),
         },

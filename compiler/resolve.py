@@ -196,7 +196,8 @@ class DeepSpeed:
     prefetch_bucket: int  # stage3_prefetch_bucket_size
     overlap_comm: bool
     contiguous_gradients: bool
-    offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2)
+    offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2/3) | nvme (ZeRO-3)
+    offload_param: str = "none"  # zero_optimization.offload_param.device: none | cpu | nvme (ZeRO-3, with offload_optimizer)
 
 
 # deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig): reduce_bucket_size 5e8,
@@ -209,24 +210,49 @@ DEEPSPEED_DEFAULT_PREFETCH_BUCKET = 50_000_000
 HF_AUTO_PREFETCH_FRACTION = 0.9
 
 
-def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, str | None]:
-    """The DeepSpeed buffer sizes of a `parallel` block, or a problem with "auto" sizing."""
+def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, tuple[str, str, str] | None]:
+    """The DeepSpeed buffer sizes of a `parallel` block, or a problem: (code, message, help)."""
+    problem = offload_problem(parallel)
+    if problem:
+        return None, problem
     if parallel["zero"] == 0:
-        if parallel.get("offload_optimizer", "none") != "none":
-            return None, "offload_optimizer cpu is modelled for ZeRO stage 1 and 2, not 0"
         return None, None
     reduce = parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET)
     prefetch = parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET)
     if "auto" in (reduce, prefetch):
         if hidden_size is None:
-            return None, "'auto' bucket sizes need the spec's hidden_size (HF Trainer fills them from it)"
+            return None, ("E505", "'auto' bucket sizes need the spec's hidden_size (HF Trainer fills them from it)",
+                          "write the bucket sizes as numbers, or add hidden_size to the model spec")
         reduce = hidden_size * hidden_size if reduce == "auto" else reduce
         prefetch = int(HF_AUTO_PREFETCH_FRACTION * hidden_size * hidden_size) if prefetch == "auto" else prefetch
     overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
-    offload = parallel.get("offload_optimizer", "none")
-    if offload != "none" and parallel["zero"] not in (1, 2):
-        return None, f"offload_optimizer {offload} is modelled for ZeRO stage 1 and 2, not {parallel['zero']}"
-    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True)), offload), None
+    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True)),
+                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")), None
+
+
+def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """What DeepSpeed (or the estimate) does not allow in the offload settings of a `parallel` block.
+
+    deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading:
+    parameter offload needs optimizer offload; NVMe is reached only through the ZeRO-3
+    swappers (deepspeed/runtime/swap_tensor/); stage_1_and_2.py offloads to the CPU only.
+    """
+    zero = parallel["zero"]
+    optimizer, param = parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")
+    if optimizer != "none" and zero == 0:
+        return ("E311", f"offload_optimizer {optimizer} needs a ZeRO stage: ZeRO-0 has no optimizer partition to offload",
+                "use zero: 1 or 2 with offload_optimizer: cpu, or zero: 3 with cpu or nvme")
+    if optimizer == "nvme" and zero in (1, 2):
+        return ("E311", f"offload_optimizer nvme is a ZeRO-3 feature, not ZeRO-{zero} (DeepSpeed offloads to NVMe only with ZeRO-3; stage_1_and_2.py has no swapper)",
+                "use offload_optimizer: cpu, or zero: 3")
+    if param != "none" and zero != 3:
+        return ("E806", f"offload_param {param} is a ZeRO-3 feature, not ZeRO-{zero}",
+                "use zero: 3, or remove offload_param (ZeRO-1/2 keep every 16-bit weight on the GPU)")
+    if param != "none" and optimizer == "none":
+        return ("E807", f"offload_param {param} without offload_optimizer",
+                "DeepSpeed refuses it (stage3.py: \"parameter offload is only available with optimizer state offload\"); "
+                "add offload_optimizer: cpu")
+    return None
 
 
 def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
@@ -518,10 +544,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
-    if problem and problem.startswith("offload_optimizer"):
-        complain("parallel", "E311", problem, "use zero: 1 or 2 with offload_optimizer: cpu; ZeRO-3 offload is not modelled yet")
-    elif problem:
-        complain("parallel", "E505", problem, "write the bucket sizes as numbers, or add hidden_size to the model spec")
+    if problem:
+        complain("parallel", problem[0], problem[1], problem[2])
     if problems:
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)

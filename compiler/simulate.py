@@ -198,8 +198,12 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
     c = node.cost
     elements = [t // setup.bytes["param"] for t in c.param_tensors]
     if _offloaded(setup):
-        # NB: DeepSpeed's CPU offload keeps the fp32 partition, its gradient and the states
-        # in host memory; only the 16-bit weights stay
+        # NB: DeepSpeed's optimizer offload keeps the fp32 partition, its gradient and the
+        # states in host memory; only the 16-bit weights stay: whole under ZeRO-1/2, the flat
+        # partition under ZeRO-3 (stage3.py, fp16_partitioned_groups_flat), none with
+        # offload_param (param_groups_fp16_flat_cpu_memory, pinned host memory)
+        if setup.zero == 3:
+            return (0 if _params_offloaded(setup) else _div(c.parameters, p_div)), 0, 0
         return sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors), 0, 0
     params = sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors) if p_div == 1 else _div(c.parameters, p_div)
     if not c.gradients:
@@ -281,21 +285,32 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.first_forward_workspace = setup.target.workspace
     state.level = sum(sum(c.values()) for c in per_gpu.values()) + state.workspace
     # DeepSpeed's offload staging buffer exists from the engine's construction on
-    state.add_buffer(DEEPSPEED, _offload_buffers(setup, _largest_trainable_tensor(nodes, setup))[0])
+    offload = _offload_buffers(setup, _largest_trainable_tensor(nodes, setup), len(tensors))
+    state.add_buffer(DEEPSPEED, offload[0])
     state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values())
     state.resident_slack = sum(
-        segment_slack(_div(n.cost.parameters, p_div)) + segment_slack(_div(n.cost.optimizer_states, o_div))
+        segment_slack(blocks[id(n)][0] if setup.zero == 3 and _params_offloaded(setup) else _div(n.cost.parameters, p_div))
+        + segment_slack(0 if setup.zero == 3 and _offloaded(setup) else _div(n.cost.optimizer_states, o_div))
         for root in nodes
         for n in root.walk()
         if not n.children
     ) if plan is None else 0  # NB: FSDP2's shards: slack not modelled (reserved stays a lower bound)
     fs = _FsdpWalk(plan, state, blocks) if plan is not None else None
 
-    prefetch = _prefetch_bytes(setup) if p_div > 1 else 0
+    offload_param = setup.zero == 3 and _params_offloaded(setup)
+    prefetch = _prefetch_bytes(setup) if p_div > 1 or offload_param else 0
 
     def gather(node: Node) -> int:
         # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
-        return node.cost.parameters - _div(node.cost.parameters, p_div) + prefetch if p_div > 1 and not node.children else 0
+        if node.children:
+            return 0
+        if offload_param:
+            # NB: the partition lives in host memory: all of the weights are gathered, and
+            # the all-gather's input is a GPU copy of the host partition
+            # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
+            # while the layer runs (an upper bound: it is freed once the all-gather is issued)
+            return node.cost.parameters + _div(node.cost.parameters, p_div) + prefetch
+        return node.cost.parameters - _div(node.cost.parameters, p_div) + prefetch if p_div > 1 else 0
 
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
@@ -368,7 +383,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         state.add_buffer(DEEPSPEED, _bucket_bytes(setup))
         if fs is not None:
             fs.root_pre_backward()
-        norm = _offload_buffers(setup, _largest_trainable_tensor(nodes, setup))[1]
+        norm = offload[1]
         for root in reversed(nodes):
             backward(root, {modules[-1]: norm} if norm else {})
         if fs is not None:
@@ -378,7 +393,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         total = plan.step_temporaries(nodes, setup)
         step_transient = {modules[-1]: total} if total else {}
     elif _offloaded(setup):
-        step_transient = {}  # NB: DeepSpeedCPUAdam steps in host memory
+        # NB: DeepSpeedCPUAdam steps in host memory; ZeRO-3 keeps its per-parameter norms
+        # on the GPU until the step ends
+        step_transient = {modules[-1]: offload[2]} if offload[2] else {}
     else:
         step_transient = _step_transient(setup, tensors, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)
@@ -415,13 +432,24 @@ def _push(stack: Mapping[str, int], module: str, extra: int) -> Mapping[str, int
 
 
 def _offloaded(setup: Setup) -> bool:
-    return setup.deepspeed is not None and setup.deepspeed.offload_optimizer == "cpu"
+    """DeepSpeed's optimizer offload (zero_optimization.offload_optimizer, cpu or nvme)."""
+    return setup.deepspeed is not None and setup.deepspeed.offload_optimizer != "none"
 
 
-def _offload_buffers(setup: Setup, largest: int) -> tuple[int, int]:
-    """(resident, backward transient) GPU bytes of DeepSpeed's optimizer offload, ZeRO-1/2.
+def _params_offloaded(setup: Setup) -> bool:
+    """DeepSpeed ZeRO-3's parameter offload (zero_optimization.offload_param, cpu or nvme)."""
+    return setup.deepspeed is not None and setup.deepspeed.offload_param != "none"
 
-    deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer:
+
+# deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3._constant_buffered_norm2:
+# the norm is taken over chunks of at most 250_000_000 elements (buffer_size)
+NORM_CHUNK = 250_000_000
+
+
+def _offload_buffers(setup: Setup, largest: int, tensors: int = 0) -> tuple[int, int, int]:
+    """(resident, backward transient, step transient) GPU bytes of DeepSpeed's optimizer offload.
+
+    ZeRO-1/2, deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer:
     - __init__ with cpu_offload: `temp_grad_buffer_for_gpu_offload`, torch.zeros of the
       largest parameter's numel in the 16-bit dtype on the GPU, kept for the whole run (the
       fp32 partition `single_partition_of_fp32_groups` and its .grad are on the CPU);
@@ -433,12 +461,41 @@ def _offload_buffers(setup: Setup, largest: int) -> tuple[int, int]:
       the largest parameter's, for the whole backward (an upper bound: only the moment its
       bucket is reduced holds it).
     - step() runs the optimizer on the CPU: no optimizer temporaries on the GPU.
+
+    ZeRO-3, deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3 (cpu and nvme):
+    - _setup_for_real_optimizer: `grad_partitions_flat_buffer` and the fp32 partitions
+      (_create_fp32_partitions) are made on self.device, the CPU with offload_optimizer
+      (pinned with pin_memory); with nvme the fp32 partitions and states are swapped through
+      pinned host buffers (swap_tensor/partitioned_optimizer_swapper.py): nothing resident on
+      the GPU besides what ZeRO-3 keeps without offload (the IPG bucket, the 16-bit
+      partition unless offload_param);
+    - __partition_grads, per parameter of a reduced bucket: `grad_buffer.to(grad_partition.device)`,
+      a GPU copy of its gradient partition in the 16-bit dtype, then
+      _constant_buffered_norm2 takes `.double()` of it in chunks of NORM_CHUNK elements
+      (8 bytes each), keeping the float64 norm in `norm_for_param_grads`, one 0-dim tensor
+      (an allocator granule) per parameter until _post_step's reset_cpu_buffers. NB: the
+      copy and the chunk are charged as the largest parameter's partition
+      (ceil(numel / dp)), with every parameter's norm, for the whole backward (an upper
+      bound); with nvme `grad_buffer.float()` (4 bytes) is made after the double is freed,
+      so the bound holds;
+    - step: complete_grad_norm_calculation_for_cpu_offload's `total_norm_cuda` (one
+      granule) beside the norms; the CPU Adam updates the fp32 partition in host memory and
+      _reassign_or_swap_out_partitioned_parameters copies it into the 16-bit partition
+      (a host-to-device copy_ with a dtype change converts on the host: torch's
+      copy_kernel_cuda), no GPU temporary.
+    Not measured (DeepSpeed and a GPU are not available here).
     """
     if not _offloaded(setup):
-        return 0, 0
+        return 0, 0, 0
+    if setup.zero == 3:
+        part = _div(largest, setup.dp)
+        copy = round_up(part * setup.bytes["grad"], ALLOCATOR_GRANULE)
+        double = round_up(min(part, NORM_CHUNK) * 8, ALLOCATOR_GRANULE)
+        norms = tensors * ALLOCATOR_GRANULE
+        return 0, copy + double + norms, norms + ALLOCATOR_GRANULE
     resident = round_up(largest * setup.bytes["grad"], ALLOCATOR_GRANULE)
     norm = round_up(largest * 8, ALLOCATOR_GRANULE)  # float64
-    return resident, norm
+    return resident, norm, 0
 
 
 def _div(n: int, d: int) -> int:
