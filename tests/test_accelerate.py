@@ -85,7 +85,9 @@ def test_unknown_keys_are_listed_not_dropped(tmp_path):
     ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: true\n",
      "E805 $.fsdp_config.fsdp_offload_params: FSDP2 CPU offload (CPUOffloadPolicy) is not modelled yet"),
     ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_param_device: cpu\n",
-     "E802 $.deepspeed_config.offload_param_device: offloading parameters to cpu is not modelled yet"),
+     "E807 $.deepspeed_config.offload_param_device: parameter offload without optimizer offload"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  offload_param_device: cpu\n  offload_optimizer_device: cpu\n",
+     "E802 $.deepspeed_config.offload_param_device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature"),
     ("mixed_precision: fp8\n", "E805 $.mixed_precision: mixed_precision 'fp8' is not modelled"),
 ])
 def test_bad_values(tmp_path, text, message):

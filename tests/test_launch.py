@@ -141,18 +141,21 @@ def test_unknown_and_unmodelled_keys_are_listed(tmp_path):
     assert "unknown keys, not used: zero_optimization.mystery, foo" in text
 
 
-def test_offload_is_refused_not_ignored(tmp_path):
+def test_offload_deepspeed_lacks_is_refused_not_ignored(tmp_path):
     with pytest.raises(MemspecError) as err:
-        _ds(tmp_path, '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}')
+        _ds(tmp_path, '{"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}')
     text = err.value.render()
-    assert "ds.json:1:" in text and "E802 $.zero_optimization.offload_optimizer.device: offloading optimizer states to cpu under ZeRO-3 is not modelled yet" in text
+    assert "ds.json:1:" in text and "E802 $.zero_optimization.offload_optimizer.device: offloading optimizer states to cpu under ZeRO-0" in text
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}')
-    assert "E802 $.zero_optimization.offload_param.device: offloading parameters to cpu is not modelled yet" in err.value.render()
+    assert "E802 $.zero_optimization.offload_param.device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature" in err.value.render()
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}')
-    assert "offloading optimizer states to nvme is not modelled yet" in err.value.render()
+    assert "offloading optimizer states to nvme under ZeRO-2 is not modelled: DeepSpeed offloads to NVMe only with ZeRO-3" in err.value.render()
     assert _ds(tmp_path, '{"zero_optimization": {"offload_param": {"device": "none"}}}').overrides["deepspeed"] == {}
+    # ZeRO-3 takes both, to either device
+    both = '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "cpu"}}}'
+    assert _ds(tmp_path, both).overrides["deepspeed"] == {"zero": 3, "offload_optimizer": "nvme", "offload_param": "cpu"}
 
 
 def test_a_number_that_disagrees_with_the_command_is_an_error(tmp_path):
