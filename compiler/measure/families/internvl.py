@@ -22,6 +22,7 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
+from .llava import module_groups  # the same vision_tower / multi_modal_projector / language_model layout
 
 TEXT_TOKEN_ID = 1  # any id other than the image token will do
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
@@ -47,15 +48,6 @@ def model_class():
     from transformers import InternVLForConditionalGeneration
 
     return InternVLForConditionalGeneration
-
-
-def module_groups(model) -> dict[str, list[torch.nn.Module]]:
-    """Experiment module names -> the Hugging Face submodules they mean."""
-    return {
-        "vision": [model.model.vision_tower],
-        "projector": [model.model.multi_modal_projector],
-        "language": [model.model.language_model, model.lm_head],
-    }
 
 
 def checkpoint_module(model, name: str) -> torch.nn.Module:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..experiment import ExperimentError
+from .llava import module_groups  # the same vision_tower / multi_modal_projector / language_model layout
 
 TEXT_TOKEN_ID = 1
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
@@ -59,15 +60,6 @@ def model_class():
 def image_tokens_per_image(config) -> int:
     """(image_size / patch)^2: 256 at 224 px, 1024 at 448, 4096 at 896 (so400m/14)."""
     return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
-
-
-def module_groups(model) -> dict[str, list[torch.nn.Module]]:
-    """Experiment module names -> the Hugging Face submodules they mean."""
-    return {
-        "vision": [model.model.vision_tower],
-        "projector": [model.model.multi_modal_projector],
-        "language": [model.model.language_model, model.lm_head],
-    }
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
