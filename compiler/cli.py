@@ -29,6 +29,9 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer paged_adamw_8bit
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer adafactor --precision bf16
+  memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 4096 --images-per-sample 0 \
+      --loss fused_linear_cross_entropy --packing --activation-offloading
+  memspec estimate specs/qwen3/qwen3-8b.yaml --micro-batch 1 --seq-len 4096 --tp 8 --sp --pp 4
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
@@ -167,6 +170,16 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--fsdp", action="store_true", help="PyTorch FSDP2 (fully_shard) over the --dp ranks, e.g. --fsdp --dp 8")
     add("--fsdp-reshard-after-forward", choices=["true", "false"], dest="fsdp_reshard", help="FSDP2 reshard_after_forward (default true; false keeps every layer gathered until its backward); implies --fsdp")
     add("--fsdp-reduce-dtype", choices=["fp32", "bf16", "fp16"], dest="fsdp_reduce", help="FSDP2 MixedPrecisionPolicy.reduce_dtype (default fp32); implies --fsdp")
+    add("--tp", type=int, metavar="N", help="Megatron tensor-parallel degree (Llama-style text-only models), e.g. --tp 8")
+    add("--sp", action=argparse.BooleanOptionalAction, default=None, help="Megatron sequence parallelism (with --tp > 1)")
+    add("--pp", type=int, metavar="N", help="pipeline stages (1F1B); the estimate is the first stage's, e.g. --pp 4")
+    add("--loss", choices=["cross_entropy", "fused_linear_cross_entropy"],
+        help="causal-LM loss: transformers' cross-entropy over fp32 logits (default), or Liger's fused linear cross-entropy "
+             "(use_liger_kernel), which never holds the full logits")
+    add("--packing", action=argparse.BooleanOptionalAction, default=None,
+        help="pack the micro-batch into one row of micro-batch x seq-len tokens (DataCollatorWithFlattening; text-only)")
+    add("--activation-offloading", action=argparse.BooleanOptionalAction, default=None, dest="activation_offloading",
+        help="torch.autograd.graph.save_on_cpu around the forward: saved tensors wait in host memory (not with checkpointing)")
     add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
     add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
     add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
@@ -197,11 +210,11 @@ def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "gpu"):
+    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
-    for key in ("micro_batch", "seq_len", "dp"):
+    for key in ("micro_batch", "seq_len", "dp", "tp", "pp"):
         if key in out and out[key] < 1:
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
     lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"))}

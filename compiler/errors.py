@@ -36,6 +36,13 @@ Codes (stable; never reuse a retired one):
     estimating (the experiment against the spec's formulas):
     E723 seq_len shorter than the image tokens at the experiment's image size (dynamic tiles, native resolution)
 
+    training setup (an experiment file or its flags):
+    E315 activation_offloading with gradient_checkpointing (not modelled)
+    E316 packing or activation offloading with images in the batch, or on a model other than llama_causal_lm (modelled text-only, Llama-style)
+    E317 loss: fused_linear_cross_entropy on a spec without a causal-LM head
+    E318 tensor / sequence / pipeline parallelism on a setup it is not modelled for
+    E319 tp or pp that does not divide the heads, the MLP or the layers
+
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
     E802 offload DeepSpeed lacks (nvme or params below ZeRO-3) E812 flag value unusable (not a bool/number, unset shell variable)

@@ -39,6 +39,10 @@ class Cost:
     # An FSDP unit's inputs (its checkpoint saves, checkpointing or not): alive around the
     # unit's all-gathers, before any of its layers charges them
     unit_input: tuple[tuple[str, int], ...] = ()
+    # saved tensors that become this layer's parameter gradients in backward (until: gradient)
+    handover: tuple[str, ...] = ()
+    # saved tensors the training loop holds until the whole backward has run (until: step)
+    pinned: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,13 +112,15 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     cost = Cost(
         *factors,
         param_shapes=shapes,
-        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "backward"),
+        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until != "forward"),
         held=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "forward"),
         checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
         transient_forward=tf,
         transient_backward=tb,
         param_rows=rows,
         unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
+        handover=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "gradient"),
+        pinned=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "step"),
     )
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
 

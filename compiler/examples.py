@@ -21,6 +21,7 @@ from .resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
+    "fused_loss": False, "offloading": False, "packed": False,
 }
 
 
@@ -36,6 +37,9 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         bytes=values, master_bytes=master, state_bytes=state,
         # NB: an example names its anyres tile grid directly: one pinpoint of rows x cols 1-px tiles
         anyres=Anyres(1, ((context["grid_rows"], context["grid_cols"]),)) if context.get("grid_rows") else None,
+        loss="fused_linear_cross_entropy" if context.get("fused_loss") else "cross_entropy",
+        activation_offloading=bool(context.get("offloading")), packing=bool(context.get("packed")),
+        tp=context.get("tp", 1), sp=bool(context.get("sp")), pp=context.get("pp", 1),
     )
 
 

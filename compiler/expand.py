@@ -82,6 +82,12 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "grid_cols": setup.grid[1],
         "checkpointing": checkpointing,
         "input_grads": setup.input_require_grads,
+        "fused_loss": setup.loss == "fused_linear_cross_entropy",
+        "offloading": setup.activation_offloading,
+        "packed": setup.packing,
+        "tp": setup.tp,
+        "sp": setup.sp,
+        "pp": setup.pp,
     }
 
 
@@ -90,7 +96,9 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     problems: list[Diagnostic] = []
     roots = []
     grad = False
-    experiment = {"micro_batch": setup.micro_batch, "seq_len": setup.seq_len, "images_per_sample": setup.images_per_sample,
+    # NB: packing makes the language model's batch one row of every token (text-only, E316)
+    rows_b, rows_s = setup.rows
+    experiment = {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
                   "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
                   "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
     for m in spec.modules:
@@ -197,6 +205,8 @@ def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], pr
     hit = _MEMO.get(key)
     if hit is None:
         count = integer(child.count, child.count(scope)) if child.count is not None else 1
+        if child.when is not None and not child.when(scope):
+            count = 0
         c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else scope["batch"]
         c_seq = integer(child.context["seq"], child.context["seq"](scope)) if "seq" in child.context else scope["seq"]
         c_grad_in = bool(child.grad_in({**scope, "previous": previous, "upstream": upstream})) if child.grad_in is not None else previous
@@ -324,7 +334,9 @@ def _quantized(library: Library, q, given: Mapping[str, Any]) -> tuple:
     hit = _MEMO.get(key)
     if hit is None:
         extra = {"double_quant": q.double_quant} if q.bits == 4 else {}
-        hit = _MEMO[key] = (given, {**given, **extra})
+        # NB: `shards` (sequence parallelism) is always 1 here: quantization with tensor
+        # parallelism is refused (E318), and the bitsandbytes layers take no such input
+        hit = _MEMO[key] = (given, {**{k: v for k, v in given.items() if k != "shards"}, **extra})
     return library["linear_4bit" if q.bits == 4 else "linear_8bit"], hit[1]
 
 

@@ -43,6 +43,12 @@ CONTEXT_NAMES = frozenset(
         "grid_cols",  # anyres tiling: columns of tiles
         "checkpointing",  # the module's layers are gradient-checkpointing units
         "input_grads",  # enable_input_require_grads(): input embeddings' outputs require grad
+        "fused_loss",  # the loss is a fused linear cross-entropy (Liger): no full logits
+        "offloading",  # saved activations are offloaded to host memory (save_on_cpu)
+        "packed",  # the micro-batch is packed into one row (position_ids restart per sequence)
+        "tp",  # Megatron tensor-parallel degree
+        "sp",  # Megatron sequence parallelism (activations outside the tensor-parallel regions split by tp)
+        "pp",  # pipeline stages; the estimate is for the first
     }
 )
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
@@ -55,7 +61,12 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div}
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (triton.next_power_of_2; 1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2}
 
 
 # --------------------------------------------------------------------------- expressions
@@ -238,7 +249,10 @@ class Saved:
 
     tensor: str  # a local name, or "{input}" naming a tensor-typed input
     bytes: Expr
-    until: str = "backward"  # backward: freed by its charger's backward; forward: when the forward ends
+    # backward: freed by its charger's backward; forward: when the forward ends; gradient: it
+    # becomes the layer's parameter gradient in backward (freed as the gradient appears);
+    # step: held by the training loop until the whole backward has run (the loss)
+    until: str = "backward"
 
 
 @dataclass(frozen=True)
@@ -253,6 +267,7 @@ class Child:
     checkpoint_unit: bool
     path: str
     frozen: Expr | None = None  # true: its parameters never train, whatever its module does
+    when: Expr | None = None  # false: the child is not built (no index in its path, unlike count 0)
 
 
 @dataclass(frozen=True)
@@ -472,6 +487,7 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
         checkpoint_unit=bool(entry.get("checkpoint_unit", False)),
         path=path,
         frozen=expr("frozen", entry["frozen"]) if "frozen" in entry else None,
+        when=expr("when", entry["when"]) if "when" in entry else None,
     )
 
 

@@ -480,7 +480,7 @@ USED = frozenset({
     "optim", "deepspeed", "lora_enable", "lora_r", "lora_alpha", "lora_dropout", "lora_bias", "tune_mm_mlp_adapter",
     "freeze_backbone", "freeze_mm_mlp_adapter", "unfreeze_mm_vision_tower", "vision_tower", "mm_projector_type",
     "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "double_quant", "quant_type", "model_name_or_path",
-    "num_gpus", "nproc_per_node",
+    "num_gpus", "nproc_per_node", "use_liger_kernel", "padding_free",
 })
 
 
@@ -570,6 +570,13 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         # NB: gradient_checkpointing_enable() reaches the language model's layers; LLaVA's
         # vision tower runs under no_grad, so it has nothing to recompute
         out["gradient_checkpointing"] = ["language"] if gc and "language" in modules else []
+    # TrainingArguments(use_liger_kernel=True) patches Liger's fused linear cross-entropy into
+    # the causal LM's forward; TRL's SFTConfig(padding_free=True) packs with position_ids
+    # (DataCollatorWithFlattening's format)
+    if r.boolean("use_liger_kernel"):
+        out["loss"] = "fused_linear_cross_entropy"
+    if r.boolean("padding_free"):
+        out["packing"] = True
     out.update(_precision_flags(r))
     out.update(_optimizer_flag(r, notes))
     out.update(_trainable_flags(r, modules))

@@ -38,6 +38,7 @@ def setup_line(r: Report) -> str:
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
         + (f" | DoRA r{s.lora.r}" if s.lora is not None and s.lora.use_dora else "")
         + (f" | {quantization_label(s.quantization)}" if s.quantization is not None else "")
+        + _tricks(s)
     )
 
 
@@ -55,6 +56,20 @@ def quantization_label(q) -> str:
     """`bitsandbytes 4-bit nf4, double quant (language)`."""
     kind = f"4-bit {q.quant_type}" + (", double quant" if q.double_quant else "") if q.bits == 4 else "8-bit LLM.int8()"
     return f"bitsandbytes {kind} ({', '.join(sorted(q.modules))})"
+
+
+def _tricks(s) -> str:
+    """The memory tricks that are on, for the setup line (nothing when none is)."""
+    on = []
+    if s.loss != "cross_entropy":
+        on.append(f"loss {s.loss}")
+    if s.packing:
+        on.append(f"packed into 1 x {s.tokens} tokens")
+    if s.activation_offloading:
+        on.append("activations offloaded to host")
+    if s.tp > 1 or s.pp > 1:
+        on.append(f"tp {s.tp}{' + sp' if s.sp else ''} pp {s.pp} (tensor rank 0 of pipeline stage 1)")
+    return "".join(" | " + t for t in on)
 
 
 def _where(p: Point) -> str:
@@ -82,7 +97,8 @@ def text(r: Report) -> str:
     trainable = e.trainable_params
     lines = [
         f"memspec estimate: {s.experiment}  ({s.file})",
-        f"model     {r.spec.model}: {total_params:,} parameters, {trainable:,} trainable ({', '.join(sorted(s.trainable)) or 'none'})",
+        f"model     {r.spec.model}: {total_params:,} parameters, {trainable:,} trainable ({', '.join(sorted(s.trainable)) or 'none'})"
+        + (f", on this GPU (tensor rank 0 of {s.tp}, pipeline stage 1 of {s.pp})" if s.tp > 1 or s.pp > 1 else ""),
         f"setup     {setup_line(r)}",
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
@@ -135,7 +151,11 @@ def as_data(r: Report) -> dict[str, Any]:
             "parallel": {"dp": s.dp, "zero": s.zero,
                          **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
                          **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
-                         **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {})},
+                         **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {}),
+                         **({"tp": s.tp, "sp": s.sp, "pp": s.pp} if s.tp > 1 or s.pp > 1 else {})},
+            "loss": s.loss,
+            "packing": s.packing,
+            "activation_offloading": s.activation_offloading,
             "bytes": dict(s.bytes),
         },
         "parameters": dict(r.parameters),

@@ -33,13 +33,19 @@ PRECISIONS: Mapping[str, tuple[int, int, int, int]] = {
     "fp16-mixed": (2, 2, 2, 4),
 }
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
+# The causal-LM loss: transformers' ForCausalLMLoss (full fp32 logits), or Liger's fused
+# linear cross-entropy (TrainingArguments(use_liger_kernel=True)): logits one chunk at a time.
+LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 DEFAULTS: Mapping[str, Any] = {
     "images_per_sample": 1,
     "precision": "bf16-mixed",
     "optimizer": {"type": "adamw", "impl": "foreach"},
     "gradient_checkpointing": [],
     "attention": "sdpa",
-    "parallel": {"dp": 1, "zero": 0},
+    "parallel": {"dp": 1, "zero": 0, "tp": 1, "pp": 1, "sp": False},
+    "loss": "cross_entropy",
+    "activation_offloading": False,
+    "packing": False,
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
 EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols"})
@@ -370,10 +376,28 @@ class Setup:
     # a vision tower's patch embedding) require grad, so frozen towers record autograd.
     input_require_grads: bool = False
     anyres: Anyres | None = None  # the spec's anyres tiling (LLaVA-NeXT), for grid_rows / grid_cols
+    loss: str = "cross_entropy"  # one of LOSSES
+    # torch.autograd.graph.save_on_cpu around the forward: every saved tensor goes to host
+    # memory as it is saved and comes back (a device copy) when its backward node runs.
+    activation_offloading: bool = False
+    # DataCollatorWithFlattening: the micro-batch's samples concatenated into one row of
+    # micro_batch x seq_len tokens, position_ids restarting per sample, no padding.
+    packing: bool = False
+    # Megatron-style model parallelism of a Llama-style causal LM: tensor-parallel degree,
+    # sequence parallelism (norm and residual activations split by tp) and pipeline stages;
+    # an estimate is for tensor rank 0 of the first pipeline stage.
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
 
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(batch, seq) of the language model's input: [1, b * s] when packed."""
+        return (1, self.tokens) if self.packing else (self.micro_batch, self.seq_len)
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -455,7 +479,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if "deepspeed" in overrides:
         # NB: a DeepSpeed config replaces the experiment's DeepSpeed keys as a whole: what it
         # leaves out takes DeepSpeed's defaults, not the experiment's values
-        parallel = {"dp": parallel["dp"], "zero": parallel["zero"], **overrides.pop("deepspeed")}
+        parallel = {k: parallel[k] for k in ("dp", "zero", "tp", "pp", "sp")} | overrides.pop("deepspeed")
     for key in ("dp", "zero"):
         if key in overrides:
             parallel[key] = overrides.pop(key)
@@ -466,6 +490,10 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         fsdp_from_flags = True
     else:
         fsdp_from_flags = False
+    for key in ("tp", "pp", "sp"):
+        # NB: kept in `overrides` so that a problem with them is shown at the flag
+        if key in overrides:
+            parallel[key] = overrides[key]
     if overrides.get("lora") is not None:
         # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
@@ -543,6 +571,27 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         gpu = gpus.get(data["gpu"])
         if gpu is None:
             complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
+    if data.get("activation_offloading") and data["gradient_checkpointing"]:
+        complain("activation_offloading", "E315",
+                 "activation offloading together with gradient checkpointing is not modelled",
+                 "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
+    for key in ("packing", "activation_offloading"):
+        if data.get(key) and data["images_per_sample"]:
+            complain(key, "E316",
+                     f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}",
+                     f"set images_per_sample: 0 (a text-only model), or {key}: false")
+    for key in ("packing", "activation_offloading"):
+        if data.get(key) and not data["images_per_sample"] and not any(_has_loss(m) for m in spec.modules):
+            # NB: the packed mask and position_ids, and what an offloaded forward's frames
+            # hold, are written into llama_causal_lm and its layers only (a text-only batch
+            # runs no tower, so a VLM's llama_causal_lm qualifies)
+            lms = sorted(m.type for m in spec.modules)
+            complain(key, "E316", f"{key.replace('_', ' ')} is modelled for llama_causal_lm language models; {spec.model} has {', '.join(lms)}",
+                     f"set {key}: false")
+    if data.get("loss", "cross_entropy") != "cross_entropy" and not any(_has_loss(m) for m in spec.modules):
+        complain("loss", "E317", f"loss {data['loss']} needs a causal language model (llama_causal_lm); {spec.model} has none",
+                 "use loss: cross_entropy")
+    _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
     if problem:
         complain("parallel", problem[0], problem[1], problem[2])
@@ -593,6 +642,12 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # NB: peft's get_peft_model calls enable_input_require_grads() when the model has
         # gradient checkpointing on (PeftModel._prepare_model_for_gradient_checkpointing).
         input_require_grads=data.get("input_require_grads", bool(lora and data["gradient_checkpointing"])),
+        loss=data["loss"],
+        activation_offloading=bool(data["activation_offloading"]),
+        packing=bool(data["packing"]),
+        tp=parallel["tp"],
+        sp=bool(parallel["sp"]),
+        pp=parallel["pp"],
     )
 
 
@@ -624,6 +679,54 @@ def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
     default_momentum = SGD_DEFAULT_MOMENTUM if kind == "sgd" else 0.0
     return Optimizer(kind, impl, float(opt.get("momentum", default_momentum)), float(opt.get("weight_decay", 0.0)),
                      int(opt.get("bits", 32)), bool(opt.get("paged", False)))
+
+
+def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:
+    """Tensor / sequence / pipeline parallelism: what is modelled, and sizes that split evenly."""
+    tp, pp, sp = parallel["tp"], parallel["pp"], parallel["sp"]
+    flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
+
+    def at(*keys: str) -> str:
+        return next((k for k in keys if k in flags), "parallel")
+
+    if tp == 1 and pp == 1:
+        if sp:
+            complain(at("sp", "tp"), "E318", "sequence parallelism (sp) splits activations by tp, and tp is 1", "set tp > 1, or sp: false")
+        return
+    others = [m.name for m in spec.modules if m.type != LOSS_OWNER]
+    lms = [m for m in spec.modules if m.type == LOSS_OWNER]
+    why = None
+    if others or not lms:
+        why = f"modules of another type ({', '.join(others) or 'no causal LM'})"
+    elif any(m.inputs.get("fused") for m in lms):
+        why = "fused qkv / gate_up projections (Phi-3)"
+    elif any(m.inputs.get("n_experts") for m in lms):
+        why = "mixture-of-experts layers (expert parallelism)"
+    elif data.get("lora"):
+        why = "LoRA or DoRA"
+    elif (data.get("quantization") or {}).get("bits"):
+        why = "bitsandbytes quantization"
+    elif data.get("activation_offloading") or data.get("packing"):
+        why = "activation offloading or packing"
+    elif parallel.get("fsdp") is not None or parallel.get("zero"):  # NB: --fsdp alone is {}
+        why = "FSDP2 or ZeRO sharding"
+    if why:
+        complain(at("tp", "pp"), "E318", f"tensor / pipeline parallelism (tp {tp}, pp {pp}) is modelled for a text-only Llama-style causal LM without {why}",
+                 "set tp: 1 and pp: 1")
+        return
+    for m in lms:
+        for key, degree in (("n_heads", tp), ("n_kv_heads", tp), ("intermediate", tp), ("n_layers", pp)):
+            if m.inputs[key] % degree:
+                complain(at("pp" if key == "n_layers" else "tp"), "E319", f"{'tp' if key != 'n_layers' else 'pp'} {degree} does not divide {key} {m.inputs[key]} of module '{m.name}'",
+                         "Megatron splits heads and the MLP evenly across tensor ranks, and layers evenly across pipeline stages")
+
+
+# The layer type whose loss `loss: fused_linear_cross_entropy` replaces.
+LOSS_OWNER = "llama_causal_lm"
+
+
+def _has_loss(module: Module) -> bool:
+    return module.type == LOSS_OWNER
 
 
 def _lora(block: Mapping[str, Any] | None) -> Lora | None:

@@ -36,6 +36,7 @@ _ZERO = dict.fromkeys(CATEGORIES, 0)
 DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
 FSDP_GATHER = "fsdp-gather"  # breakdown row: FSDP2's gathered parameters and all-gather outputs
 FSDP_REDUCE = "fsdp-reduce"  # breakdown row: FSDP2's reduce-scatter inputs
+PIPELINE = "pipeline"  # the breakdown row of the other in-flight micro-batches' activations (1F1B)
 # c10/cuda/CUDACachingAllocator.cpp
 ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
 LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
@@ -132,6 +133,11 @@ class _State:
             if self.owner.get(name) == path and name in self.live:
                 self._drop(name)
 
+    def free_pinned(self, names) -> None:
+        for name in names:
+            if name in self.live:
+                self._drop(name)
+
     def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> None:
         total = self.level + sum(transient.values())
         self.timeline.append((phase, path, total))
@@ -171,7 +177,8 @@ class _State:
             }
         out[WORKSPACE] = {**_ZERO, "transient": self.workspace}
         for name, size in self.buffers.items():
-            out[name] = {**_ZERO, ("parameters" if name == FSDP_GATHER else "gradients"): size}
+            category = "parameters" if name == FSDP_GATHER else "activations" if name == PIPELINE else "gradients"
+            out[name] = {**_ZERO, category: size}
         return out
 
 
@@ -332,6 +339,10 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             return
         if keep:
             state.charge(inst.module, node.cost.saved, kept=True)
+        elif phase == "forward" and node.cost.pinned:
+            # NB: what the training loop holds (the loss) is no saved tensor: offloading or a
+            # checkpointing unit's first forward keeps it all the same
+            state.charge(inst.module, [x for x in node.cost.saved if x[0] in node.cost.pinned], kept=True)
         if phase == "forward":
             state.charge(inst.module, node.cost.held)
             held.extend(node.cost.held)
@@ -355,24 +366,45 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             # NB: the unit's backward transient (the gradient of its output, which triggers
             # the recomputation) is alive while it recomputes
             forward(node, _push(stack, inst.module, node.cost.transient_backward), keep=True, phase="backward")
-        t = _push(stack, inst.module, node.cost.transient_backward + gather(node))
+        t = _push(stack, inst.module, node.cost.transient_backward + gather(node) + unpacked(node))
         for c in reversed(node.children):
             backward(c, t)
         if node.cost.gradients:
+            # NB: a gradient computed in forward (a fused loss) was live as a saved tensor;
+            # it becomes the .grad here rather than being allocated beside it
+            state.free(inst.path, [(name, 0) for name in node.cost.handover])
             grad = blocks[id(node)][1]
             state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
             state.level += grad
         if not node.children:
             state.observe("backward", inst.path, t)
-        state.free(inst.path, node.cost.saved + node.cost.checkpoint)
+        state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         if fs is not None and inst.shard_unit:
             fs.post_backward(fs.plan.units[inst.path], _push(stack, inst.module, grad_io))
 
+    # NB: not `offload`, DeepSpeed's optimizer-offload buffers above
+    act_offload = setup.activation_offloading
+
+    def unpacked(node: Node) -> int:
+        """Offloaded: the device copies a leaf's backward unpacks from host memory, its
+        saved tensors less those handed over as gradients (each node unpacks its own copy,
+        so tensors shared by name count once per leaf)."""
+        if not act_offload or node.children:
+            return 0
+        return sum(round_up(b, ALLOCATOR_GRANULE) for name, b in node.cost.saved if name not in node.cost.handover + node.cost.pinned)
+
+    if setup.pp > 1 and trainable and not act_offload:
+        # 1F1B (Narayanan et al. 2021, section 2.2): the first stage runs pp forwards before
+        # its first backward, so pp - 1 other micro-batches' saved activations are alive
+        # through this one's forward and backward
+        state.add_buffer(PIPELINE, (setup.pp - 1) * _saved_per_microbatch(nodes))
     held: list = []  # tensors the model's outputs keep until the forward ends
     if fs is not None:
         fs.root_pre_forward()
     for root in nodes:
-        forward(root, {}, keep=True)
+        # NB: offloaded, a saved tensor lives on the device only while the code that made it
+        # still holds it: as in a checkpointing unit's first forward, nothing is kept
+        forward(root, {}, keep=not act_offload)
     if fs is not None:
         fs.root_post_forward()
     state.release(held)
@@ -386,6 +418,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         norm = offload[1]
         for root in reversed(nodes):
             backward(root, {modules[-1]: norm} if norm else {})
+        # the loop drops the loss (and backward() its seed gradient) once backward returns
+        state.free_pinned([name for r in nodes for n in r.walk() for name in n.cost.pinned])
         if fs is not None:
             fs.root_post_backward()
     largest = _largest_trainable(nodes, setup)
@@ -421,6 +455,24 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         not_modelled=_not_modelled(setup) + _paged_note(nodes, setup),
         trainable_params=trainable,
     )
+
+
+def _saved_per_microbatch(nodes) -> int:
+    """Bytes one micro-batch's forward leaves saved for its backward (what a checkpointing
+    unit keeps, else every saved tensor, each name once), allocator-rounded."""
+    seen: dict[str, int] = {}
+
+    def walk(node: Node) -> None:
+        kept = node.cost.checkpoint if node.inst.checkpointed else node.cost.saved
+        for name, size in kept:
+            seen.setdefault(name, round_up(size, ALLOCATOR_GRANULE))
+        if not node.inst.checkpointed:
+            for c in node.children:
+                walk(c)
+
+    for root in nodes:
+        walk(root)
+    return sum(seen.values())
 
 
 def _push(stack: Mapping[str, int], module: str, extra: int) -> Mapping[str, int]:
@@ -628,6 +680,10 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero >= 1:
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
+    if setup.tp > 1:
+        out.append("tensor-parallel communication buffers (all-gather / reduce-scatter outputs beyond the layers' own tensors)")
+    if setup.pp > 1:
+        out.append("pipeline send/receive buffers of the stage boundary's activations and gradients ([s, b, hidden] each)")
     if setup.zero >= 3 and setup.dp > 1:
         out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
     if setup.quantization is not None:

@@ -169,3 +169,12 @@ def test_cli_prints_notes_on_stderr_only(capsys):
     captured = capsys.readouterr()
     assert code == 0 and captured.out.startswith("{")
     assert "note: DeepSpeed config tests/fixtures/launch/scripts/zero2.json" in captured.err
+
+
+def test_liger_and_padding_free_flags_set_the_loss_and_packing(tmp_path):
+    cmd = launch.read_command(_script(tmp_path, "torchrun --nproc_per_node 8 sft.py --per_device_train_batch_size 8 "
+                                                "--max_seq_length 2048 --bf16 --use_liger_kernel True --padding_free\n"))
+    o = launch.command_overrides(cmd, {"language": {"type": "llama_causal_lm", "inputs": {}}}, "m").overrides
+    assert (o["loss"], o["packing"]) == ("fused_linear_cross_entropy", True)
+    off = launch.read_command(_script(tmp_path, "python sft.py --use_liger_kernel False\n", "off.sh"))
+    assert "loss" not in launch.command_overrides(off, {"language": {}}, "m").overrides

@@ -165,8 +165,8 @@ def _packed_sequences_as_cuda(original):
     from torch._subclasses.fake_tensor import FakeTensor
 
     def find_packed_sequence_indices(position_ids):
-        # NB: the harness never packs sequences: position ids are one arange per row, for
-        # which the real function returns None.
+        # NB: an unpacked batch's position ids are one arange per row, for which the real
+        # function returns None; a packed experiment (packing: true) skips this patch.
         if isinstance(position_ids, FakeTensor):
             return None
         return original(position_ids)

@@ -39,7 +39,8 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size", "lora")
+OPTIONAL_KEYS = ("image_size", "lora", "loss", "packing", "activation_offloading")
+LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 # peft's LoraConfig defaults for what an experiment's `lora` block leaves out
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
 # restricts the targets to memspec modules (LLaVA's recipes adapt the language model only).
@@ -125,6 +126,16 @@ def _check(exp: dict, where: str) -> None:
     if bits != 16:
         fail(f"quantization bits {bits}: bitsandbytes' 4-/8-bit layers need CUDA and real tensors and cannot run on fake "
              "tensors (the estimate pins them to bitsandbytes' source: formulas/linear_4bit.yaml, linear_8bit.yaml)")
+    if exp.get("loss") is not None and exp["loss"] not in LOSSES:
+        fail(f"loss {exp['loss']!r} is not one of {list(LOSSES)}")
+    for key in ("packing", "activation_offloading"):
+        if exp.get(key) is not None and not isinstance(exp[key], bool):
+            fail(f"{key} must be true or false, got {exp[key]!r}")
+    if exp.get("activation_offloading") and exp["gradient_checkpointing"]:
+        fail("activation_offloading with gradient_checkpointing is not measured (nor estimated)")
+    for key in ("packing", "activation_offloading"):
+        if exp.get(key) and exp["images_per_sample"]:
+            fail(f"{key} is measured for text-only batches (images_per_sample 0)")
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
@@ -229,11 +240,15 @@ def _relative(path: Path) -> str:
         return path.resolve().as_posix()
 
 
+# Optional keys a record leaves out at these values (what every older record means).
+OPTIONAL_DEFAULTS = {"loss": "cross_entropy", "packing": False, "activation_offloading": False}
+
+
 def to_record(exp: dict) -> dict:
     """The experiment as a record stores it: measured keys in order, repo-relative model."""
     out = {k: exp[k] for k in MEASURED_KEYS}
     out["model"] = _relative(exp["model"])
-    out.update({k: exp[k] for k in OPTIONAL_KEYS if exp.get(k) is not None})
+    out.update({k: exp[k] for k in OPTIONAL_KEYS if exp.get(k) is not None and exp[k] != OPTIONAL_DEFAULTS.get(k)})
     out.update({k: exp[k] for k in DESCRIPTIVE_KEYS if k in exp})
     return out
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import emulation, fsdp
+from . import emulation, fsdp, tricks
 from .experiment import check_measurable
 from .families import family_for
 from .tracer import (
@@ -308,14 +308,15 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
 
 
 def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: MemoryTracer,
-                scope: ModuleScope, emulate: bool, after_forward=None) -> None:
+                scope: ModuleScope, emulate: bool, after_forward=None, offload: bool = False) -> None:
     """One Trainer step, telling the tracer and the module scope where it is."""
     tracer.step = step
     scope.reset_calls()
     tracer.phase, scope.label = FORWARD, ""
     if emulate:
         tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
-    loss = model(**batch).loss  # the output object (logits) dies here
+    with (tricks.offloaded() if offload else _nothing()):
+        loss = model(**batch).loss  # the output object (logits) dies here
     scope.unmark()
     if after_forward is not None:
         after_forward()
@@ -385,6 +386,14 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
             scope.mark("loss")
 
     model.lm_head.register_forward_hook(enter_loss)
+    fused = exp.get("loss") == "fused_linear_cross_entropy"
+    if fused:
+        _check_fused_loss(exp)
+        tricks.install_fused_loss(model, lambda: enter_loss(None, None, None))
+    if exp.get("packing"):
+        # NB: a packed batch must reach transformers' packed-sequence mask (on fake tensors
+        # find_packed_sequence_indices always reports packing, which a packed batch is)
+        skip = skip | {emulation.NO_PACKED_SEQUENCE_MASK}
 
     behaviour = emulation.cuda_behaviour(fake=fake, skip=skip, host_values=bool(host_values)) if emulate else _nothing([])
     stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
@@ -398,14 +407,26 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     with (fake_mode or _nothing()), behaviour as applied, patches as patched, stats_mode, tracer:
         for step in range(1, steps + 1):
             _train_step(step, model, batch, optimizer, scale, tracer, scope, emulate,
-                        after_forward=take_inventory if step == steps else None)
+                        after_forward=take_inventory if step == steps else None,
+                        offload=bool(exp.get("activation_offloading")))
     scope.remove()
+    tricks_applied = ([tricks.FUSED_LOSS] if fused else []) + ([tricks.OFFLOAD_HOST_AS_META] if exp.get("activation_offloading") else [])
     return Measurement(
         steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),
-        emulation=_emulation_names(applied + patched, exp, fake) if emulate else (),
+        emulation=_emulation_names(applied + patched + tricks_applied, exp, fake) if emulate else (),
         inventory=inventory[0],
         timeline=tracer.timeline,
     )
+
+
+def _check_fused_loss(exp: dict) -> None:
+    """The fused loss stands in for Liger's text-only causal-LM forward only."""
+    from .experiment import ExperimentError
+    from .families import causal_lm
+
+    if family_for(exp["config"]).make_batch is not causal_lm.make_batch:
+        raise ExperimentError(f"experiment {exp['experiment']!r}: loss fused_linear_cross_entropy is measured for "
+                              "text-only causal language models (…ForCausalLM) only")
 
 
 def _fake_input(fake_mode, tensor: torch.Tensor, host_value: bool) -> torch.Tensor:

@@ -4,7 +4,8 @@ Contract: as in `llava.py`, with `config_class()` and `model_class()` named by t
 module that re-exports this one (`mistral.py`, `qwen2.py`, ...): `load_config(path)` reads
 config.json into the family's config class with the KV cache off; `module_groups(model)`
 maps "language" to the whole model (embeddings, decoder, head); `make_batch` returns
-input_ids and labels of exactly seq_len positions and no attention mask.
+input_ids and labels of exactly seq_len positions and no attention mask; a packed experiment
+gets one row of micro_batch x seq_len tokens with restarting position_ids.
 """
 
 from __future__ import annotations
@@ -49,5 +50,12 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
     if exp["images_per_sample"]:
         raise ExperimentError(f"experiment {exp['experiment']!r}: a text-only model takes "
                               f"images_per_sample 0, got {exp['images_per_sample']}")
+    if exp.get("packing"):
+        # DataCollatorWithFlattening: the samples concatenated into one row, position_ids
+        # restarting at every sample, no attention mask
+        tokens = exp["micro_batch"] * exp["seq_len"]
+        input_ids = torch.full((1, tokens), TEXT_TOKEN_ID, dtype=torch.long)
+        position_ids = torch.arange(exp["seq_len"], dtype=torch.long).repeat(exp["micro_batch"]).unsqueeze(0)
+        return {"input_ids": input_ids, "labels": input_ids.clone(), "position_ids": position_ids}
     input_ids = torch.full((exp["micro_batch"], exp["seq_len"]), TEXT_TOKEN_ID, dtype=torch.long)
     return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": None}
