@@ -226,8 +226,11 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         projector = [("mlp1.0.weight", dtype, [wide]), ("mlp1.0.bias", dtype, [wide]),
                      ("mlp1.1.weight", dtype, [t["hidden_size"], wide]), ("mlp1.1.bias", dtype, [t["hidden_size"]]),
                      ("mlp1.3.weight", dtype, [t["hidden_size"], t["hidden_size"]]), ("mlp1.3.bias", dtype, [t["hidden_size"]])]
-        head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
-        language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
+        if t["model_type"] == "internlm2":
+            language = internlm2_tensors(t, "language_model.", dtype)
+        else:
+            head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
+            language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
     return language + projector + out
 
 
@@ -289,6 +292,25 @@ def idefics3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
                   [t["hidden_size"], v["hidden_size"] * c["scale_factor"] ** 2])]
     return (siglip_tensors(v, "model.vision_model.", dtype) + projector
             + llama_tensors(t, prefix="model.text_model.", dtype=dtype))
+
+
+def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """InternLM2 / InternLM2.5 (remote code InternLM2ForCausalLM): model.tok_embeddings, per layer
+    attention.wqkv ([(heads + 2 kv heads) x head_dim, hidden]) and attention.wo, feed_forward.w1 / w3 / w2,
+    attention_norm and ffn_norm; model.norm and output (never tied)."""
+    h, inter, heads, nkv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = h // heads
+    bias = c.get("bias", False)
+    out = [(prefix + "model.tok_embeddings.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}model.layers.{i}."
+        out += [(p + "attention.wqkv.weight", dtype, [(heads + 2 * nkv) * d, h]), (p + "attention.wo.weight", dtype, [h, heads * d])]
+        if bias:
+            out += [(p + "attention.wqkv.bias", dtype, [(heads + 2 * nkv) * d]), (p + "attention.wo.bias", dtype, [h])]
+        out += [(p + "feed_forward.w1.weight", dtype, [inter, h]), (p + "feed_forward.w3.weight", dtype, [inter, h]),
+                (p + "feed_forward.w2.weight", dtype, [h, inter]),
+                (p + "attention_norm.weight", dtype, [h]), (p + "ffn_norm.weight", dtype, [h])]
+    return out + [(prefix + "model.norm.weight", dtype, [h]), (prefix + "output.weight", dtype, [c["vocab_size"], h])]
 
 
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
@@ -623,7 +645,8 @@ def write_all() -> None:
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
     for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf"),
-                         ("InternVL3-38B", "internvl3-38b"), ("InternVL3-38B-hf", "internvl3-38b-hf")):
+                         ("InternVL3-38B", "internvl3-38b"), ("InternVL3-38B-hf", "internvl3-38b-hf"),
+                         ("InternVL2_5-8B", "internvl2_5-8b")):
         hf = ROOT / "specs" / "internvl" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
         pre = hf / "preprocessor_config.json"

@@ -140,10 +140,71 @@ def _refusal(tmp_path, edit) -> str:
     return exc.value.render()
 
 
-def test_internlm2_language_model_is_refused(tmp_path):
-    # InternVL2.5-8B: the same tower with InternLM2.5-7B (llm_config model_type internlm2)
-    message = _refusal(tmp_path, lambda c: c["llm_config"].update(model_type="internlm2"))
-    assert "E713" in message and "text_model == 'qwen2'" in message and "InternLM2" in message
+def test_internlm3_language_model_is_refused(tmp_path):
+    # InternVL3-9B: the same tower with InternLM3-8B (llm_config model_type internlm3)
+    message = _refusal(tmp_path, lambda c: c["llm_config"].update(model_type="internlm3"))
+    assert "E713" in message and "text_model == 'qwen2'" in message and "InternLM3" in message
+
+
+# InternVL2.5-8B (tests/fixtures/hub/InternVL2_5-8B, InternLM2.5-7B-chat language model):
+# vision and its 304_012_288 as InternVL3-8B's (InternViT-300M)
+# projector: LayerNorm 2 * 4096 + 4096 * 4096 + 4096 + 4096^2 + 4096 = 33_570_816
+# language: 32 layers x 218_112_000 (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824, wo 4096^2 = 16_777_216,
+#   w1, w3, w2 3 * 4096 * 14336 = 176_160_768, attention_norm, ffn_norm 2 * 4096) = 6_979_584_000
+#   + tok_embeddings and output 2 * 92553 * 4096 = 758_194_176 + norm 4096 = 7_737_782_272
+# total 8_075_365_376 (the published ~8.08B)
+COUNTS_2_5_8B = {"vision": 304_012_288, "projector": 33_570_816, "language": 7_737_782_272}
+
+
+def test_internlm2_checkpoint_imports_with_its_counts():
+    imported = importer.import_spec(str(hf.FIXTURES / "InternVL2_5-8B"))
+    assert imported.header_parameters == COUNTS_2_5_8B
+    assert importer.formula_counts(imported.spec) == COUNTS_2_5_8B
+    assert sum(COUNTS_2_5_8B.values()) == 8_075_365_376
+    language = next(m for m in imported.spec.modules if m.name == "language")
+    assert (language.inputs["internlm2"], language.inputs["qkv_bias"], language.inputs["positions"]) == (True, False, 32768)
+
+
+def test_the_checked_in_internlm2_spec_is_what_import_writes():
+    written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
+    imported = importer.import_spec(str(hf.FIXTURES / "InternVL2_5-8B")).spec
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
+           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+
+
+def test_internlm2_layers_in_the_estimate():
+    """The InternLM2 layers' own terms, flash (the remote code's use_flash_attn path), seq 4096, batch 1."""
+    est = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
+                       image_size=[1024, 768], trainable=["projector", "language"], attention="flash_attention_2")
+    rows = {r.path: r for r in est.rows}
+    layers = "language.internlm2_layers[0:32]"
+    assert not any(p.startswith("language.layers[") for p in rows)
+    attn, core = rows[layers + ".attention"], rows[layers + ".attention.core"]
+    # every layer's rotary cache: inv_freq 64 * 4 + cos_cached, sin_cached 2 * 32768 * 128 * 2 (bf16)
+    assert attn.buffers == 256 + 16_777_216
+    # v's view keeps the wqkv output beyond v alive: 4096 tokens x (4096 + 1024) x 2 bytes
+    assert attn.activations == 4096 * (4096 + 1024) * 2 == 41_943_040
+    # the per-layer cos and sin the rotary saves: 2 x 4096 x 128 x 2
+    assert rows[layers + ".attention.rotary"].activations == 2 * 4096 * 128 * 2
+    # flash's core: q, k, v unrepeated (4096 x (4096 + 2 * 1024) x 2), the output 4096 x 4096 x 2,
+    # logsumexp 32 x 4096 x 4, philox 24
+    assert core.activations == 4096 * 6144 * 2 + 4096 * 4096 * 2 + 32 * 4096 * 4 + 24 == 84_410_392
+    eager = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
+                         image_size=[1024, 768], trainable=["projector", "language"], attention="eager")
+    eager_rows = {r.path: r for r in eager.rows}
+    # eager repeats the grouped k and v (copies), so nothing saves v's view of the wqkv output
+    assert eager_rows[layers + ".attention"].activations == 0
+    assert eager_rows[layers + ".attention.core"].activations - core.activations == eager_only(4096, 32, 8, 128)
+
+
+def eager_only(seq: int, heads: int, kv_heads: int, d: int) -> int:
+    """What eager saves beyond flash in one grouped layer at batch 1 (attention_core): k and v repeated to every head
+    instead of unrepeated, fp32 and bf16 probabilities, minus flash's output, logsumexp and philox seed / offset
+    (eager's output, a contiguous copy, is saved by wo: charged on wo's row, not the kernel's)."""
+    repeated = 2 * (seq * heads * d * 2 - seq * kv_heads * d * 2)
+    probs = heads * seq * seq * (4 + 2)
+    flash = seq * heads * d * 2 + heads * seq * 4 + 24
+    return repeated + probs - flash
 
 
 def test_other_vision_norm_is_refused(tmp_path):
