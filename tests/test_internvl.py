@@ -246,3 +246,32 @@ def test_measuring_builder_cuts_the_same_tiles():
                              vision_config=SimpleNamespace(image_size=[448, 448]))
     for h, w in sizes()[::7]:
         assert builder.tiles_per_image(config, [h, w]) == processor_tiles(h, w), (h, w)
+
+
+def test_internlm2_hub_id_imports_and_estimates(tmp_path, monkeypatch, capsys):
+    """`memspec import OpenGVLab/InternVL2_5-8B` and `memspec estimate OpenGVLab/InternVL2_5-8B ...` from an offline
+    cache holding the fixture: the import writes the checked-in spec's modules, the estimate runs on it."""
+    import json
+
+    from huggingface_hub import constants
+
+    from compiler import cli
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path / "memspec-cache"))
+    monkeypatch.chdir(ROOT)
+    hf.hub_cache(Path(constants.HF_HUB_CACHE), "OpenGVLab/InternVL2_5-8B", "InternVL2_5-8B")
+    out = tmp_path / "internvl2_5-8b.yaml"
+    assert cli.main(["import", "OpenGVLab/InternVL2_5-8B", "-o", str(out)]) == 0
+    imported = api.load_spec(out)
+    written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
+    assert {m.name: (dict(m.inputs), m.parameters) for m in imported.modules} == \
+           {m.name: (dict(m.inputs), m.parameters) for m in written.modules}
+    capsys.readouterr()
+    assert cli.main(["estimate", "OpenGVLab/InternVL2_5-8B", "--micro-batch", "1", "--seq-len", "4096",
+                     "--image-size", "1024x768", "--trainable", "projector,language", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    by_spec = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
+                           image_size=[1024, 768], trainable=["projector", "language"])
+    assert report["peak"]["allocated"] == by_spec.allocated
