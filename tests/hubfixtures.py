@@ -603,6 +603,16 @@ IDEFICS3_8B_PROCESSOR = {
     "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 364}, "processor_class": "Idefics3Processor",
     "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1456},
 }
+INTERNLM2_5_7B_CHAT = {
+    "architectures": ["InternLM2ForCausalLM"], "attn_implementation": "eager",
+    "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config", "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
+                 "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"},
+    "bias": False, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "internlm2", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 2.0, "type": "dynamic"}, "rope_theta": 1000000, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.41.0", "use_cache": True, "vocab_size": 92544,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -634,6 +644,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
+    write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())

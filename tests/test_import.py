@@ -76,6 +76,10 @@ def _error(fn, *args, **kwargs) -> str:
         # Phi-3-mini-4k: 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o 3072^2, gate_up_proj
         # 16384 x 3072, down 3072 x 8192, norms 2 * 3072) + 2 * 98_500_608 (vocab 32064) + norm 3072
         ("Phi-3-mini-4k-instruct", {"language": 3_821_079_552}),
+        # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
+        # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
+        # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B
+        ("internlm2_5-7b-chat", {"language": 7_737_708_544}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
