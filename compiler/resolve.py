@@ -471,6 +471,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     """
     data = dict(DEFAULTS)
     data["trainable"] = [m.name for m in spec.modules]
+    # NB: a text-only model's batch has no image unless the experiment says so
+    data["images_per_sample"] = 1 if spec.image_tokens else 0
     if doc is not None:
         data.update(doc.data)
     overrides = dict(overrides or {})
@@ -591,6 +593,16 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if data.get("loss", "cross_entropy") != "cross_entropy" and not any(_has_loss(m) for m in spec.modules):
         complain("loss", "E317", f"loss {data['loss']} needs a causal language model (llama_causal_lm); {spec.model} has none",
                  "use loss: cross_entropy")
+    internlm2 = [m.name for m in spec.modules if m.type == LOSS_OWNER and m.inputs.get("internlm2")]
+    if internlm2:
+        # NB: InternLM2 is remote code with its own loss and layers; the fused loss, packed
+        # masks and offloaded frames are written for Hugging Face's Llama-style classes only
+        if data.get("loss", "cross_entropy") != "cross_entropy":
+            complain("loss", "E317", f"loss {data['loss']} is not modelled for InternLM2 (remote code, its own cross-entropy) in module '{internlm2[0]}'",
+                     "use loss: cross_entropy")
+        for key in ("packing", "activation_offloading"):
+            if data.get(key):
+                complain(key, "E316", f"{key.replace('_', ' ')} is not modelled for InternLM2 layers (module '{internlm2[0]}')", f"set {key}: false")
     _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
     if problem:
@@ -702,6 +714,8 @@ def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], 
         why = "fused qkv / gate_up projections (Phi-3)"
     elif any(m.inputs.get("n_experts") for m in lms):
         why = "mixture-of-experts layers (expert parallelism)"
+    elif any(m.inputs.get("internlm2") for m in lms):
+        why = "InternLM2's fused wqkv (remote code)"
     elif data.get("lora"):
         why = "LoRA or DoRA"
     elif (data.get("quantization") or {}).get("bits"):

@@ -43,9 +43,10 @@ def test_layers_and_loss_terms():
     assert rows[layers + ".attention"].transient_forward == TOKENS * 4096 * 2
     # wqkv's gradient from three slice / select backwards, two whole ones alive: 2 x 4096 x 6144 x 2
     assert rows[layers + ".attention"].transient_backward == 2 * TOKENS * 6144 * 2
-    # the remote code's loss: log-probs over s - 1 positions, fp32; the labels' shifted slice is a view at batch 1
+    # the remote code's loss: log-probs over s - 1 positions, fp32; the labels' shifted slice is a
+    # view at batch 1; three fp32 scalars (nll_loss's total_weight, the loss, its seed gradient)
     loss = rows["language.loss"]
-    assert loss.activations == 4095 * VOCAB * 4 + 2 * 4
+    assert loss.activations == 4095 * VOCAB * 4 + 3 * 4
     # the fp32 logits the model returns beside their [:, :-1] contiguous copy
     assert loss.transient_forward == TOKENS * VOCAB * 4 + 4095 * VOCAB * 4
 
@@ -57,3 +58,26 @@ def test_eager_repeats_kv_and_keeps_no_view():
     assert rows[layers + ".attention"].activations == 0
     # the wqkv output then lives only while the attention's forward runs (its local qkv_states), with the q copy
     assert rows[layers + ".attention"].transient_forward == TOKENS * 4096 * 2 + TOKENS * (4096 + 1024) * 2
+
+
+import pytest  # noqa: E402
+
+from compiler.errors import MemspecError  # noqa: E402
+
+
+@pytest.mark.parametrize(("override", "code"), [
+    ({"tp": 2}, "E318"),                                 # the fused wqkv is not split by tp
+    ({"loss": "fused_linear_cross_entropy"}, "E317"),    # the remote code's own cross-entropy
+    ({"packing": True}, "E316"),                         # its layers build their own masks
+    ({"activation_offloading": True}, "E316"),
+])
+def test_setups_not_modelled_for_internlm2_are_refused(override, code):
+    with pytest.raises(MemspecError) as info:
+        api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, **override)
+    assert code in [d.code for d in info.value.diagnostics]
+
+
+def test_a_text_only_spec_has_no_image_by_default():
+    """No --images-per-sample: 0 for a spec without image tokens (packing needs a text-only batch)."""
+    est = api.estimate(str(ROOT / "specs" / "qwen2" / "qwen2.5-0.5b.yaml"), micro_batch=1, seq_len=1024, packing=True)
+    assert est.setup.images_per_sample == 0
