@@ -84,6 +84,9 @@ def library(folder: str | None = None) -> Library:
 
 
 def load_spec(path: str | Path) -> Spec:
+    """A model spec file, loaded, validated and resolved: a frozen `resolve.Spec` (model name,
+    modules in forward order with their layer type, inputs and checkpoint parameter count,
+    image_tokens, hidden_size). Bad input raises `errors.MemspecError` with every diagnostic."""
     return resolve_spec(_validated(path, "spec"))
 
 
