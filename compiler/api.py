@@ -78,9 +78,16 @@ def file_kind(doc: Document) -> str:
     return "spec"
 
 
-@lru_cache(maxsize=4)
-def library(folder: str | None = None) -> Library:
-    return load_library(folder or formulas_dir())
+@lru_cache(maxsize=16)
+def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:
+    """The formulas in `folder` (default: the shipped ones); with `types`, only those layer
+    types and what they reach, which is all an estimate of a spec with those modules reads."""
+    return load_library(folder or formulas_dir(), types)
+
+
+def spec_library(spec: Spec) -> Library:
+    """The formulas a spec's estimate can reach, loaded once per set of module types."""
+    return library(None, frozenset(m.type for m in spec.modules))
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -130,7 +137,7 @@ def experiment_spec(doc: Document, base: Path) -> Spec:
 def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak)."""
-    lib = formulas or library()
+    lib = formulas or spec_library(spec)
     nodes = evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
     _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()

@@ -108,7 +108,7 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
             line, col = spec.doc.where(m.path + ".type")
             problems.append(
                 Diagnostic("E301", spec.file, line, col, m.path + ".type", f"unknown layer type '{m.type}'",
-                           did_you_mean(m.type, library.formulas) or "layer types are the file stems in formulas/")
+                           did_you_mean(m.type, library.known or library.formulas) or "layer types are the file stems in formulas/")
             )
             continue
         scope = {**experiment, **{k: v for k, v in m.inputs.items()}}

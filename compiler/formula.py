@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .errors import Diagnostic, MemspecError, did_you_mean
 from .load import Document, child_path, load_yaml
@@ -313,6 +313,7 @@ class Formula:
 class Library:
     formulas: Mapping[str, Formula]
     folder: str
+    known: frozenset[str] = frozenset()  # every layer type in the folder, loaded or not
 
     def __getitem__(self, layer_type: str) -> Formula:
         return self.formulas[layer_type]
@@ -572,32 +573,48 @@ def _find_cycle(name: str, formulas: Mapping[str, Formula], stack: tuple[str, ..
     return None
 
 
-def load_library(folder: str | Path) -> Library:
-    """Every formula file in `folder`, compiled and linked; all problems raised at once."""
+# NB: expand swaps these in for a `linear` child (LoRA, DoRA, bitsandbytes quantization), so a
+# library loaded for some layer types holds them whenever it holds `linear`
+SUBSTITUTES: Mapping[str, tuple[str, ...]] = {"linear": ("lora_linear", "dora_linear", "linear_4bit", "linear_8bit")}
+
+
+def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Library:
+    """The formula files in `folder`, compiled and linked; all problems raised at once.
+
+    With `types`, only those layer types and what they reach (children, SUBSTITUTES) are
+    loaded: an estimate reads the files its spec uses, not the whole folder. `memspec check`
+    loads everything."""
     from .validate import load_schema, validate
 
     schema = load_schema("formula")
     problems: list[Diagnostic] = []
     formulas: dict[str, Formula] = {}
-    paths = sorted(Path(folder).glob("*.yaml"))
+    by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
     broken: set[str] = set()
-    for path in paths:
+    pending = sorted(by_stem) if types is None else sorted(set(types))
+    while pending:
+        stem = pending.pop()
+        if stem in formulas or stem in broken or stem not in by_stem:
+            continue
         try:
-            doc = load_yaml(display(path))
+            doc = load_yaml(display(by_stem[stem]))
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
-            broken.add(path.stem)
+            broken.add(stem)
             continue
         found = validate(doc, schema)
         if found:
             problems.extend(found)
-            broken.add(path.stem)
+            broken.add(stem)
             continue
-        formulas[path.stem] = _compile_formula(doc, problems)
-    formulas = _link(formulas, problems, frozenset(broken))
+        formula = formulas[stem] = _compile_formula(doc, problems)
+        if types is not None:
+            pending.extend(c.type for c in formula.children)
+            pending.extend(SUBSTITUTES.get(stem, ()))
+    formulas = _link(dict(sorted(formulas.items())), problems, frozenset(broken))
     if problems:
         raise MemspecError(problems)
-    return Library(formulas, str(folder))
+    return Library(formulas, str(folder), frozenset(by_stem))
 
 
 

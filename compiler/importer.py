@@ -170,14 +170,14 @@ def _reconcile(formula: Mapping[str, int], header: Header, ckpt: Checkpoint, fam
 
 def formula_counts(spec: Spec) -> dict[str, int]:
     """The formulas' parameter count per module (elements), as `api.run` reconciles them."""
-    from .api import library
+    from .api import spec_library
     from .evaluate import evaluate
     from .expand import expand
 
     # NB: parameters do not depend on the sequence; one of COUNTING_SEQ positions holds the
     # image tokens of any default image (a tiled one has more than spec.image_tokens)
     setup = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, COUNTING_SEQ)})
-    nodes = evaluate(expand(spec, setup, library()), setup.optimizer, setup.state_bytes, setup.master_bytes)
+    nodes = evaluate(expand(spec, setup, spec_library(spec)), setup.optimizer, setup.state_bytes, setup.master_bytes)
     return {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
 
 

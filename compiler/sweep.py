@@ -224,11 +224,11 @@ def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], po
 
 def sweep(spec: Spec, doc: Document | None, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]],
           progress: Callable[[int, int, Mapping[str, Any]], None] | None = None) -> SweepReport:
-    from .api import library, run
+    from .api import run, spec_library
 
     points = grid_points(grid)
     setups = resolve_points(spec, doc, base, points)
-    lib = library()
+    lib = spec_library(spec)
     rows = []
     for i, (point, setup) in enumerate(zip(points, setups)):
         if progress is not None:
