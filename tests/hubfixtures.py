@@ -78,16 +78,10 @@ def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.w
     return out
 
 
-def clip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
-    h, inter, p, size = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["image_size"]
-    e = prefix + "embeddings."
-    out = [
-        (e + "class_embedding", dtype, [h]),
-        (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
-        (e + "position_embedding.weight", dtype, [(size // p) ** 2 + 1, h]),
-        (prefix + "pre_layrnorm.weight", dtype, [h]),
-        (prefix + "pre_layrnorm.bias", dtype, [h]),
-    ]
+def vit_encoder_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """The encoder layers and post-layernorm CLIP and SigLIP towers share (names and shapes)."""
+    h, inter = v["hidden_size"], v["intermediate_size"]
+    out = []
     for i in range(v["num_hidden_layers"]):
         q = f"{prefix}encoder.layers.{i}."
         for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
@@ -100,6 +94,19 @@ def clip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[
         ]
     out += [(prefix + "post_layernorm.weight", dtype, [h]), (prefix + "post_layernorm.bias", dtype, [h])]
     return out
+
+
+def clip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
+    h, p, size = v["hidden_size"], v["patch_size"], v["image_size"]
+    e = prefix + "embeddings."
+    out = [
+        (e + "class_embedding", dtype, [h]),
+        (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
+        (e + "position_embedding.weight", dtype, [(size // p) ** 2 + 1, h]),
+        (prefix + "pre_layrnorm.weight", dtype, [h]),
+        (prefix + "pre_layrnorm.bias", dtype, [h]),
+    ]
+    return out + vit_encoder_tensors(v, prefix, dtype)
 
 
 def llava_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
@@ -251,25 +258,14 @@ def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[t
 
 def siglip_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str, list[int]]]:
     """A SigLIP vision tower (SiglipVisionModel, no pooling head) as PaliGemma stores it."""
-    h, inter, p, size = v["hidden_size"], v["intermediate_size"], v["patch_size"], v.get("image_size", 224)
+    h, p, size = v["hidden_size"], v["patch_size"], v.get("image_size", 224)
     e = prefix + "embeddings."
     out = [
         (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
         (e + "patch_embedding.bias", dtype, [h]),
         (e + "position_embedding.weight", dtype, [(size // p) ** 2, h]),
     ]
-    for i in range(v["num_hidden_layers"]):
-        q = f"{prefix}encoder.layers.{i}."
-        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
-            out += [(q + f"self_attn.{proj}.weight", dtype, [h, h]), (q + f"self_attn.{proj}.bias", dtype, [h])]
-        out += [
-            (q + "layer_norm1.weight", dtype, [h]), (q + "layer_norm1.bias", dtype, [h]),
-            (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
-            (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
-            (q + "layer_norm2.weight", dtype, [h]), (q + "layer_norm2.bias", dtype, [h]),
-        ]
-    out += [(prefix + "post_layernorm.weight", dtype, [h]), (prefix + "post_layernorm.bias", dtype, [h])]
-    return out
+    return out + vit_encoder_tensors(v, prefix, dtype)
 
 
 def paligemma_tensors(c: dict, dtype: str) -> list[tuple[str, str, list[int]]]:
