@@ -24,21 +24,12 @@ TILE, MAX_TILES = 448, 12
 
 
 def processor_tiles(height: int, width: int) -> int:
-    """transformers/models/got_ocr2/image_processing_got_ocr2.py get_optimal_tiled_canvas with
-    crop_image_to_patches' thumbnail (the remote code's dynamic_preprocess and
-    find_closest_aspect_ratio are the same search), min 1, max 12 tiles of 448 px."""
-    grids = sorted(((w, h) for w in range(1, MAX_TILES + 1) for h in range(1, MAX_TILES + 1) if w * h <= MAX_TILES),
-                   key=lambda g: g[0] * g[1])
-    aspect, area = width / height, width * height
-    best_diff, best = float("inf"), (1, 1)
-    for grid in grids:
-        diff = abs(aspect - grid[0] / grid[1])
-        if diff < best_diff:
-            best_diff, best = diff, grid
-        elif diff == best_diff and area > 0.5 * TILE * TILE * grid[0] * grid[1]:
-            best = grid
-    blocks = best[0] * best[1]
-    return blocks + (1 if blocks > 1 else 0)
+    """The processor's tile count, min 1, max 12 tiles of 448 px, thumbnail included: the
+    measuring builder's restatement of get_optimal_tiled_canvas (torchvision is not needed)."""
+    from compiler.measure.families.internvl import optimal_grid
+
+    columns, rows = optimal_grid(height, width, TILE, 1, MAX_TILES)
+    return columns * rows + (1 if columns * rows > 1 else 0)
 
 
 RATIOS = sorted({Fraction(p, q) for p in range(1, MAX_TILES + 1) for q in range(1, MAX_TILES + 1) if p * q <= MAX_TILES})

@@ -21,3 +21,18 @@ def family_for(config_path: Path) -> ModuleType:
     except ModuleNotFoundError:
         known = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
         raise ExperimentError(f"{config_path}: no measuring builder for model_type {model_type!r} (known: {', '.join(known)})") from None
+
+
+def preprocessor_config(config_path: Path) -> dict:
+    """The preprocessor_config.json beside a config.json (image sizes, tiling), {} without one."""
+    path = Path(config_path).parent / "preprocessor_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def without_cache(config, config_path: Path):
+    """A vision-language config for training: the KV cache off (top level and text model) and
+    the processor's settings attached as `config.preprocessor`."""
+    config.use_cache = False
+    config.text_config.use_cache = False
+    config.preprocessor = preprocessor_config(config_path)
+    return config

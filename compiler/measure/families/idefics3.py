@@ -24,6 +24,7 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
+from . import without_cache
 
 TEXT_TOKEN_ID = 1  # any id other than the image token will do
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
@@ -47,15 +48,7 @@ def load_config(config_path: Path):
     """Idefics3Config from a config.json, with the KV cache off (training)."""
     from transformers import Idefics3Config
 
-    return _without_cache(Idefics3Config(**json.loads(Path(config_path).read_text())), config_path)
-
-
-def _without_cache(config, config_path: Path):
-    config.use_cache = False
-    config.text_config.use_cache = False
-    path = Path(config_path).parent / "preprocessor_config.json"
-    config.preprocessor = json.loads(path.read_text()) if path.exists() else {}
-    return config
+    return without_cache(Idefics3Config(**json.loads(Path(config_path).read_text())), config_path)
 
 
 def model_class():

@@ -22,7 +22,8 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
-from .llava import module_groups  # the same vision_tower / multi_modal_projector / language_model layout
+from . import preprocessor_config
+from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 TEXT_TOKEN_ID = 1  # any id other than the image token will do
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
@@ -39,8 +40,7 @@ def load_config(config_path: Path):
 
     config = InternVLConfig(**json.loads(Path(config_path).read_text()))
     config.text_config.use_cache = False
-    path = Path(config_path).parent / "preprocessor_config.json"
-    config.preprocessor = json.loads(path.read_text()) if path.exists() else {}
+    config.preprocessor = preprocessor_config(config_path)
     return config
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..experiment import ExperimentError
-from .llava import module_groups  # the same vision_tower / multi_modal_projector / language_model layout
+from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 TEXT_TOKEN_ID = 1
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index

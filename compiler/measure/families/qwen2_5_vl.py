@@ -11,9 +11,9 @@ from typing import Iterator
 
 import torch
 
-from . import qwen2_vl
+from . import qwen2_vl, without_cache
 from .qwen2_vl import (  # noqa: F401  (the family contract, re-exported)
-    HOST_VALUES, _without_cache, checkpoint_module, image_grid, make_batch, module_groups,
+    HOST_VALUES, checkpoint_module, image_grid, make_batch, module_groups,
 )
 
 WINDOW_INDEX_ON_HOST = "vision-window-index-on-host"
@@ -23,7 +23,7 @@ def load_config(config_path: Path):
     """Qwen2_5_VLConfig from a config.json, with the KV cache off (training)."""
     from transformers import Qwen2_5_VLConfig
 
-    return _without_cache(Qwen2_5_VLConfig(**json.loads(Path(config_path).read_text())), config_path)
+    return without_cache(Qwen2_5_VLConfig(**json.loads(Path(config_path).read_text())), config_path)
 
 
 def model_class():

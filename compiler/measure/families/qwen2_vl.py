@@ -26,6 +26,7 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
+from . import without_cache
 
 TEXT_TOKEN_ID = 1  # any id other than the image token will do
 IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
@@ -45,19 +46,7 @@ def load_config(config_path: Path):
     """Qwen2VLConfig from a config.json, with the KV cache off (training)."""
     from transformers import Qwen2VLConfig
 
-    return _without_cache(Qwen2VLConfig(**json.loads(Path(config_path).read_text())), config_path)
-
-
-def _without_cache(config, config_path: Path):
-    config.use_cache = False
-    config.text_config.use_cache = False
-    config.preprocessor = _preprocessor(config_path)
-    return config
-
-
-def _preprocessor(config_path: Path) -> dict:
-    path = Path(config_path).parent / "preprocessor_config.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return without_cache(Qwen2VLConfig(**json.loads(Path(config_path).read_text())), config_path)
 
 
 def model_class():

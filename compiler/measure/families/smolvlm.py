@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .idefics3 import (HOST_VALUES, _without_cache, checkpoint_module, host_patches, image_seq_len,  # noqa: F401
+from . import without_cache
+from .idefics3 import (HOST_VALUES, checkpoint_module, host_patches, image_seq_len,  # noqa: F401
                        make_batch, module_groups, tiles_per_image)
 
 
@@ -14,7 +15,7 @@ def load_config(config_path: Path):
     """SmolVLMConfig from a config.json, with the KV cache off (training)."""
     from transformers import SmolVLMConfig
 
-    return _without_cache(SmolVLMConfig(**json.loads(Path(config_path).read_text())), config_path)
+    return without_cache(SmolVLMConfig(**json.loads(Path(config_path).read_text())), config_path)
 
 
 def model_class():
