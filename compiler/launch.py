@@ -244,6 +244,11 @@ def _ds_notes(path: str, flat: Mapping[str, Any], used: set) -> tuple[str, ...]:
     not_modelled = [k for k in rest if top(k) in DS_NOT_MODELLED]
     no_effect = [k for k in rest if k in DS_NO_MEMORY_EFFECT or k.split(".")[0] in DS_NO_MEMORY_EFFECT]
     unknown = [k for k in rest if k not in not_modelled and k not in no_effect]
+    return tuple(_unused_notes(path, no_effect, not_modelled, unknown))
+
+
+def _unused_notes(path: str, no_effect: list[str], not_modelled: list[str], unknown: list[str]) -> list[str]:
+    """The lines that list a config file's keys the estimate does not use, by reason."""
     notes = []
     if no_effect:
         notes.append(f"note: {path}: not used (no effect on memory): {', '.join(no_effect)}")
@@ -251,7 +256,7 @@ def _ds_notes(path: str, flat: Mapping[str, Any], used: set) -> tuple[str, ...]:
         notes.append(f"warning: {path}: not modelled (small effects assumed absent): {', '.join(not_modelled)}")
     if unknown:
         notes.append(f"warning: {path}: unknown keys, not used: {', '.join(unknown)}")
-    return tuple(notes)
+    return notes
 
 
 # --------------------------------------------------------------------------- launch command
@@ -818,18 +823,10 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
     rest = [k for k in flat if k not in ACCELERATE_USED]
     no_effect = [k for k in rest if k in ACCELERATE_NO_MEMORY_EFFECT]
     unknown = [k for k in rest if k not in ACCELERATE_NO_MEMORY_EFFECT]
-    if kind != "FSDP":
-        unused = [k for k in flat if k.startswith("fsdp_config.")]
-        if unused:
-            notes.append(f"note: {path}: fsdp_config is not used: distributed_type is {kind}")
-    if kind != "DEEPSPEED":
-        unused = [k for k in flat if k.startswith("deepspeed_config.")]
-        if unused:
-            notes.append(f"note: {path}: deepspeed_config is not used: distributed_type is {kind}")
-    if no_effect:
-        notes.append(f"note: {path}: not used (no effect on memory): {', '.join(no_effect)}")
-    if unknown:
-        notes.append(f"warning: {path}: unknown keys, not used: {', '.join(unknown)}")
+    for section, used_by in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
+        if kind != used_by and any(k.startswith(section + ".") for k in flat):
+            notes.append(f"note: {path}: {section} is not used: distributed_type is {kind}")
+    notes += _unused_notes(path, no_effect, [], unknown)
     return Reading(out, tuple(notes))
 
 
