@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from .errors import Diagnostic, MemspecError
 from .evaluate import Node, Row, evaluate, layer_table
-from .expand import expand
+from .expand import expand, image_merge
 from .formula import Library, load_library
 from .load import Document, load_yaml
 from .paths import display, formulas_dir
@@ -164,9 +164,9 @@ def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
     """The LLM positions the images of one sample take, as the formulas count them at the
     experiment's image size (image_merge: images x tokens per image); None without a merge."""
     for n in nodes:
-        for x in n.walk():
-            if x.inst.formula.layer_type == "image_merge":
-                return x.inst.scope["images"] * x.inst.scope["image_tokens"]
+        inst = image_merge(n.inst)
+        if inst is not None:
+            return inst.scope["images"] * inst.scope["image_tokens"]
     return None
 
 

@@ -162,18 +162,25 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     return tuple(roots)
 
 
+def image_merge(root: Instance) -> Instance | None:
+    """The image merge under `root`: its scope holds the images per sample and the LLM
+    positions each takes at the experiment's image size (tiles, native resolution)."""
+    return next((inst for inst in root.walk() if inst.formula.layer_type == "image_merge"), None)
+
+
 def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
     """The positions an image merge scatters, when the image size makes them more than
     seq_len holds (resolve checks the spec's own image size; a native-resolution tower or
     dynamic tiles give other sizes their token count in the formulas only)."""
-    for inst in root.walk():
-        if inst.formula.layer_type == "image_merge":
-            need = inst.scope["images"] * inst.scope["image_tokens"]
-            if need > inst.scope["seq"]:
-                size = f" at image size {setup.image_hw[0]} x {setup.image_hw[1]}" if setup.image_size else ""
-                return (f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold "
-                        f"({inst.scope['images']} x {inst.scope['image_tokens']} = {need}{size})")
-    return None
+    inst = image_merge(root)
+    if inst is None:
+        return None
+    need = inst.scope["images"] * inst.scope["image_tokens"]
+    if need <= inst.scope["seq"]:
+        return None
+    size = f" at image size {setup.image_hw[0]} x {setup.image_hw[1]}" if setup.image_size else ""
+    return (f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold "
+            f"({inst.scope['images']} x {inst.scope['image_tokens']} = {need}{size})")
 
 
 def _grad_out(inst: Instance) -> bool:
