@@ -43,6 +43,7 @@ class Cost:
     handover: tuple[str, ...] = ()
     # saved tensors the training loop holds until the whole backward has run (until: step)
     pinned: tuple[str, ...] = ()
+    param_names: tuple[str, ...] = ()  # each parameter tensor's attribute name, as param_tensors
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
         buffers = tuple(integer(e, e(scope)) for e in formula.buffers)
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
         factors = (sum(params), *factors, sum(buffers), tuple(b for b in params if b), tuple(b for b in buffers if b),
-                   tuple(s for b, s in zip(params, shapes) if b))
+                   tuple(s for b, s in zip(params, shapes) if b), tuple(n for b, n in zip(params, formula.param_names) if b))
         saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
@@ -100,7 +101,7 @@ def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, st
 def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     f = inst.formula
     factors, saved, ckpt, tf, tb, rows = _numbers(f, inst.scope, memo)
-    *factors, shapes = factors
+    *factors, shapes, names = factors
     b = inst.scope["bytes"]
     params, grads, optim, *buffers = factors
     if inst.flat_states or (states is not None and (optim or grads)):
@@ -121,6 +122,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
         handover=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "gradient"),
         pinned=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "step"),
+        param_names=names,
     )
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
 

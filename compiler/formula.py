@@ -289,6 +289,8 @@ class Formula:
     factors: Mapping[str, Expr]  # gradients, optimizer_states
     param_tensors: tuple[Expr, ...]  # bytes of each parameter tensor
     param_shapes: tuple[tuple[Expr, ...] | None, ...]  # each one's shape, where the file gives it
+    param_names: tuple[str, ...]  # each one's attribute name in its module (weight unless the file says)
+    module_class: str | None  # the torch class the layer is, where a rule depends on it
     buffers: tuple[Expr, ...]  # bytes of each buffer tensor
     activations: tuple[Saved, ...]
     transient: Mapping[str, Expr]
@@ -388,7 +390,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     }
     # Parameters and buffers may be listed one tensor each: the allocator rounds every
     # tensor on its own.
-    param_tensors, param_shapes = _compile_parameters(raw_factors.get("parameters"), doc, scope, problems)
+    param_tensors, param_shapes, param_names = _compile_parameters(raw_factors.get("parameters"), doc, scope, problems)
     buffers = _compile_tensor_list(raw_factors.get("buffers"), doc, "buffers", scope, problems)
     param_rows = _compile_tensor_list(raw_factors.get("parameter_rows"), doc, "parameter_rows", scope, problems)
     if param_rows and len(param_rows) != len(param_tensors):
@@ -421,6 +423,8 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         param_tensors=param_tensors,
         param_rows=param_rows,
         param_shapes=param_shapes,
+        param_names=param_names,
+        module_class=data.get("module_class"),
         buffers=buffers,
         activations=activations,
         transient=transient,
@@ -433,14 +437,16 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     )
 
 
-def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> tuple[tuple[Expr, ...], tuple]:
-    """Parameter tensors: a bytes expression each, or `{shape: [dims]}` (elements in the
-    weight dtype: prod(dims) * bytes.param), which also tells shape-aware optimizers
-    (Adafactor's factored second moments) the tensor's dims."""
+def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> tuple[tuple[Expr, ...], tuple, tuple[str, ...]]:
+    """Parameter tensors: a bytes expression each, or `{shape: [dims], name: n}` (elements in
+    the weight dtype: prod(dims) * bytes.param), which also tells shape-aware optimizers
+    (Adafactor's factored second moments) the tensor's dims, and the Trainer's parameter
+    groups its name (default `weight`)."""
     path = child_path("$.factors", "parameters")
     if not isinstance(raw, list):
-        return _compile_tensor_list(raw, doc, "parameters", scope, problems), ((None,) if raw is not None else ())
-    tensors, shapes = [], []
+        single = raw is not None
+        return _compile_tensor_list(raw, doc, "parameters", scope, problems), ((None,) if single else ()), (("weight",) if single else ())
+    tensors, shapes, names = [], [], []
     for i, entry in enumerate(raw):
         at = child_path(path, i)
         if isinstance(entry, dict):
@@ -448,10 +454,12 @@ def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> 
             shapes.append(tuple(compile_expr(d, doc, child_path(child_path(at, "shape"), j), scope, problems) for j, d in enumerate(dims)))
             text = " * ".join(f"({d})" for d in dims) + " * bytes.param"
             tensors.append(compile_expr(text, doc, child_path(at, "shape"), scope, problems))
+            names.append(entry.get("name", "weight"))
         else:
             shapes.append(None)
             tensors.append(compile_expr(entry, doc, at, scope, problems))
-    return tuple(tensors), tuple(shapes)
+            names.append("weight")
+    return tuple(tensors), tuple(shapes), tuple(names)
 
 
 def _compile_tensor_list(raw, doc: Document, name: str, scope: frozenset[str], problems) -> tuple[Expr, ...]:

@@ -21,6 +21,7 @@ Sources (the versions installed or pinned; see each function):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from math import prod
 
@@ -35,6 +36,16 @@ TYPE_IMPLS = {
     "lion": ("bitsandbytes",),
 }
 FP32 = 4
+# How the stepped tensors split into parameter groups: `one`, every tensor in one group (an
+# optimizer built on model.parameters()); `trainer`, Hugging Face Trainer's two groups
+# (transformers/trainer.py, Trainer.create_optimizer): the tensors get_decay_parameter_names
+# lists, with the weight decay, then the others, without it, each in named_parameters() order.
+PARAM_GROUPS = ("one", "trainer")
+# transformers/trainer.py, Trainer.get_decay_parameter_names (5.23): a parameter decays unless
+# its module is a torch.nn.LayerNorm or its lower-cased dotted name matches one of these
+# (trainer_pt_utils.py, get_parameter_names, `pattern.search(name.lower())`).
+TRAINER_NO_DECAY = tuple(re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"))
+LAYER_NORM_CLASS = "torch.nn.LayerNorm"
 # bitsandbytes/optim/optimizer.py, Optimizer2State/Optimizer1State.init_state: a tensor with
 # fewer than min_8bit_size (default 4096) elements keeps fp32 states; an 8-bit state has one
 # fp32 absmax per block of 256 elements (`blocks = n // 256`, plus one for a remainder).
@@ -57,6 +68,7 @@ class Optimizer:
     weight_decay: float = 0.0  # matters to memory only where it is coupled (Adam, SGD)
     bits: int = 32  # bitsandbytes state bits: 32 or 8
     paged: bool = False  # bitsandbytes paged states (CUDA unified memory)
+    param_groups: str = "one"  # one | trainer (PARAM_GROUPS)
 
     @property
     def bnb(self) -> bool:
@@ -84,7 +96,23 @@ class Optimizer:
             out = f"{self.type} bitsandbytes {self.bits}-bit" + (" paged" if self.paged else "")
         else:
             out = f"{self.type} {self.impl}"
-        return out + (f" weight_decay {self.weight_decay:g}" if self.weight_decay and self.type in ("adam", "sgd") else "")
+        out += f" weight_decay {self.weight_decay:g}" if self.weight_decay and self.type in ("adam", "sgd") else ""
+        return out + (", Trainer's decay / no-decay groups" if self.param_groups == "trainer" else "")
+
+    def group_of(self, name: str, module_class: str | None) -> int:
+        """The parameter group (0 or 1) of the tensor called `name` (its layer's path, a dot
+        and the tensor's name) in a layer of `module_class`: always 0 with one group."""
+        return 0 if self.param_groups == "one" or trainer_decays(name, module_class) else 1
+
+    def group_decay(self, group: int) -> float:
+        """A group's weight decay: the Trainer's second group has none."""
+        return self.weight_decay if group == 0 else 0.0
+
+
+def trainer_decays(name: str, module_class: str | None) -> bool:
+    """Whether Hugging Face Trainer puts the parameter `name` in its weight-decay group
+    (transformers/trainer.py, Trainer.get_decay_parameter_names)."""
+    return module_class != LAYER_NORM_CLASS and not any(p.search(name.lower()) for p in TRAINER_NO_DECAY)
 
 
 @dataclass(frozen=True)

@@ -431,9 +431,13 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         # on the GPU until the step ends
         step_transient = {modules[-1]: offload[2]} if offload[2] else {}
     else:
-        step_transient = _step_transient(setup, tensors, largest, o_div, modules)
+        stepped = stepped_tensors(nodes, setup)
+        step_transient = _step_transient(setup, stepped, largest, o_div, modules)
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
+    first_step_point = step
+    if plan is None and o_div == 1 and not _offloaded(setup) and trainable:
+        first_step_point = _first_step_optimizer(setup, stepped, largest, step, step_transient, modules)
 
     per_gpu_totals = {
         m: {**per_gpu[m], "gradients": sum(blocks[id(n)][1] for r in nodes if r.inst.module == m for n in r.walk())
@@ -445,9 +449,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     return Estimate(
         peak=state.best,
         reserved=state.best.total + state.best_slack,
-        # Step 1 has no optimizer states before step() creates them; its step phase is
-        # the steady one.
-        first_step=max(state.first_point(), step, key=lambda p: p.total),
+        # Step 1 has no optimizer states before step() creates them; its step() makes
+        # them as it goes (see _first_step_optimizer).
+        first_step=max(state.first_point(), first_step_point, key=lambda p: p.total),
         timeline=tuple(state.timeline),
         resident=per_gpu_totals,
         activations_end_of_forward=end_of_forward,
@@ -566,6 +570,47 @@ def _trainable_tensors(nodes, setup: Setup) -> list[tuple[int, tuple[int, ...] |
             for t, shape in zip(n.cost.param_tensors, n.cost.param_shapes)]
 
 
+@dataclass(frozen=True)
+class Stepped:
+    """One tensor the optimizer steps: its elements, dims (where the formula gives them), the
+    module it belongs to and its parameter group."""
+    elements: int
+    shape: tuple[int, ...] | None
+    module: str = ""
+    group: int = 0
+
+
+def stepped_tensors(nodes, setup: Setup) -> list[Stepped]:
+    """The stepped tensors in the order the optimizer visits them: group by group, each in
+    named_parameters() order (torch/optim/optimizer.py: `for group in self.param_groups`;
+    Trainer.create_optimizer fills each group in named_parameters() order).
+
+    named_parameters() follows registration (each module's __init__), taken here as the
+    layers' forward order; a tied table (an embedding with shared_weight, whose weight the
+    lm_head counts) is visited at the embedding's place, where it is registered first.
+    NB: a decoder layer registers its norms after attention and MLP (Qwen2DecoderLayer.__init__)
+    and runs them before: in forward order a norm's tiny states count as made earlier, an
+    over-estimate of the lazily made states at a per-parameter loop's high-water mark.
+    """
+    opt = setup.optimizer
+    out: list[Stepped] = []
+    tied: list[tuple[int, tuple[int, int]]] = []  # (position, table shape) of each tied embedding
+    for r in nodes:
+        for n in r.walk():
+            if n.inst.scope.get("shared_weight") and n.inst.trainable:
+                tied.append((len(out), (n.inst.scope["vocab"], n.inst.scope["dim"])))
+            if not (n.inst.trainable or n.inst.flat_states):
+                continue
+            for t, shape, name in zip(n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names or ("weight",) * len(n.cost.param_tensors)):
+                group = opt.group_of(f"{n.inst.path}.{name}", n.inst.formula.module_class)
+                out.append(Stepped(t // setup.bytes["param"], shape, n.inst.module, group))
+    for at, shape in reversed(tied):
+        later = next((i for i in range(at, len(out)) if out[i].shape == shape), None)
+        if later is not None:
+            out.insert(at, out.pop(later))
+    return sorted(out, key=lambda t: t.group)  # NB: stable: each group keeps its order
+
+
 def _largest_trainable_tensor(nodes, setup: Setup) -> int:
     """Elements of the largest parameter tensor that requires grad (DeepSpeed's largest_param_numel)."""
     return max((t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states
@@ -576,47 +621,83 @@ def _largest_trainable(nodes, setup: Setup) -> int:
     return max((n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable and not n.children), default=0)
 
 
-def step_temporaries(setup: Setup, tensors: list[tuple[int, tuple[int, ...] | None]], largest: int, o_div: int = 1) -> dict[str, int]:
+def step_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div: int = 1) -> dict[str, int]:
     """Bytes alive only during optimizer.step(), per GPU, for the stepped tensors
-    (element count, shape) (unsharded: each its own allocation; sharded: one flat partition).
+    (unsharded: each its own allocation; sharded: one flat partition per parameter group).
+
+    torch's optimizers step one parameter group after the other (torch/optim/adam.py and
+    sgd.py, step: `for group in self.param_groups`, then one foreach or for-loop call on
+    that group's tensors, grouped by device and dtype, Optimizer._group_tensors_by_device_and_dtype),
+    so a foreach temporary is the largest group's, not the whole model's:
 
     - master_grads: mixed precision converts the 16-bit gradients to fp32 for the master
-      weights (DeepSpeed converts the whole flat partition at once; DOMAIN.md);
+      weights before step() (DeepSpeed converts the whole flat partition at once; DOMAIN.md);
     - foreach Adam/AdamW: `torch._foreach_sqrt(exp_avg_sqs)` returns a new tensor per state, a
-      full copy of the second moments (torch/optim/adam.py, _multi_tensor_adam). Adam's
+      full copy of the group's second moments (torch/optim/adam.py, _multi_tensor_adam). Adam's
       coupled weight decay first makes `device_grads = torch._foreach_add(grads, params)`, a
-      copy of the gradients in the same dtype, deleted (`del device_grads`) before the sqrt:
-      the two never coexist, so the peak is the sqrt's either way;
+      copy of the group's gradients in the same dtype, deleted (`del device_grads`) before the
+      sqrt: the two never coexist, so the peak is the sqrt's either way;
     - for-loop Adam/AdamW: `exp_avg_sq.sqrt()` and its quotient by the bias correction, one
       parameter at a time: two copies of the largest parameter's state; Adam's coupled
       weight decay adds `grad = grad.add(param, alpha=weight_decay)`, a third, alive
       through the update (_single_tensor_adam);
     - SGD with weight decay: foreach `torch._foreach_add(device_grads, device_params)`, a
-      copy of every gradient alive through the step; for-loop `grad.add(param)`, one
-      parameter's (torch/optim/sgd.py);
+      copy of every gradient of a group with weight decay, alive through the group's step;
+      for-loop `grad.add(param)`, one parameter's (torch/optim/sgd.py);
     - Adafactor (transformers): parameter by parameter; see `_adafactor_temporaries`;
     - fused AdamW, SGD without weight decay and bitsandbytes (fused CUDA kernels, in place)
       allocate none.
     """
 
-    def allocated(nbytes: int) -> int:
+    def allocated(nbytes: int, members: list[Stepped]) -> int:
         if o_div > 1:
-            return _div(sum(e for e, _ in tensors) * nbytes, o_div)
-        return sum(round_up(e * nbytes, ALLOCATOR_GRANULE) for e, _ in tensors)
+            return _div(sum(t.elements for t in members) * nbytes, o_div)
+        return sum(round_up(t.elements * nbytes, ALLOCATOR_GRANULE) for t in members)
 
     opt = setup.optimizer
-    out = {"master_grads": allocated(setup.master_bytes) if setup.master_bytes else 0}
+    out = {"master_grads": allocated(setup.master_bytes, tensors) if setup.master_bytes else 0}
+    out["optimizer_temporaries"] = max((t for _, t in group_temporaries(setup, tensors, largest, o_div)), default=0)
+    if not out["optimizer_temporaries"]:
+        del out["optimizer_temporaries"]
+    return out
+
+
+def param_groups(tensors: list[Stepped]) -> list[tuple[int, list[Stepped]]]:
+    """(group, its tensors) for every group with a tensor, in the optimizer's order."""
+    groups: dict[int, list[Stepped]] = {}
+    for t in tensors:
+        groups.setdefault(t.group, []).append(t)
+    return sorted(groups.items())
+
+
+def group_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div: int = 1) -> list[tuple[int, int]]:
+    """(group, the most its step() call holds at once beside the states) for every group,
+    in order; see step_temporaries. Adafactor's is the group's largest tensor's."""
+    opt = setup.optimizer
+
+    def allocated(nbytes: int, members: list[Stepped]) -> int:
+        if o_div > 1:
+            return _div(sum(t.elements for t in members) * nbytes, o_div)
+        return sum(round_up(t.elements * nbytes, ALLOCATOR_GRANULE) for t in members)
+
     one = round_up(setup.state_bytes * largest, ALLOCATOR_GRANULE)
-    if opt.type in ("adamw", "adam") and not opt.bnb:
-        if opt.impl == "foreach":
-            out["optimizer_temporaries"] = allocated(setup.state_bytes)
-        elif opt.impl == "forloop":
-            coupled = opt.type == "adam" and opt.weight_decay > 0
-            out["optimizer_temporaries"] = (3 if coupled else 2) * one
-    elif opt.type == "sgd" and opt.weight_decay > 0:
-        out["optimizer_temporaries"] = allocated(setup.state_bytes) if opt.impl == "foreach" else one
-    elif opt.type == "adafactor":
-        out["optimizer_temporaries"] = max((_adafactor_temporaries(setup, e, s) for e, s in tensors), default=0)
+    out = []
+    for g, members in param_groups(tensors):
+        decay = opt.group_decay(g)
+        temp = 0
+        if opt.type in ("adamw", "adam") and not opt.bnb:
+            if opt.impl == "foreach":
+                temp = allocated(setup.state_bytes, members)
+            elif opt.impl == "forloop":
+                # NB: the largest layer's parameters (weight and bias together) stand for the
+                # largest tensor, and its group's decay for every group's: an upper bound
+                coupled = opt.type == "adam" and opt.weight_decay > 0
+                temp = (3 if coupled else 2) * one
+        elif opt.type == "sgd" and decay > 0:
+            temp = allocated(setup.state_bytes, members) if opt.impl == "foreach" else one
+        elif opt.type == "adafactor":
+            temp = max((_adafactor_temporaries(setup, t.elements, t.shape) for t in members), default=0)
+        out.append((g, temp))
     return out
 
 
@@ -639,7 +720,71 @@ def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] |
     return upcasts + 2 * n4
 
 
-def _step_transient(setup: Setup, tensors: list[int], largest: int, o_div: int, modules) -> dict[str, int]:
+def _created_states(setup: Setup, t: Stepped) -> int:
+    """Allocated bytes of the states step() makes for one tensor (not the fp32 master
+    copy, which exists before step(); not bitsandbytes' paged states, outside the allocator)."""
+    return sum(round_up(x.nbytes, ALLOCATOR_GRANULE) for x in _states(setup, t.elements, t.shape) if not x.paged)
+
+
+def first_step_high_water(setup: Setup, tensors: list[Stepped], largest: int) -> tuple[int, dict[str, int], int]:
+    """The most step 1's optimizer.step() holds beyond the master gradients, unsharded:
+    (states made so far + the temporaries then, those states per module, the temporaries).
+
+    Step 1 makes the states inside step(), so its high-water mark is not the steady
+    step's (every state + the largest temporaries):
+    - torch's Adam, AdamW and SGD step group by group: `_init_group` makes the group's states
+      (Adam: exp_avg and exp_avg_sq of every tensor, torch/optim/adam.py, Adam._init_group;
+      SGD: the momentum buffers, cloned one by one inside the group's call, sgd.py
+      _multi_tensor_sgd, all alive by its end beside the weight-decay copy), then the
+      group's call runs with its temporaries: the mark is the largest of (states of this
+      and the earlier groups + this group's temporaries);
+    - transformers' Adafactor (optimization.py, Adafactor.step) and bitsandbytes
+      (Optimizer8bit.step -> init_state) make a tensor's states when the per-parameter loop
+      reaches it: the mark is the largest of (states of the tensors visited so far, this
+      one's included, + this tensor's temporaries), in the loop's order (stepped_tensors).
+    NB: bitsandbytes' quantile maps (optimizers.once) are not counted here; with no
+    temporaries its mark is at the last tensor, every state made, as in the steady step.
+    """
+    best = (-1, {}, 0)
+    made: dict[str, int] = {}
+    total = 0
+    per_tensor = setup.optimizer.type == "adafactor" or setup.optimizer.bnb
+    for g, temp in group_temporaries(setup, tensors, largest):
+        members = [t for t in tensors if t.group == g]
+        for i, t in enumerate(members):
+            nbytes = _created_states(setup, t)
+            made[t.module] = made.get(t.module, 0) + nbytes
+            total += nbytes
+            if per_tensor:
+                now = _adafactor_temporaries(setup, t.elements, t.shape) if setup.optimizer.type == "adafactor" else 0
+                if total + now > best[0]:
+                    best = (total + now, dict(made), now)
+        if not per_tensor and total + temp > best[0]:
+            best = (total + temp, dict(made), temp)
+    return best if best[0] >= 0 else (0, {}, 0)
+
+
+def _first_step_optimizer(setup: Setup, tensors: list[Stepped], largest: int, step: Point,
+                          step_transient: Mapping[str, int], modules) -> Point:
+    """Step 1's optimizer.step() at its high-water mark: the steady step's point with only
+    the states made so far and the temporaries of that moment (first_step_high_water)."""
+    high, made, temp = first_step_high_water(setup, tensors, largest)
+    all_made = {}
+    for t in tensors:
+        all_made[t.module] = all_made.get(t.module, 0) + _created_states(setup, t)
+    steady_temp = sum(step_transient.values())
+    master = step_temporaries(setup, tensors, largest).get("master_grads", 0)
+    total = step.total - steady_temp - sum(all_made.values()) + master + high
+    breakdown = {m: dict(c) for m, c in step.breakdown.items()}
+    for m, nbytes in all_made.items():
+        breakdown[m]["optimizer_states"] -= nbytes - made.get(m, 0)
+    for m in modules:
+        breakdown[m]["transient"] = 0
+    breakdown[modules[-1]]["transient"] = master + temp
+    return Point("optimizer", "optimizer.step", total, breakdown)
+
+
+def _step_transient(setup: Setup, tensors: list[Stepped], largest: int, o_div: int, modules) -> dict[str, int]:
     total = sum(step_temporaries(setup, tensors, largest, o_div).values())
     # NB: the temporaries belong to the optimizer, not a module; shown under the last
     # module so that the breakdown still sums to the total.
