@@ -29,6 +29,8 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --format json
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer paged_adamw_8bit
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --optimizer adafactor --precision bf16
+  memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 1 --seq-len 1024 --images-per-sample 0 \\
+      --optimizer sgd --weight-decay 0.01 --param-groups trainer   # HF Trainer's decay / no-decay groups
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 4096 --images-per-sample 0 \
       --loss fused_linear_cross_entropy --packing --activation-offloading
   memspec estimate specs/qwen3/qwen3-8b.yaml --micro-batch 1 --seq-len 4096 --tp 8 --sp --pp 4
@@ -163,6 +165,9 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--optimizer-impl", choices=list(IMPLS))
     add("--momentum", type=float, metavar="X", help="SGD momentum (0 for none); Adafactor beta1 (0: no first moment)")
     add("--weight-decay", type=float, metavar="X", help="weight decay; changes memory only for adam and sgd (coupled: a gradient copy)")
+    add("--param-groups", choices=["one", "trainer"],
+        help="optimizer parameter groups: one (every tensor), or trainer (Hugging Face Trainer's weight-decay and "
+             "no-decay groups; torch steps one group at a time), e.g. --param-groups trainer")
     add("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
     add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
     add("--dp", type=int, metavar="N", help="data-parallel degree")
@@ -243,6 +248,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, "weight_decay", None) is not None:
             opt["weight_decay"] = args.weight_decay
         out["optimizer"] = opt
+    if getattr(args, "param_groups", None):
+        out["param_groups"] = args.param_groups
     return out
 
 

@@ -584,6 +584,7 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         out["packing"] = True
     out.update(_precision_flags(r))
     out.update(_optimizer_flag(r, notes))
+    out.update(_param_groups(command, notes))
     out.update(_trainable_flags(r, modules))
     out.update(_llava_checks(r, modules))
     attention = r.text("attn_implementation") or ENTRY_ATTENTION.get(Path(command.entry).name)
@@ -647,10 +648,24 @@ def _optimizer_flag(r: _Reader, notes: list[str]) -> dict[str, Any]:
     out = dict(OPTIM[name])
     decay = r.number("weight_decay")
     if out["type"] == "sgd" and decay:
-        # NB: Trainer puts biases and norm weights in a group without decay; giving every
-        # tensor the decay copies a few more (small) gradients than SGD does: an over-estimate
+        # NB: only the Trainer's first group decays (param_groups trainer, _param_groups):
+        # SGD's foreach weight-decay copy is that group's gradients
         out["weight_decay"] = decay
     return {"optimizer": out}
+
+
+def _param_groups(command: Command, notes: list[str]) -> dict[str, Any]:
+    """HF Trainer always builds two parameter groups (transformers/trainer.py,
+    Trainer.create_optimizer): weights with --weight_decay, then biases and norm weights
+    without. LLaVA's LLaVATrainer.create_optimizer (llava/train/llava_trainer.py) leaves
+    only biases and LayerNorm parameters out of the decay group, so its RMSNorm weights
+    decay: memspec's Trainer rule would put them in the smaller group and under-state the
+    larger group's foreach temporaries; one group (every tensor) bounds it from above."""
+    if "llava/train/" in command.entry.replace("\\", "/"):
+        notes.append("note: LLaVA's trainer groups parameters by its own rule (RMSNorm weights decay): estimated with one "
+                     "parameter group, an upper bound of its step temporaries (biases and LayerNorm parameters, a few MB at most)")
+        return {}
+    return {"param_groups": "trainer"}
 
 
 def _trainable_flags(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:

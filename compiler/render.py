@@ -343,5 +343,6 @@ def sweep_text(s) -> str:
 def _optimizer_json(o) -> dict:
     """type, impl, momentum, and the options that are not their defaults."""
     out = {"type": o.type, "impl": o.impl, "momentum": o.momentum}
-    out.update({k: v for k, v, default in (("weight_decay", o.weight_decay, 0.0), ("bits", o.bits, 32), ("paged", o.paged, False)) if v != default})
+    out.update({k: v for k, v, default in (("weight_decay", o.weight_decay, 0.0), ("bits", o.bits, 32), ("paged", o.paged, False),
+                                                 ("param_groups", o.param_groups, "one")) if v != default})
     return out

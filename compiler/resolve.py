@@ -499,6 +499,13 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if overrides.get("lora") is not None:
         # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
+    if "param_groups" in overrides:
+        # NB: --param-groups changes one key of the optimizer block, whichever optimizer it is
+        groups = overrides.pop("param_groups")
+        if "optimizer" in overrides:
+            overrides["optimizer"] = {**overrides["optimizer"], "param_groups": groups}
+        else:
+            data["optimizer"] = {**data["optimizer"], "param_groups": groups}
     if spec.attention and "attention" not in overrides and (doc is None or "attention" not in doc.data):
         # NB: an experiment that names no implementation gets the one transformers picks
         data["attention"] = spec.attention[0]
@@ -689,8 +696,14 @@ def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
         if key in opt and not ok:
             complain("optimizer", "E305", f"optimizer option '{key}' does not apply to {kind} {impl}", f"'{key}' needs {need}")
     default_momentum = SGD_DEFAULT_MOMENTUM if kind == "sgd" else 0.0
+    groups = opt.get("param_groups", "one")
+    if groups not in optimizers.PARAM_GROUPS:
+        complain("optimizer", "E305",
+                 f"param_groups {groups!r} is not one of {', '.join(optimizers.PARAM_GROUPS)}",
+                 "one: every tensor in one group (an optimizer on model.parameters()); trainer: Hugging Face Trainer's weight-decay and no-decay groups")
+        groups = "one"
     return Optimizer(kind, impl, float(opt.get("momentum", default_momentum)), float(opt.get("weight_decay", 0.0)),
-                     int(opt.get("bits", 32)), bool(opt.get("paged", False)))
+                     int(opt.get("bits", 32)), bool(opt.get("paged", False)), groups)
 
 
 def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:

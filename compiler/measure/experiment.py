@@ -22,7 +22,8 @@ PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
 ATTENTIONS = ("flash_attention_2", "sdpa", "eager")
 OPTIMIZER_TYPES = ("adamw", "adam", "sgd", "adafactor")
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
-OPTIMIZER_KEYS = ("type", "impl", "momentum", "weight_decay")
+OPTIMIZER_KEYS = ("type", "impl", "momentum", "weight_decay", "param_groups")
+PARAM_GROUPS = ("one", "trainer")
 
 DEFAULTS: dict[str, Any] = {
     "images_per_sample": 1,
@@ -106,6 +107,8 @@ def _check(exp: dict, where: str) -> None:
     unknown = sorted(set(optimizer) - set(OPTIMIZER_KEYS))
     if unknown:
         fail(f"optimizer: unknown key(s) {unknown}; measurable: {list(OPTIMIZER_KEYS)}")
+    if optimizer.get("param_groups", "one") not in PARAM_GROUPS:
+        fail(f"optimizer.param_groups {optimizer.get('param_groups')!r} is not one of {list(PARAM_GROUPS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
     lora = exp.get("lora")

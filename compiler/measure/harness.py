@@ -179,10 +179,25 @@ def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
     return family_for(exp["config"]).make_batch(config, exp, DTYPES[exp["precision"]])
 
 
-def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.Optimizer:
+def trainer_param_groups(model, trainable: list[torch.Tensor]) -> list[list[int]]:
+    """Hugging Face Trainer's two parameter groups, as indices into `trainable`
+    (transformers/trainer.py, Trainer.create_optimizer): the parameters
+    Trainer.get_decay_parameter_names lists, then the others, each in named_parameters()
+    order. get_decay_parameter_names is transformers' own (it reads no Trainer state)."""
+    from transformers import Trainer
+
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    index = {id(p): i for i, p in enumerate(trainable)}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [[index[id(p)] for n, p in named if n in decay], [index[id(p)] for n, p in named if n not in decay]]
+
+
+def make_torch_optimizer(params: list[torch.Tensor], spec: dict, groups: list[list[int]] | None = None) -> torch.optim.Optimizer:
     """AdamW, Adam, SGD (torch, the implementation flag passed explicitly) or transformers'
     Adafactor as Trainer builds it (scale_parameter=False, relative_step=False,
     trainer_optimizer.py _get_adafactor; beta1 = the experiment's momentum, None at 0).
+    With `groups` (indices into `params`), the Trainer's parameter groups: the first with
+    the weight decay, the second with none (Trainer.create_optimizer).
 
     NB: `_default_to_fused_or_foreach` rejects fake tensors and would pick the for-loop
     implementation; CUDA's default is foreach.
@@ -190,6 +205,9 @@ def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.
     impl = spec.get("impl", "foreach")
     flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
     decay = spec.get("weight_decay", WEIGHT_DECAY)
+    if groups is not None:
+        params = [{"params": [params[i] for i in groups[0]], "weight_decay": decay},
+                  {"params": [params[i] for i in groups[1]], "weight_decay": 0.0}]
     if spec["type"] == "adamw":
         return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=decay, **flags)
     if spec["type"] == "adam":
@@ -206,9 +224,11 @@ def make_torch_optimizer(params: list[torch.Tensor], spec: dict) -> torch.optim.
 class MasterWeightOptimizer:
     """fp32 master weights around a torch optimizer (DeepSpeed bf16/fp16, Megatron)."""
 
-    def __init__(self, params: list[torch.Tensor], spec: dict, tracer: MemoryTracer, loss_scale: float) -> None:
+    def __init__(self, params: list[torch.Tensor], spec: dict, tracer: MemoryTracer, loss_scale: float,
+                 groups: list[list[int]] | None = None) -> None:
         self.params = params
         self.spec = spec
+        self.groups = groups
         self.tracer = tracer
         self.loss_scale = loss_scale
         self.masters: list[torch.Tensor] | None = None
@@ -219,7 +239,7 @@ class MasterWeightOptimizer:
         if self.masters is None:
             self.masters = [p.detach().to(torch.float32, copy=True) for p in self.params]
             self.tracer.relabel(self.masters, OPTIMIZER_STATES)
-            self.optimizer = make_torch_optimizer(self.masters, self.spec)
+            self.optimizer = make_torch_optimizer(self.masters, self.spec, self.groups)
         for master, p in zip(self.masters, self.params):
             # NB: a trainable weight the loss never reaches (CLIP's last layer and
             # post-layernorm: LLaVA reads layer -2) has no gradient; DeepSpeed's flat fp32
@@ -251,8 +271,8 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[tor
 class PlainOptimizer:
     """A torch optimizer straight on the model's parameters (fp32, pure bf16)."""
 
-    def __init__(self, params: list[torch.Tensor], spec: dict) -> None:
-        self.optimizer = make_torch_optimizer(params, spec)
+    def __init__(self, params: list[torch.Tensor], spec: dict, groups: list[list[int]] | None = None) -> None:
+        self.optimizer = make_torch_optimizer(params, spec, groups)
 
     def step(self) -> None:
         self.optimizer.step()
@@ -288,12 +308,13 @@ def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _make_optimizer(exp: dict, trainable: list[torch.Tensor], tracer: MemoryTracer):
+def _make_optimizer(exp: dict, model, trainable: list[torch.Tensor], tracer: MemoryTracer):
+    groups = trainer_param_groups(model, trainable) if exp["optimizer"].get("param_groups") == "trainer" else None
     # NB: FSDP2's sharded parameters are the full-precision weights the optimizer steps
     if exp["precision"] in MIXED and not _fsdp(exp):
         scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
-        return MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale), scale
-    return PlainOptimizer(trainable, exp["optimizer"]), 1.0
+        return MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale, groups), scale
+    return PlainOptimizer(trainable, exp["optimizer"], groups), 1.0
 
 
 def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ...]:
@@ -378,7 +399,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
-    optimizer, scale = _make_optimizer(exp, trainable, tracer)
+    optimizer, scale = _make_optimizer(exp, model, trainable, tracer)
 
     def enter_loss(module, args, output):
         if tracer.phase == FORWARD:
