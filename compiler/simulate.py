@@ -649,17 +649,19 @@ def step_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div: 
       allocate none.
     """
 
-    def allocated(nbytes: int, members: list[Stepped]) -> int:
-        if o_div > 1:
-            return _div(sum(t.elements for t in members) * nbytes, o_div)
-        return sum(round_up(t.elements * nbytes, ALLOCATOR_GRANULE) for t in members)
-
-    opt = setup.optimizer
-    out = {"master_grads": allocated(setup.master_bytes, tensors) if setup.master_bytes else 0}
-    out["optimizer_temporaries"] = max((t for _, t in group_temporaries(setup, tensors, largest, o_div)), default=0)
-    if not out["optimizer_temporaries"]:
-        del out["optimizer_temporaries"]
+    out = {"master_grads": _allocated(setup.master_bytes, tensors, o_div) if setup.master_bytes else 0}
+    temporaries = max((t for _, t in group_temporaries(setup, tensors, largest, o_div)), default=0)
+    if temporaries:
+        out["optimizer_temporaries"] = temporaries
     return out
+
+
+def _allocated(nbytes: int, tensors: list[Stepped], o_div: int) -> int:
+    """`nbytes` per element of `tensors`: each its own allocation, or one flat partition
+    of the ranks' share (ZeRO: one per parameter group, stage_1_and_2.py bit16_groups_flat)."""
+    if o_div > 1:
+        return _div(sum(t.elements for t in tensors) * nbytes, o_div)
+    return sum(round_up(t.elements * nbytes, ALLOCATOR_GRANULE) for t in tensors)
 
 
 def param_groups(tensors: list[Stepped]) -> list[tuple[int, list[Stepped]]]:
@@ -674,12 +676,6 @@ def group_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div:
     """(group, the most its step() call holds at once beside the states) for every group,
     in order; see step_temporaries. Adafactor's is the group's largest tensor's."""
     opt = setup.optimizer
-
-    def allocated(nbytes: int, members: list[Stepped]) -> int:
-        if o_div > 1:
-            return _div(sum(t.elements for t in members) * nbytes, o_div)
-        return sum(round_up(t.elements * nbytes, ALLOCATOR_GRANULE) for t in members)
-
     one = round_up(setup.state_bytes * largest, ALLOCATOR_GRANULE)
     out = []
     for g, members in param_groups(tensors):
@@ -687,14 +683,14 @@ def group_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div:
         temp = 0
         if opt.type in ("adamw", "adam") and not opt.bnb:
             if opt.impl == "foreach":
-                temp = allocated(setup.state_bytes, members)
+                temp = _allocated(setup.state_bytes, members, o_div)
             elif opt.impl == "forloop":
                 # NB: the largest layer's parameters (weight and bias together) stand for the
                 # largest tensor, and its group's decay for every group's: an upper bound
                 coupled = opt.type == "adam" and opt.weight_decay > 0
                 temp = (3 if coupled else 2) * one
         elif opt.type == "sgd" and decay > 0:
-            temp = allocated(setup.state_bytes, members) if opt.impl == "foreach" else one
+            temp = _allocated(setup.state_bytes, members, o_div) if opt.impl == "foreach" else one
         elif opt.type == "adafactor":
             temp = max((_adafactor_temporaries(setup, t.elements, t.shape) for t in members), default=0)
         out.append((g, temp))
