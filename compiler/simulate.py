@@ -436,6 +436,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
     first_step_point = step
+    # NB: sharded (ZeRO, FSDP2) or offloaded, step 1's optimizer point is the steady one:
+    # an upper bound (its states are made during the step as well)
     if plan is None and o_div == 1 and not _offloaded(setup) and trainable:
         first_step_point = _first_step_optimizer(setup, stepped, largest, step, step_transient, modules)
 
@@ -984,7 +986,10 @@ class _FsdpPlan:
     def step_temporaries(self, nodes: tuple[Node, ...], setup: Setup) -> int:
         """The optimizer's temporaries on the shards: foreach AdamW's _foreach_sqrt copy of
         every exp_avg_sq shard; for-loop AdamW two of the largest; no master gradients
-        (the sharded parameters are full precision, their gradients already are)."""
+        (the sharded parameters are full precision, their gradients already are).
+        NB: with the Trainer's two parameter groups torch sqrts one group's shards at a
+        time; counting every shard over-states it by the no-decay group's (biases and
+        norm weights, well under 1 % of the shards)."""
         if setup.optimizer.type not in ("adamw", "adam") or setup.optimizer.impl == "fused":
             return 0
         shards = [e for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
