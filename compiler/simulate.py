@@ -18,7 +18,10 @@ peak. The walk, per DESIGN.md:
    then the tensors it charged are freed. A checkpointing unit first re-runs its forward
    (its saved tensors come back), then runs its backward;
 5. optimizer step: gradients are all present; mixed precision makes fp32 copies of them;
-   the optimizer's temporaries sit on top; then gradients are freed (set_to_none).
+   the optimizer's temporaries sit on top (torch steps one parameter group at a time: the
+   largest group's); then gradients are freed (set_to_none). Step 1 makes the states
+   during its step: group by group (torch), or tensor by tensor (Adafactor, bitsandbytes),
+   so its optimizer peak holds only the states made by then.
 """
 
 from __future__ import annotations
