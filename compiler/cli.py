@@ -172,6 +172,12 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
     add("--dp", type=int, metavar="N", help="data-parallel degree")
     add("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    add("--offload-optimizer", choices=["none", "cpu", "nvme"], dest="offload_optimizer",
+        help="DeepSpeed zero_optimization.offload_optimizer.device: fp32 master weights, gradient partition and "
+             "optimizer states in host memory (cpu: ZeRO 1-3; nvme: ZeRO-3), e.g. --zero 2 --offload-optimizer cpu")
+    add("--offload-param", choices=["none", "cpu", "nvme"], dest="offload_param",
+        help="DeepSpeed zero_optimization.offload_param.device (ZeRO-3, with --offload-optimizer): the 16-bit partitions "
+             "in host memory, e.g. --zero 3 --offload-optimizer cpu --offload-param cpu")
     add("--fsdp", action="store_true", help="PyTorch FSDP2 (fully_shard) over the --dp ranks, e.g. --fsdp --dp 8")
     add("--fsdp-reshard-after-forward", choices=["true", "false"], dest="fsdp_reshard", help="FSDP2 reshard_after_forward (default true; false keeps every layer gathered until its backward); implies --fsdp")
     add("--fsdp-reduce-dtype", choices=["fp32", "bf16", "fp16"], dest="fsdp_reduce", help="FSDP2 MixedPrecisionPolicy.reduce_dtype (default fp32); implies --fsdp")
@@ -215,7 +221,8 @@ def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading"):
+    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
+                "offload_optimizer", "offload_param"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

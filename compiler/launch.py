@@ -63,16 +63,21 @@ DS_NO_MEMORY_EFFECT = frozenset({
 })
 # Keys that change memory a little and are not modelled yet (a warning, not an error).
 DS_NOT_MODELLED = frozenset({
-    "optimizer", "activation_checkpointing", "zero_optimization.sub_group_size",
-    "zero_optimization.stage3_max_live_parameters", "zero_optimization.stage3_max_reuse_distance",
-    "zero_optimization.stage3_param_persistence_threshold", "zero_optimization.allgather_bucket_size",
+    "optimizer", "activation_checkpointing", "zero_optimization.allgather_bucket_size",
+    "zero_optimization.stage3_model_persistence_threshold",
     "zero_optimization.elastic_checkpoint", "zero_optimization.zero_hpz_partition_size",
     "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
 })
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # DeepSpeed accepts "bfloat16" as another name for the "bf16" section (runtime/config.py).
 BF16_SECTIONS = ("bf16", "bfloat16")
-BUCKET_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size"}
+# DeepSpeed's element counts the estimate reads -> the experiment's `parallel` key; the first
+# three take HF Trainer's "auto" (sized from hidden_size in `resolve`).
+BUCKET_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+               "stage3_param_persistence_threshold": "param_persistence_threshold",
+               "stage3_max_live_parameters": "max_live_parameters", "stage3_max_reuse_distance": "max_reuse_distance",
+               "sub_group_size": "sub_group_size"}
+AUTO_KEYS = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
 
 
 def _flatten(data: Mapping[str, Any], path: str = "") -> dict[str, Any]:
@@ -141,10 +146,12 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
             used.add(dotted)
             value = flat[dotted]
             n = _elements(value)
-            if value == "auto":
+            if value == "auto" and key in AUTO_KEYS:
                 ds[name] = "auto"
             elif n is None or n < 0:
-                bad(dotted, f"expected a number of elements or \"auto\", got {value!r}", f"write \"{key}\": 5e8 (or 500000000), or \"auto\" for HF Trainer's size from hidden_size")
+                auto = ", or \"auto\" for HF Trainer's size from hidden_size" if key in AUTO_KEYS else ""
+                expected = 'a number of elements or "auto"' if auto else "a number of elements"
+                bad(dotted, f"expected {expected}, got {value!r}", f"write \"{key}\": 5e8 (or 500000000){auto}")
             else:
                 ds[name] = n
     for key in ("offload_optimizer", "offload_param"):

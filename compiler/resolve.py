@@ -204,16 +204,42 @@ class DeepSpeed:
     contiguous_gradients: bool
     offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2/3) | nvme (ZeRO-3)
     offload_param: str = "none"  # zero_optimization.offload_param.device: none | cpu | nvme (ZeRO-3, with offload_optimizer)
+    persistence_threshold: int = 100_000  # stage3_param_persistence_threshold: parameters below it stay whole
+    max_live_parameters: int = 1_000_000_000  # stage3_max_live_parameters: caps what the prefetcher gathers
+    max_reuse_distance: int = 1_000_000_000  # stage3_max_reuse_distance: a parameter used again within it stays gathered
+    sub_group_size: int = 1_000_000_000  # sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
 
 
-# deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig): reduce_bucket_size 5e8,
-# stage3_prefetch_bucket_size 5e7, contiguous_gradients True, overlap_comm False except for
-# stage 3 (its validator turns it on).
+# deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig, deepspeedai/DeepSpeed at 1b88ac36):
+# reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold
+# 1e5, stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9, sub_group_size 1e9,
+# contiguous_gradients True, overlap_comm False except for stage 3 (overlap_comm_valid).
 DEEPSPEED_DEFAULT_REDUCE_BUCKET = 500_000_000
 DEEPSPEED_DEFAULT_PREFETCH_BUCKET = 50_000_000
-# transformers/integrations/deepspeed.py (trainer_config_finalize): "auto" bucket sizes from
-# the model's hidden size h: reduce_bucket_size h^2, stage3_prefetch_bucket_size 0.9 h^2.
+DEEPSPEED_DEFAULT_PERSISTENCE = 100_000
+DEEPSPEED_DEFAULT_MAX_LIVE = 1_000_000_000
+DEEPSPEED_DEFAULT_REUSE_DISTANCE = 1_000_000_000
+DEEPSPEED_DEFAULT_SUB_GROUP = 1_000_000_000
+# transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_finalize):
+# "auto" sizes from the model's hidden size h: reduce_bucket_size h^2,
+# stage3_prefetch_bucket_size int(0.9 h^2), stage3_param_persistence_threshold 10 h.
 HF_AUTO_PREFETCH_FRACTION = 0.9
+HF_AUTO_PERSISTENCE_FACTOR = 10
+# When ZeRO creates the optimizer's states (Adam's exp_avg / exp_avg_sq of the fp32 partition).
+# Up to DeepSpeed 0.13 every ZeRO stage ran one optimizer step at engine initialization on zero
+# gradients (stage3.py, DeepSpeedZeroOptimizer_Stage3.initialize_optimizer_states calls
+# self._optimizer_step(i) per sub-group, microsoft/DeepSpeed at 0003660d; stage_1_and_2.py
+# likewise), so the states exist before the first forward. deepspeedai/DeepSpeed PR #5104
+# ("Remove optimizer step on initialization", 2024-02) made them lazy: initialize_optimizer_states
+# at 007cca6a only sizes a zero gradient buffer and steps nothing, so torch's Adam creates the
+# states in the first step(). The fp32 master partition (_create_fp32_partitions) and, under
+# ZeRO-3, the 16-bit gradient partition (grad_partitions_flat_buffer) are made at
+# initialization in both. Modelled: the lazy form (the current release); a run on DeepSpeed
+# <= 0.13 (LLaVA pins 0.12.6) has its first step equal to the steady state.
+DEEPSPEED_STATES_AT_INIT = False
+_AUTO_KEYS = {"reduce_bucket_size": lambda h: h * h,
+              "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
+              "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h}
 
 
 def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, tuple[str, str, str] | None]:
@@ -223,17 +249,25 @@ def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> t
         return None, problem
     if parallel["zero"] == 0:
         return None, None
-    reduce = parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET)
-    prefetch = parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET)
-    if "auto" in (reduce, prefetch):
+    sizes = {
+        "reduce_bucket_size": parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET),
+        "prefetch_bucket_size": parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET),
+        "param_persistence_threshold": parallel.get("param_persistence_threshold", DEEPSPEED_DEFAULT_PERSISTENCE),
+    }
+    auto = [k for k, v in sizes.items() if v == "auto"]
+    if auto:
         if hidden_size is None:
-            return None, ("E505", "'auto' bucket sizes need the spec's hidden_size (HF Trainer fills them from it)",
-                          "write the bucket sizes as numbers, or add hidden_size to the model spec")
-        reduce = hidden_size * hidden_size if reduce == "auto" else reduce
-        prefetch = int(HF_AUTO_PREFETCH_FRACTION * hidden_size * hidden_size) if prefetch == "auto" else prefetch
+            return None, ("E505", f"'auto' {', '.join(auto)} need(s) the spec's hidden_size (HF Trainer fills them from it)",
+                          "write the sizes as numbers, or add hidden_size to the model spec")
+        sizes.update({k: _AUTO_KEYS[k](hidden_size) for k in auto})
     overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
-    return DeepSpeed(int(reduce), int(prefetch), bool(overlap), bool(parallel.get("contiguous_gradients", True)),
-                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")), None
+    return DeepSpeed(int(sizes["reduce_bucket_size"]), int(sizes["prefetch_bucket_size"]), bool(overlap),
+                     bool(parallel.get("contiguous_gradients", True)),
+                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none"),
+                     int(sizes["param_persistence_threshold"]),
+                     int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
+                     int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
+                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP))), None
 
 
 def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -262,22 +296,40 @@ def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
 
 
 def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
-    """The DeepSpeed buffer sizes an estimate used (they size the buckets the simulator adds)."""
+    """The DeepSpeed sizes and assumptions an estimate used (they size what the simulator adds)."""
     if ds is None:
         return ()
     given = "the experiment's or DeepSpeed config's value, else"
+    config = "deepspeed/runtime/zero/config.py"
     out = [
         Constant("zero_optimization.reduce_bucket_size", ds.reduce_bucket, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} (deepspeed/runtime/zero/config.py); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
+                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} ({config}); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
         Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "",
-                 f"{given} DeepSpeed's default: true for ZeRO-3, false below (deepspeed/runtime/zero/config.py)"),
+                 f"{given} DeepSpeed's default: true for ZeRO-3, false below ({config})"),
         Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "",
-                 f"{given} DeepSpeed's default true (deepspeed/runtime/zero/config.py)"),
+                 f"{given} DeepSpeed's default true ({config})"),
     ]
     if zero == 3:
-        out.append(Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
-                            f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} (deepspeed/runtime/zero/config.py); "
-                            f"\"auto\": {HF_AUTO_PREFETCH_FRACTION} x hidden_size^2 (transformers/integrations/deepspeed.py)"))
+        out += [
+            Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} ({config}); "
+                     f"\"auto\": int({HF_AUTO_PREFETCH_FRACTION} x hidden_size^2) (transformers/integrations/deepspeed.py)"),
+            Constant("zero_optimization.stage3_param_persistence_threshold", ds.persistence_threshold, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_PERSISTENCE:,} ({config}); \"auto\": {HF_AUTO_PERSISTENCE_FACTOR} x hidden_size "
+                     "(transformers/integrations/deepspeed.py); smaller parameters stay whole on every rank"),
+            Constant("zero_optimization.stage3_max_live_parameters", ds.max_live_parameters, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_MAX_LIVE:,} ({config}); caps the prefetch "
+                     "(partitioned_param_coordinator.py, fetch_sub_module: min(max_live - available, prefetch_bucket))"),
+            Constant("zero_optimization.stage3_max_reuse_distance", ds.max_reuse_distance, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
+                     "(partitioned_param_coordinator.py, __params_to_release)"),
+            Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
+                     "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),
+        ]
+    out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
+                        "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
+                        "initialization, so its first step equals the steady state (compiler/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
     return tuple(out)
 
 
@@ -492,7 +544,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         fsdp_from_flags = True
     else:
         fsdp_from_flags = False
-    for key in ("tp", "pp", "sp"):
+    for key in ("tp", "pp", "sp", "offload_optimizer", "offload_param"):
         # NB: kept in `overrides` so that a problem with them is shown at the flag
         if key in overrides:
             parallel[key] = overrides[key]
@@ -613,7 +665,10 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
     if problem:
-        complain("parallel", problem[0], problem[1], problem[2])
+        # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
+        flag = next((k for k in (("offload_optimizer", "offload_param") if problem[0] == "E311" else ("offload_param", "offload_optimizer"))
+                     if k in overrides), None) if problem[0] in ("E311", "E806", "E807") else None
+        complain(flag or "parallel", problem[0], problem[1], problem[2])
     if problems:
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)

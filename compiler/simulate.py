@@ -31,12 +31,14 @@ from typing import Mapping
 
 from .evaluate import Node, first_charges
 from . import optimizers
-from .resolve import Constant, Setup
+from .resolve import DEEPSPEED_STATES_AT_INIT, Constant, Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
 _ZERO = dict.fromkeys(CATEGORIES, 0)
 DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
+DEEPSPEED_RS = "deepspeed-reduce-scatter"  # breakdown row: ZeRO-3's reduce-scatter copy of a full bucket
+ZERO3_KEPT = "zero3-kept"  # breakdown row: ZeRO-3 layers kept gathered for their reuse (stage3_max_reuse_distance)
 FSDP_GATHER = "fsdp-gather"  # breakdown row: FSDP2's gathered parameters and all-gather outputs
 FSDP_REDUCE = "fsdp-reduce"  # breakdown row: FSDP2's reduce-scatter inputs
 PIPELINE = "pipeline"  # the breakdown row of the other in-flight micro-batches' activations (1F1B)
@@ -96,7 +98,8 @@ class _State:
     level: int = 0  # resident + workspaces + gradients + live saved tensors, kept up to date
     workspace: int = 0  # cuBLAS/cuBLASLt workspaces of a steady-state step
     first_forward_workspace: int = 0  # step 1's forward has run GEMMs on one thread only
-    optim_resident: int = 0
+    optim_resident: int = 0  # optimizer bytes that appear only at the first step()
+    first_optim: dict = field(default_factory=dict)  # module -> optimizer bytes already there in step 1
 
     def charge(self, module: str, tensors, kept: bool = False) -> None:
         for name, size in tensors:
@@ -157,10 +160,11 @@ class _State:
         phase, path, total, grads, live, transient, buffers = self.best_first
         state = _State(self.modules, self.resident, self.owner, grads, {}, live)
         state.buffers = buffers
+        state.first_optim = self.first_optim
         state.workspace = self.first_forward_workspace if phase == "forward" else self.workspace
         point = state._point(phase, path, total, transient)
-        for cats in point.breakdown.values():
-            cats["optimizer_states"] = 0
+        for m, cats in point.breakdown.items():
+            cats["optimizer_states"] = self.first_optim.get(m, 0)
         return point
 
     def _point(self, phase: str, path: str, total: int, transient: Mapping[str, int]) -> Point:
@@ -180,7 +184,7 @@ class _State:
             }
         out[WORKSPACE] = {**_ZERO, "transient": self.workspace}
         for name, size in self.buffers.items():
-            category = "parameters" if name == FSDP_GATHER else "activations" if name == PIPELINE else "gradients"
+            category = "parameters" if name in (FSDP_GATHER, ZERO3_KEPT) else "activations" if name == PIPELINE else "gradients"
             out[name] = {**_ZERO, category: size}
         return out
 
@@ -213,9 +217,9 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
         # partition under ZeRO-3 (stage3.py, fp16_partitioned_groups_flat), none with
         # offload_param (param_groups_fp16_flat_cpu_memory, pinned host memory)
         if setup.zero == 3:
-            return (0 if _params_offloaded(setup) else _div(c.parameters, p_div)), 0, 0
+            return (0 if _params_offloaded(setup) else _div(c.parameters, p_div)) + _persistent_bytes(c, setup, p_div), 0, 0
         return sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors), 0, 0
-    params = sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors) if p_div == 1 else _div(c.parameters, p_div)
+    params = sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors) if p_div == 1 else _div(c.parameters, p_div) + _persistent_bytes(c, setup, p_div)
     if not c.gradients:
         grads = 0
     elif g_div == 1:
@@ -233,6 +237,34 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
     else:
         states = _div(c.optimizer_states, o_div)
     return params, grads, states
+
+
+def _persistent(setup: Setup, tensor_bytes: int) -> bool:
+    """ZeRO-3 keeps a parameter with fewer than stage3_param_persistence_threshold elements
+    gathered on every rank (deepspeed/runtime/zero/parameter_offload.py,
+    DeepSpeedZeRoOffload.mark_persistent_parameters: ds_persist; partitioned_param_coordinator.py,
+    __params_to_release skips ds_persist; stage3.py, _post_step gathers them again)."""
+    ds = setup.deepspeed
+    return ds is not None and setup.zero == 3 and tensor_bytes // setup.bytes["param"] < ds.persistence_threshold
+
+
+def _persistent_bytes(c, setup: Setup, p_div: int) -> int:
+    """The whole 16-bit copies of a layer's persistent parameters, kept beside their partition
+    (the flat 16-bit partition still holds their slice for the optimizer), per GPU."""
+    if p_div == 1 and not _params_offloaded(setup):
+        return 0  # NB: nothing is partitioned: the parameter is whole already
+    return sum(round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors if _persistent(setup, t))
+
+
+def _gathered_bytes(c, setup: Setup, p_div: int, host_copy: bool = False) -> int:
+    """What gathering a ZeRO-3 layer adds to its partition: the whole 16-bit weights of its
+    parameters that are not persistent (those are gathered already), less the local slice,
+    which all_gather_coalesced gathers into place (partition_parameters.py). With
+    offload_param the partition is in host memory: the whole weights, plus (`host_copy`) the
+    all-gather's GPU copy of the host slice."""
+    if _params_offloaded(setup):
+        return sum(t + (_div(t, p_div) if host_copy else 0) for t in c.param_tensors if not _persistent(setup, t))
+    return sum(t - _div(t, p_div) for t in c.param_tensors if not _persistent(setup, t))
 
 
 def _states(setup: Setup, elements: int, shape) -> tuple:
@@ -297,7 +329,18 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     # DeepSpeed's offload staging buffer exists from the engine's construction on
     offload = _offload_buffers(setup, _largest_trainable_tensor(nodes, setup), len(tensors))
     state.add_buffer(DEEPSPEED, offload[0])
-    state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values())
+    state.first_optim = _first_step_optimizer(nodes, setup, o_div) if plan is None else {}
+    state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values()) - sum(state.first_optim.values())
+    zero3 = setup.deepspeed is not None and setup.zero == 3 and plan is None
+    # ZeRO-3 allocates the whole 16-bit gradient partition at initialization
+    # (stage3.py, _setup_for_real_optimizer: grad_partitions_flat_buffer, torch.zeros of every
+    # parameter's partition_numel) and keeps it; with optimizer offload it is in host memory.
+    grads_resident = zero3 and not _offloaded(setup) and trainable > 0
+    if grads_resident:
+        for root in nodes:
+            g = sum(blocks[id(n)][1] for n in root.walk())
+            state.grads[root.inst.module] = g
+            state.level += g
     state.resident_slack = sum(
         segment_slack(blocks[id(n)][0] if setup.zero == 3 and _params_offloaded(setup) else _div(n.cost.parameters, p_div))
         + segment_slack(0 if setup.zero == 3 and _offloaded(setup) else _div(n.cost.optimizer_states, o_div))
@@ -308,19 +351,36 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     fs = _FsdpWalk(plan, state, blocks) if plan is not None else None
 
     offload_param = setup.zero == 3 and _params_offloaded(setup)
-    prefetch = _prefetch_bytes(setup) if p_div > 1 or offload_param else 0
+    gathering = zero3 and (p_div > 1 or offload_param)
+    # ZeRO-3's reuse: a layer used again within stage3_max_reuse_distance elements stays gathered
+    trace = _zero3_trace(nodes, setup) if gathering else []
+    keep_after = _reuse_kept(trace, setup.deepspeed.max_reuse_distance) if gathering else ()
+    kept: dict = {}  # id(node) -> bytes kept gathered since its last use
+    cursor = [0, None]  # next trace position; the leaf now running (its position), if kept after it
 
     def gather(node: Node) -> int:
         # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
-        if node.children:
+        if node.children or not gathering:
             return 0
-        if offload_param:
-            # NB: the partition lives in host memory: all of the weights are gathered, and
-            # the all-gather's input is a GPU copy of the host partition
-            # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
-            # while the layer runs (an upper bound: it is freed once the all-gather is issued)
-            return node.cost.parameters + _div(node.cost.parameters, p_div) + prefetch
-        return node.cost.parameters - _div(node.cost.parameters, p_div) + prefetch if p_div > 1 else 0
+        if node.cost.parameters:
+            k = cursor[0]
+            cursor[0] += 1
+            cursor[1] = k if k < len(keep_after) and keep_after[k] else None
+            again = kept.pop(id(node), 0)
+            state.drop_buffer(ZERO3_KEPT, again)
+        # NB: with offload_param the all-gather's input is a GPU copy of the host partition
+        # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
+        # while the layer runs (an upper bound: it is freed once the all-gather is issued)
+        own = _gathered_bytes(node.cost, setup, p_div, host_copy=True)
+        return own + _prefetch_bytes(setup, own + state.buffers.get(ZERO3_KEPT, 0))
+
+    def released(node: Node) -> None:
+        """After a leaf ran: its gathered weights stay if it is used again within the reuse distance."""
+        if cursor[1] is not None and node.cost.parameters and not node.children:
+            size = _gathered_bytes(node.cost, setup, p_div)
+            kept[id(node)] = size
+            state.add_buffer(ZERO3_KEPT, size)
+            cursor[1] = None
 
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
@@ -355,6 +415,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if not node.children:
             unkept = 0 if keep else sum(b for _, b in node.cost.saved)
             state.observe(phase, inst.path, _push(t, inst.module, unkept))
+            released(node)
         for c in node.children:
             forward(c, t, keep, phase)
 
@@ -376,11 +437,19 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             # NB: a gradient computed in forward (a fused loss) was live as a saved tensor;
             # it becomes the .grad here rather than being allocated beside it
             state.free(inst.path, [(name, 0) for name in node.cost.handover])
-            grad = blocks[id(node)][1]
-            state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
-            state.level += grad
+            if not grads_resident:
+                grad = blocks[id(node)][1]
+                state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
+                state.level += grad
+            if zero3 and not node.children:
+                for size in ipg.add(node.cost, setup):
+                    # the bucket is reduced while this layer's gradient waits to join it
+                    state.add_buffer(DEEPSPEED_RS, size)
+                    state.observe("backward", inst.path, t)
+                    state.drop_buffer(DEEPSPEED_RS, size)
         if not node.children:
             state.observe("backward", inst.path, t)
+            released(node)
         state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         if fs is not None and inst.shard_unit:
             fs.post_backward(fs.plan.units[inst.path], _push(stack, inst.module, grad_io))
@@ -402,6 +471,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         # through this one's forward and backward
         state.add_buffer(PIPELINE, (setup.pp - 1) * _saved_per_microbatch(nodes))
     held: list = []  # tensors the model's outputs keep until the forward ends
+    ipg = _IpgBucket(setup) if zero3 else None
     if fs is not None:
         fs.root_pre_forward()
     for root in nodes:
@@ -421,6 +491,12 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         norm = offload[1]
         for root in reversed(nodes):
             backward(root, {modules[-1]: norm} if norm else {})
+        if zero3:
+            # independent_gradient_partition_epilogue reduces what is left in the bucket
+            size = ipg.flush(0)
+            state.add_buffer(DEEPSPEED_RS, size)
+            state.observe("backward", "deepspeed.reduce_scatter", {})
+            state.drop_buffer(DEEPSPEED_RS, size)
         # the loop drops the loss (and backward() its seed gradient) once backward returns
         state.free_pinned([name for r in nodes for n in r.walk() for name in n.cost.pinned])
         if fs is not None:
@@ -811,10 +887,154 @@ def _bucket_bytes(setup: Setup) -> int:
     return (2 if ds.overlap_comm else 1) * one
 
 
-def _prefetch_bytes(setup: Setup) -> int:
-    """ZeRO-3 gathers up to stage3_prefetch_bucket_size parameters ahead of the running layer."""
+def _prefetch_bytes(setup: Setup, available: int) -> int:
+    """ZeRO-3 gathers ahead of the running layer up to
+    min(stage3_max_live_parameters - available, stage3_prefetch_bucket_size) elements
+    (deepspeed/runtime/zero/partitioned_param_coordinator.py, PartitionedParameterCoordinator.fetch_sub_module:
+    max_params_to_prefetch; `available` is __n_available_params, taken here as the gathered
+    bytes of the running layer and of the layers kept for reuse, in elements).
+    NB: the prefetch loop stops only once it reaches the limit, so it can pass it by one
+    parameter; not modelled."""
     ds = setup.deepspeed
-    return round_up(ds.prefetch_bucket * setup.bytes["param"], ALLOCATOR_GRANULE) if ds is not None and setup.zero == 3 else 0
+    if ds is None or setup.zero != 3:
+        return 0
+    elements = min(ds.prefetch_bucket, max(0, ds.max_live_parameters - available // setup.bytes["param"]))
+    return round_up(elements * setup.bytes["param"], ALLOCATOR_GRANULE)
+
+
+class _IpgBucket:
+    """ZeRO-3's gradient bucket as backward fills it, and the reduce-scatter of each full one.
+
+    deepspeed/runtime/zero/stage3.py (deepspeedai/DeepSpeed at 007cca6a; the same calls in
+    microsoft/DeepSpeed at 0003660d), DeepSpeedZeroOptimizer_Stage3:
+    - reduce_independent_p_g_buckets_and_remove_grads: when a parameter's gradient is ready
+      and `bucket.elements + param.ds_numel > reduce_bucket_size` (the bucket not empty),
+      __reduce_and_partition_ipg_grads reduces the bucket first, then the gradient joins it
+      (__add_grad_to_ipg_bucket copies it into the preallocated ipg buffer, counted in the
+      `deepspeed` row, and frees the autograd gradient); the epilogue reduces the rest;
+    - __avg_scatter_grads -> deepspeed/runtime/comm/coalesced_collectives.py,
+      reduce_scatter_coalesced: unless the bucket is one tensor divisible by the ranks, it
+      interleaves every tensor's per-rank chunks, padded to ceil(numel / dp) with
+      torch.empty, into one `torch.cat`: a new flat tensor of sum(ceil(numel / dp) * dp)
+      elements in the communication dtype; the reduce-scatter writes in place and each
+      rank's output partition is a view of it (no further allocation); partition_grads
+      copies the views into grad_partitions_flat_buffer. The flat tensor and the paddings
+      live until the call returns.
+    - the communication dtype is the gradients' (engine.communication_data_type: fp16 or
+      bf16 follows the precision): no conversion copies (`g.to(communication_data_type)`)
+      unless a config sets communication_data_type, which the estimate does not read.
+    At a bucket's reduction the gradient that triggered it is still whole (not yet copied
+    into the bucket): counted with it.
+    """
+
+    def __init__(self, setup: Setup) -> None:
+        self.limit = setup.deepspeed.reduce_bucket
+        self.dp = setup.dp
+        self.grad = setup.bytes["grad"]
+        self.param = setup.bytes["param"]
+        self.members: list[int] = []
+        self.elements = 0
+
+    def add(self, cost, setup: Setup) -> list[int]:
+        """The layer's gradients join the bucket; the bytes of each reduction this causes."""
+        per = [t // self.param for t in cost.param_tensors]
+        if sum(per) * self.grad != cost.gradients:
+            # NB: a layer with frozen parameters beside trainable ones (LoRA's base weight):
+            # its gradients taken as one tensor
+            per = [cost.gradients // self.grad]
+        out = []
+        for numel in reversed(per):
+            if self.elements and self.elements + numel > self.limit:
+                out.append(self.flush(numel))
+            self.members.append(numel)
+            self.elements += numel
+        return out
+
+    def flush(self, waiting: int) -> int:
+        """Reduce the bucket: reduce_scatter_coalesced's flat copy and paddings, plus the
+        whole gradient `waiting` (elements) to join next."""
+        members, dp = self.members, self.dp
+        self.members, self.elements = [], 0
+        if not members:
+            return 0
+        size = 0
+        if not (len(members) == 1 and members[0] % dp == 0):
+            size = round_up(sum(_div(n, dp) * dp for n in members) * self.grad, ALLOCATOR_GRANULE)
+            pads = sum(1 for n in members for r in range(dp) if min(_div(n, dp), max(0, n - r * _div(n, dp))) < _div(n, dp))
+            size += pads * ALLOCATOR_GRANULE  # NB: every padding chunk is under 512 B unless dp > 128
+        return size + round_up(waiting * self.grad, ALLOCATOR_GRANULE)
+
+
+def _zero3_trace(nodes, setup: Setup) -> list[tuple[int, int]]:
+    """(id(leaf), elements) of every ZeRO-3 fetch in the order the simulator walks them:
+    the forward in order, then each root's backward in reverse, a checkpointing unit first
+    re-running its forward (DeepSpeed's __submodule_order, recorded over a whole step)."""
+    out: list[tuple[int, int]] = []
+    bp = setup.bytes["param"]
+
+    def forward(node: Node) -> None:
+        if not node.children:
+            if node.cost.parameters:
+                out.append((id(node), node.cost.parameters // bp))
+            return
+        for c in node.children:
+            forward(c)
+
+    def backward(node: Node) -> None:
+        if node.inst.checkpointed:
+            forward(node)
+        if not node.children and node.cost.parameters:
+            out.append((id(node), node.cost.parameters // bp))
+        for c in reversed(node.children):
+            backward(c)
+
+    for root in nodes:
+        forward(root)
+    if _trainable_elements(nodes, setup):
+        for root in reversed(nodes):
+            backward(root)
+    return out
+
+
+def _reuse_kept(trace: list[tuple[int, int]], distance: int) -> list[bool]:
+    """Whether each fetch's parameters stay gathered after it: the same layer comes back before
+    `distance` elements of other fetches have passed (partitioned_param_coordinator.py,
+    __params_to_release: it walks __submodule_order from the next step, stops once the
+    elements traversed reach max_reuse_distance, and keeps any parameter it meets)."""
+    prefix = [0]
+    for _, n in trace:
+        prefix.append(prefix[-1] + n)
+    nxt: dict[int, int] = {}
+    out = [False] * len(trace)
+    for k in range(len(trace) - 1, -1, -1):
+        leaf = trace[k][0]
+        j = nxt.get(leaf)
+        # NB: DeepSpeed checks the distance before each module: the layer at j is met when
+        # the elements between k and j are under the distance
+        out[k] = j is not None and prefix[j] - prefix[k + 1] < distance
+        nxt[leaf] = k
+    return out
+
+
+def _first_step_optimizer(nodes, setup: Setup, o_div: int) -> dict[str, int]:
+    """Per module, the optimizer bytes that exist before the first step() (the rest appears in
+    it). Torch's optimizers create their states lazily; DeepSpeed ZeRO makes its fp32 master
+    partition at initialization (stage_1_and_2.py, single_partition_of_fp32_groups; stage3.py,
+    _create_fp32_partitions) and, since PR #5104, the states lazily (DEEPSPEED_STATES_AT_INIT)."""
+    ds = setup.deepspeed
+    if ds is None or _offloaded(setup):
+        return {}
+    out: dict[str, int] = {}
+    for root in nodes:
+        walk = root.walk()
+        if DEEPSPEED_STATES_AT_INIT:
+            total = sum(_div(n.cost.optimizer_states, o_div) for n in walk if not n.children)
+        else:
+            total = sum(_div(n.cost.parameters // setup.bytes["param"] * setup.master_bytes, o_div)
+                        for n in walk if not n.children and n.cost.optimizer_states)
+        if total:
+            out[root.inst.module] = total
+    return out
 
 
 def _not_modelled(setup: Setup) -> tuple[str, ...]:

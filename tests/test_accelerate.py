@@ -51,7 +51,8 @@ def test_deepspeed_config_file_is_read_as_deepspeed_reads_it():
     assert r.overrides["dp"] == 8
     assert r.overrides["deepspeed"]["zero"] == 3
     assert r.overrides["deepspeed"]["reduce_bucket_size"] == "auto"
-    assert any("zero_optimization.sub_group_size" in n for n in r.notes)  # the JSON's own notes
+    assert r.overrides["deepspeed"]["sub_group_size"] == 1_000_000_000  # the JSON's own keys, as its reader reads them
+    assert any("stage3_gather_16bit_weights_on_model_save" in n for n in r.notes)  # and its notes
     report = _report(parser().parse_args(["estimate", LLAVA, "--micro-batch", "16", "--seq-len", "2048",
                                           "--accelerate-config", f"{ACC}/deepspeed-file.yaml"]))
     assert (report.setup.zero, report.setup.dp, report.setup.deepspeed.reduce_bucket) == (3, 8, 4096 * 4096)

@@ -134,10 +134,10 @@ def test_precision_and_micro_batch_numbers(tmp_path):
 
 
 def test_unknown_and_unmodelled_keys_are_listed(tmp_path):
-    r = _ds(tmp_path, '{"zero_optimization": {"stage": 1, "sub_group_size": 1e9, "mystery": 1}, "steps_per_print": 10, "foo": {"bar": 1}}')
+    r = _ds(tmp_path, '{"zero_optimization": {"stage": 1, "allgather_bucket_size": 5e8, "mystery": 1}, "steps_per_print": 10, "foo": {"bar": 1}}')
     text = "\n".join(r.notes)
     assert "not used (no effect on memory): steps_per_print" in text
-    assert "not modelled (small effects assumed absent): zero_optimization.sub_group_size" in text
+    assert "not modelled (small effects assumed absent): zero_optimization.allgather_bucket_size" in text
     assert "unknown keys, not used: zero_optimization.mystery, foo" in text
 
 

@@ -127,8 +127,10 @@ def test_zero3_optimizer_offload_keeps_the_16_bit_partition_only():
         assert off.estimate.resident[module]["gradients"] == 0  # grad_partitions_flat_buffer on the CPU
         assert off.estimate.resident[module]["optimizer_states"] == 0  # fp32 partition and Adam states on the CPU
         assert off.estimate.resident[module]["parameters"] == on.estimate.resident[module]["parameters"]
-    # the language model's 16-bit partition at dp 8: 6_738_939_904 x 2 / 8, plus its buffers
-    assert off.estimate.resident["language"]["parameters"] == 6_738_939_904 * 2 // 8 + 525_312 == 1_685_260_288
+    # the language model's 16-bit partition at dp 8: 6_738_939_904 x 2 / 8, plus its buffers,
+    # plus the whole copies of its 65 RMSNorm weights (4096 elements, under
+    # stage3_param_persistence_threshold "auto" = 10 x 4096): 65 x 4096 x 2 = 532_480
+    assert off.estimate.resident["language"]["parameters"] == 6_738_939_904 * 2 // 8 + 525_312 + 532_480 == 1_685_792_768
 
 
 def test_zero3_optimizer_offload_at_the_peak():
@@ -141,8 +143,12 @@ def test_zero3_optimizer_offload_at_the_peak():
     copy = part * 2  # grad_buffer.to(device), bf16: 32_833_536 B
     double = part * 8  # _constant_buffered_norm2's .double() (under its 250_000_000 chunk): 131_334_144 B
     norms = TENSORS * GRANULE  # one 0-dim float64 norm per parameter: 151_040 B
-    assert off.allocated - on.allocated == -states + copy + double + norms == -9_975_560_704
-    assert off.allocated == 24_483_278_848
+    # without offload ZeRO-3's 16-bit gradient partition (grad_partitions_flat_buffer) is on the
+    # GPU from initialization; offloaded it is in host memory
+    grads = (20_979_712 + 6_738_939_904) * 2 // 8
+    assert grads == 1_689_979_904
+    assert off.allocated - on.allocated == -states - grads + copy + double + norms == -11_665_540_608
+    assert off.allocated == 25_068_468_224
     assert off.estimate.peak.breakdown["language"]["optimizer_states"] == 0
 
 
@@ -162,13 +168,26 @@ def test_zero3_parameter_offload_moves_every_partition_off_the_gpu():
     partitions = sum(PARAMS.values()) * 2 // 8  # 7_063_427_072 x 2 / 8
     assert partitions == 1_765_856_768
     # buffers stay on the GPU; no parameter partition does (param_groups_fp16_flat_cpu_memory)
-    assert both.estimate.resident["projector"]["parameters"] == 0
-    assert both.estimate.resident["language"]["parameters"] == 525_312
-    # at the loss (no weights gathered) the difference is the partitions
-    assert opt.allocated - both.allocated == partitions
+    # except the whole copies of persistent parameters (under stage3_param_persistence_threshold
+    # "auto" = 10 x 4096): the projector's two 4096-element biases, 2 x 4096 x 2 = 16_384 B, and
+    # the language model's 65 RMSNorm weights, 65 x 4096 x 2 = 532_480 B
+    assert both.estimate.resident["projector"]["parameters"] == 16_384
+    assert both.estimate.resident["language"]["parameters"] == 525_312 + 532_480
+    # at the loss the difference is the partitions, less the slices of the layers kept gathered
+    # for their reuse in backward (stage3_max_reuse_distance 1e9): lm_head (32064 x 4096) and
+    # layer 31 (4 x 4096^2 + 3 x 4096 x 11008, its norms persistent) are whole in both; with
+    # the partition on the GPU their kept copy lacks the local eighth
+    kept = 32064 * 4096 + 4 * 4096 * 4096 + 3 * 4096 * 11008
+    assert kept == 333_709_312
+    assert opt.estimate.peak.breakdown["zero3-kept"]["parameters"] == kept * 2 - kept * 2 // 8
+    assert both.estimate.peak.breakdown["zero3-kept"]["parameters"] == kept * 2
+    assert opt.allocated - both.allocated == partitions - kept * 2 // 8 == 1_682_429_440
     # inside a layer the full weights are gathered either way, and with offload_param the
     # all-gather's input is a GPU copy of the host partition: down_proj 4096 x 11008 in bf16
     down = 4096 * 11008 * 2
+    # (no layer kept for reuse here, so that the two differ by the gather alone)
+    opt, both = (_z3(offload_optimizer="cpu", max_reuse_distance=0),
+                 _z3(offload_optimizer="cpu", offload_param="cpu", max_reuse_distance=0))
     f_opt, f_both = _points(opt, "forward"), _points(both, "forward")
     label = "language.layers[31].mlp.down_proj"
     assert f_both[label] - f_opt[label] == -partitions + 2 * (down // 8) == -1_765_856_768 + 22_544_384
@@ -190,8 +209,8 @@ def test_zero3_offload_in_the_setup_line_and_json():
 
 
 @pytest.mark.parametrize("fixture, expected", [
-    ("zero3_offload", {"offload_optimizer": "cpu"}),
-    ("zero3_offload_param", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ("zero3_offload", {"offload_optimizer": "cpu", "param_persistence_threshold": "auto"}),
+    ("zero3_offload_param", {"offload_optimizer": "cpu", "offload_param": "cpu", "param_persistence_threshold": "auto"}),
     ("zero3_nvme", {"offload_optimizer": "nvme", "offload_param": "nvme"}),
 ])
 def test_zero3_configs_give_the_experiment_setup(fixture, expected):

@@ -87,6 +87,11 @@ def test_zero_shards_states_gradients_and_weights(tmp_path, monkeypatch):
     r3 = estimate("spec.yaml", zero=3, **base).estimate.resident
     # Unsharded tensors are rounded to 512 B; ZeRO's flat partitions hold total / ranks.
     assert r1["b"] == {"parameters": 512, "optimizer_states": 64 * 8 // 4, "gradients": 512}
+    # ZeRO-3 keeps a parameter under stage3_param_persistence_threshold (DeepSpeed's 100_000)
+    # whole on every rank beside its partition: 64 x 4 = 256 B, one 512 B block
+    assert r3["b"] == {"parameters": 64 * 4 // 4 + 512, "optimizer_states": 64 * 8 // 4, "gradients": 64 * 4 // 4}
+    # at threshold 0 it is partitioned like the rest
+    r3 = estimate("spec.yaml", deepspeed={"zero": 3, "param_persistence_threshold": 0}, **base).estimate.resident
     assert r3["b"] == {"parameters": 64 * 4 // 4, "optimizer_states": 64 * 8 // 4, "gradients": 64 * 4 // 4}
 
 
