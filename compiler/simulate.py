@@ -121,6 +121,8 @@ class _State:
         if size:
             self.buffers[name] -= size
             self.level -= size
+            if not self.buffers[name] and name in (DEEPSPEED_RS, ZERO3_KEPT):
+                del self.buffers[name]  # NB: a transient row shows only while it holds bytes
 
     def _drop(self, name: str) -> None:
         module, size = self.live.pop(name)
@@ -329,7 +331,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     # DeepSpeed's offload staging buffer exists from the engine's construction on
     offload = _offload_buffers(setup, _largest_trainable_tensor(nodes, setup), len(tensors))
     state.add_buffer(DEEPSPEED, offload[0])
-    state.first_optim = _first_step_optimizer(nodes, setup, o_div) if plan is None else {}
+    state.first_optim = _first_step_resident_optimizer(nodes, setup, o_div) if plan is None else {}
     state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values()) - sum(state.first_optim.values())
     zero3 = setup.deepspeed is not None and setup.zero == 3 and plan is None
     # ZeRO-3 allocates the whole 16-bit gradient partition at initialization
@@ -357,6 +359,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     keep_after = _reuse_kept(trace, setup.deepspeed.max_reuse_distance) if gathering else ()
     kept: dict = {}  # id(node) -> bytes kept gathered since its last use
     cursor = [0, None]  # next trace position; the leaf now running (its position), if kept after it
+    gathered: dict = {}  # id(leaf) -> bytes its gather adds while it runs
 
     def gather(node: Node) -> int:
         # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
@@ -371,7 +374,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         # NB: with offload_param the all-gather's input is a GPU copy of the host partition
         # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
         # while the layer runs (an upper bound: it is freed once the all-gather is issued)
-        own = _gathered_bytes(node.cost, setup, p_div, host_copy=True)
+        own = gathered.get(id(node))
+        if own is None:
+            own = gathered[id(node)] = _gathered_bytes(node.cost, setup, p_div, host_copy=True)
         return own + _prefetch_bytes(setup, own + state.buffers.get(ZERO3_KEPT, 0))
 
     def released(node: Node) -> None:
@@ -515,9 +520,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
     first_step_point = step
-    # NB: sharded (ZeRO, FSDP2) or offloaded, step 1's optimizer point is the steady one:
-    # an upper bound (its states are made during the step as well)
-    if plan is None and o_div == 1 and not _offloaded(setup) and trainable:
+    # NB: sharded (ZeRO, FSDP2), offloaded or ZeRO-3 (stepped sub-group by sub-group), step 1's
+    # optimizer point is the steady one: an upper bound (its states are made during the step as well)
+    if plan is None and o_div == 1 and not _offloaded(setup) and trainable and not zero3:
         first_step_point = _first_step_optimizer(setup, stepped, largest, step, step_transient, modules)
 
     per_gpu_totals = {
@@ -861,7 +866,58 @@ def _first_step_optimizer(setup: Setup, tensors: list[Stepped], largest: int, st
     return Point("optimizer", "optimizer.step", total, breakdown)
 
 
+def zero3_sub_groups(setup: Setup, tensors: list[Stepped]) -> list[int]:
+    """Elements of each ZeRO-3 optimizer sub-group of this rank's partition
+    (deepspeed/runtime/zero/stage3.py, _create_fp16_sub_groups, called per optimizer parameter
+    group: its parameters in order, each adding its partition_numel = ceil(numel / dp); a
+    sub-group closes once it reaches sub_group_size, and a group at most that big is one)."""
+    limit = setup.deepspeed.sub_group_size
+    out = []
+    for _, members in param_groups(tensors):
+        parts = [_div(t.elements, setup.dp) for t in members]
+        if limit >= sum(parts):
+            out.append(sum(parts))
+            continue
+        run = 0
+        for n in parts:
+            run += n
+            if run >= limit:
+                out.append(run)
+                run = 0
+        if run:
+            out.append(run)
+    return out
+
+
+def zero3_step_temporaries(setup: Setup, tensors: list[Stepped]) -> dict[str, int]:
+    """What ZeRO-3's step() allocates beside its resident partitions, per GPU, at its high
+    water mark (deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.step):
+    - _get_norm_groups -> get_grad_norm_direct: `g.double().norm(2)` one gradient partition at
+      a time, 8 bytes per element of the largest;
+    - per sub-group, _prepare_fp32_grad_for_sub_group: `self.flatten(averaged_gradients)` (a
+      16-bit torch.cat of the sub-group's gradient partitions) `.to(fp32)`: both alive until
+      the flat 16-bit copy is dropped;
+    - then the optimizer steps the sub-group's fp32 partition with that fp32 gradient alive
+      (torch's Adam on one flat tensor: see step_temporaries), and _release_sub_group frees
+      the gradient before the next sub-group.
+    The largest sub-group decides; with the default sub_group_size (1e9) a partition under a
+    billion elements is one sub-group."""
+    groups = zero3_sub_groups(setup, tensors)
+    if not groups:
+        return {}
+    sg = max(groups)
+    fp32 = round_up(sg * setup.master_bytes, ALLOCATOR_GRANULE) if setup.master_bytes else 0
+    convert = round_up(sg * setup.bytes["grad"], ALLOCATOR_GRANULE) + fp32
+    stepping = step_temporaries(setup, [Stepped(sg, None)], sg)
+    norm = round_up(max(_div(t.elements, setup.dp) for t in tensors) * 8, ALLOCATOR_GRANULE)
+    phases = {"grad_norm": norm, "flatten_to_fp32": convert, "step": sum(stepping.values())}
+    return {"zero3_step": max(phases.values())}
+
+
 def _step_transient(setup: Setup, tensors: list[Stepped], largest: int, o_div: int, modules) -> dict[str, int]:
+    if setup.deepspeed is not None and setup.zero == 3 and setup.fsdp is None:
+        total = sum(zero3_step_temporaries(setup, tensors).values())
+        return {modules[-1]: total} if total else {}
     total = sum(step_temporaries(setup, tensors, largest, o_div).values())
     # NB: the temporaries belong to the optimizer, not a module; shown under the last
     # module so that the breakdown still sums to the total.
@@ -1016,7 +1072,7 @@ def _reuse_kept(trace: list[tuple[int, int]], distance: int) -> list[bool]:
     return out
 
 
-def _first_step_optimizer(nodes, setup: Setup, o_div: int) -> dict[str, int]:
+def _first_step_resident_optimizer(nodes, setup: Setup, o_div: int) -> dict[str, int]:
     """Per module, the optimizer bytes that exist before the first step() (the rest appears in
     it). Torch's optimizers create their states lazily; DeepSpeed ZeRO makes its fp32 master
     partition at initialization (stage_1_and_2.py, single_partition_of_fp32_groups; stage3.py,
@@ -1044,14 +1100,18 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
             out.append("FSDP2 units other than the decoder/encoder layers and the root (accelerate also wraps CLIPVisionEmbeddings; counted here in the root, which stays gathered longer: an over-estimate)")
     elif setup.dp > 1 and setup.zero == 0:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
-    if setup.zero >= 1:
+    if setup.zero in (1, 2):
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
+    elif setup.zero == 3:
+        out.append("DeepSpeed's flat-buffer alignment padding, and a layer's 16-bit gradient waiting for its bucket copy "
+                   "except when it triggers a bucket's reduce-scatter")
     if setup.tp > 1:
         out.append("tensor-parallel communication buffers (all-gather / reduce-scatter outputs beyond the layers' own tensors)")
     if setup.pp > 1:
         out.append("pipeline send/receive buffers of the stage boundary's activations and gradients ([s, b, hidden] each)")
-    if setup.zero >= 3 and setup.dp > 1:
-        out.append("ZeRO-3 weights kept gathered by stage3_max_live_parameters / max_reuse_distance, and small parameters kept whole (param_persistence_threshold)")
+    if setup.zero >= 3 and setup.deepspeed is not None and (setup.dp > 1 or setup.deepspeed.offload_param != "none"):
+        out.append("ZeRO-3's first step records the fetch trace and neither prefetches nor keeps layers for reuse; "
+                   "the estimate walks the traced (later) steps' fetches in both")
     if setup.quantization is not None:
         # NB: peft/utils/other.py, prepare_model_for_kbit_training: every fp16/bf16 parameter
         # left unquantized is cast to fp32 (LLaVA's train.py casts some back afterwards)
