@@ -36,6 +36,8 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/qwen3/qwen3-8b.yaml --micro-batch 1 --seq-len 4096 --tp 8 --sp --pp 4
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --offload-optimizer cpu --offload-param cpu   # ZeRO-3 offload
+  memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --offload-optimizer cpu   # ZeRO-2, optimizer in host memory
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
   memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
@@ -77,6 +79,7 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --dp 8 --zero 2 --margin 5%
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu a100-40gb --offload-optimizer cpu --offload-param cpu
 """
 SWEEP_EXAMPLES = """examples:
   memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
