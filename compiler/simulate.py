@@ -359,32 +359,37 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     keep_after = _reuse_kept(trace, setup.deepspeed.max_reuse_distance) if gathering else ()
     kept: dict = {}  # id(node) -> bytes kept gathered since its last use
     cursor = [0, None]  # next trace position; the leaf now running (its position), if kept after it
-    gathered: dict = {}  # id(leaf) -> bytes its gather adds while it runs
+    gathered: dict = {}  # id(leaf) -> (bytes its gather adds while it runs, bytes kept after it)
+    ds, pb = setup.deepspeed, setup.bytes["param"]
+    # _prefetch_bytes, unrolled: the whole prefetch bucket while the gathered elements leave room
+    full_prefetch = _prefetch_bytes(setup, 0) if gathering else 0
+    room = ds.max_live_parameters - ds.prefetch_bucket if gathering else 0
 
     def gather(node: Node) -> int:
         # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
         if node.children or not gathering:
             return 0
+        sizes = gathered.get(id(node))
+        if sizes is None:
+            # NB: with offload_param the all-gather's input is a GPU copy of the host partition
+            # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
+            # while the layer runs (an upper bound: it is freed once the all-gather is issued)
+            sizes = gathered[id(node)] = (_gathered_bytes(node.cost, setup, p_div, host_copy=True), _gathered_bytes(node.cost, setup, p_div))
         if node.cost.parameters:
             k = cursor[0]
             cursor[0] += 1
-            cursor[1] = k if k < len(keep_after) and keep_after[k] else None
-            again = kept.pop(id(node), 0)
-            state.drop_buffer(ZERO3_KEPT, again)
-        # NB: with offload_param the all-gather's input is a GPU copy of the host partition
-        # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
-        # while the layer runs (an upper bound: it is freed once the all-gather is issued)
-        own = gathered.get(id(node))
-        if own is None:
-            own = gathered[id(node)] = _gathered_bytes(node.cost, setup, p_div, host_copy=True)
-        return own + _prefetch_bytes(setup, own + state.buffers.get(ZERO3_KEPT, 0))
+            cursor[1] = sizes[1] if keep_after[k] else None
+            if kept:
+                state.drop_buffer(ZERO3_KEPT, kept.pop(id(node), 0))
+        own = sizes[0]
+        available = own + (state.buffers.get(ZERO3_KEPT, 0) if kept else 0)
+        return own + (full_prefetch if available // pb <= room else _prefetch_bytes(setup, available))
 
     def released(node: Node) -> None:
         """After a leaf ran: its gathered weights stay if it is used again within the reuse distance."""
-        if cursor[1] is not None and node.cost.parameters and not node.children:
-            size = _gathered_bytes(node.cost, setup, p_div)
-            kept[id(node)] = size
-            state.add_buffer(ZERO3_KEPT, size)
+        if cursor[1] is not None and not node.children:
+            kept[id(node)] = cursor[1]
+            state.add_buffer(ZERO3_KEPT, cursor[1])
             cursor[1] = None
 
     def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
