@@ -69,6 +69,7 @@ DS_NOT_MODELLED = frozenset({
     "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
 })
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+COMM_DTYPES = ("fp32", "fp16", "bf16")
 # DeepSpeed accepts "bfloat16" as another name for the "bf16" section (runtime/config.py).
 BF16_SECTIONS = ("bf16", "bfloat16")
 # DeepSpeed's element counts the estimate reads -> the experiment's `parallel` key; the first
@@ -165,6 +166,15 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         bad("zero_optimization.offload_param", "parameter offload without optimizer offload",
             "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading: \"parameter offload is only "
             "available with optimizer state offload\"); add \"offload_optimizer\": {\"device\": \"cpu\"}", "E807")
+    if "communication_data_type" in flat:
+        used.add("communication_data_type")
+        value = flat["communication_data_type"]
+        # NB: deepspeed/runtime/config.py, get_communication_data_type: fp32, fp16 or bf16, any case
+        if isinstance(value, str) and value.lower() in COMM_DTYPES:
+            ds["communication_data_type"] = value.lower()
+        elif value is not None:
+            bad("communication_data_type", f"expected one of {', '.join(COMM_DTYPES)}, got {value!r}",
+                "write \"communication_data_type\": \"fp32\", or leave it out to reduce gradients in their own dtype")
     precision, seen = _precision(flat, used, bad)
     if precision:
         out["precision"] = precision

@@ -208,6 +208,7 @@ class DeepSpeed:
     max_live_parameters: int = 1_000_000_000  # stage3_max_live_parameters: caps what the prefetcher gathers
     max_reuse_distance: int = 1_000_000_000  # stage3_max_reuse_distance: a parameter used again within it stays gathered
     sub_group_size: int = 1_000_000_000  # sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
+    comm_bytes: int | None = None  # communication_data_type's element size; None: the gradients' dtype
 
 
 # deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig, deepspeedai/DeepSpeed at 1b88ac36):
@@ -237,6 +238,9 @@ HF_AUTO_PERSISTENCE_FACTOR = 10
 # initialization in both. Modelled: the lazy form (the current release); a run on DeepSpeed
 # <= 0.13 (LLaVA pins 0.12.6) has its first step equal to the steady state.
 DEEPSPEED_STATES_AT_INIT = False
+# communication_data_type -> bytes per element (deepspeed/runtime/config.py, get_communication_data_type);
+# unset, engine.communication_data_type follows the precision: fp16, bf16, else fp32.
+COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _AUTO_KEYS = {"reduce_bucket_size": lambda h: h * h,
               "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
               "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h}
@@ -267,7 +271,8 @@ def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> t
                      int(sizes["param_persistence_threshold"]),
                      int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
                      int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
-                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP))), None
+                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP)),
+                     COMM_BYTES.get(parallel.get("communication_data_type"))), None
 
 
 def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -323,6 +328,9 @@ def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]
             Constant("zero_optimization.stage3_max_reuse_distance", ds.max_reuse_distance, "elements",
                      f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
                      "(partitioned_param_coordinator.py, __params_to_release)"),
+            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
+                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+                     "__avg_scatter_grads convert each bucket's gradients (stage3.py)"),
             Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
                      f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
                      "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),

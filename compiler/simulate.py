@@ -981,9 +981,11 @@ class _IpgBucket:
       rank's output partition is a view of it (no further allocation); partition_grads
       copies the views into grad_partitions_flat_buffer. The flat tensor and the paddings
       live until the call returns.
-    - the communication dtype is the gradients' (engine.communication_data_type: fp16 or
-      bf16 follows the precision): no conversion copies (`g.to(communication_data_type)`)
-      unless a config sets communication_data_type, which the estimate does not read.
+    - the communication dtype is the gradients' unless a config sets communication_data_type
+      (runtime/engine.py, communication_data_type: fp16 or bf16 follow the precision); another
+      dtype makes __avg_scatter_grads convert every gradient of the bucket
+      (`g.to(communication_data_type)`, all alive until it returns), flatten those, and convert
+      the reduced partitions back (`g.to(self.dtype)`) while the flat tensor still backs them.
     At a bucket's reduction the gradient that triggered it is still whole (not yet copied
     into the bucket): counted with it.
     """
@@ -992,6 +994,7 @@ class _IpgBucket:
         self.limit = setup.deepspeed.reduce_bucket
         self.dp = setup.dp
         self.grad = setup.bytes["grad"]
+        self.comm = setup.deepspeed.comm_bytes or self.grad
         self.param = setup.bytes["param"]
         self.members: list[int] = []
         self.elements = 0
@@ -1019,8 +1022,11 @@ class _IpgBucket:
         if not members:
             return 0
         size = 0
+        if self.comm != self.grad:
+            size += sum(round_up(n * self.comm, ALLOCATOR_GRANULE) for n in members)  # g.to(communication_data_type)
+            size += sum(round_up(_div(n, dp) * self.grad, ALLOCATOR_GRANULE) for n in members)  # partitions .to(dtype)
         if not (len(members) == 1 and members[0] % dp == 0):
-            size = round_up(sum(_div(n, dp) * dp for n in members) * self.grad, ALLOCATOR_GRANULE)
+            size += round_up(sum(_div(n, dp) * dp for n in members) * self.comm, ALLOCATOR_GRANULE)
             pads = sum(1 for n in members for r in range(dp) if min(_div(n, dp), max(0, n - r * _div(n, dp))) < _div(n, dp))
             size += pads * ALLOCATOR_GRANULE  # NB: every padding chunk is under 512 B unless dp > 128
         return size + round_up(waiting * self.grad, ALLOCATOR_GRANULE)
@@ -1107,6 +1113,8 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero in (1, 2):
         out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
+        if setup.deepspeed is not None and setup.deepspeed.comm_bytes not in (None, setup.bytes["grad"]):
+            out.append("ZeRO-1/2's copy of each bucket in communication_data_type (stage_1_and_2.py, average_tensor)")
     elif setup.zero == 3:
         out.append("DeepSpeed's flat-buffer alignment padding, and a layer's 16-bit gradient waiting for its bucket copy "
                    "except when it triggers a bucket's reduce-scatter")

@@ -112,6 +112,19 @@ def test_deepspeeds_default_bucket_copies_whole_layers():
     assert big.estimate.peak.breakdown["deepspeed"]["gradients"] == 1_000_000_000
 
 
+def test_communication_data_type_converts_the_bucket(finetune):
+    # "communication_data_type": "fp32" under bf16: __avg_scatter_grads converts every gradient
+    # of the bucket (g.to(fp32)) and the reduced partitions back (g.to(bf16)). At layer 30's
+    # up_proj the bucket holding down_proj (4096 x 11008, one tensor divisible by 8: no flat
+    # copy) is reduced: 45_088_768 x 4 = 180_355_072 B converted + 45_088_768 / 8 x 2 =
+    # 11_272_192 B back, beside the waiting up_proj gradient
+    fp32 = _z3(communication_data_type="fp32")
+    label = "language.layers[30].mlp.up_proj"
+    assert _events(fp32, "backward", label)[1] - _events(finetune, "backward", label)[1] == 180_355_072 + 11_272_192
+    # the regular event (no reduction) is the same
+    assert _events(fp32, "backward", label)[2] == _events(finetune, "backward", label)[2]
+
+
 # ---------------------------------------------------------------- persistence, prefetch, reuse
 
 
@@ -242,6 +255,8 @@ def test_deepspeed_json_sizes_are_read(tmp_path):
     ds = launch.read_deepspeed(str(path)).overrides["deepspeed"]
     assert ds == {"zero": 3, "param_persistence_threshold": "auto", "max_live_parameters": 300_000_000,
                   "max_reuse_distance": 0, "sub_group_size": 100_000_000}
+    path.write_text('{"communication_data_type": "FP32", "zero_optimization": {"stage": 3}}')
+    assert launch.read_deepspeed(str(path)).overrides["deepspeed"] == {"zero": 3, "communication_data_type": "fp32"}
     path.write_text('{"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}')
     with pytest.raises(Exception) as err:
         launch.read_deepspeed(str(path))
@@ -254,6 +269,7 @@ def test_deepspeed_json_sizes_are_read(tmp_path):
 class _Ds:
     def __init__(self, limit, sub_group):
         self.reduce_bucket, self.sub_group_size = limit, sub_group
+        self.comm_bytes = None  # the gradients' dtype
 
 
 class _Setup:
