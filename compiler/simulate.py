@@ -334,9 +334,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     state.first_optim = _first_step_resident_optimizer(nodes, setup, o_div) if plan is None else {}
     state.optim_resident = sum(c["optimizer_states"] for c in per_gpu.values()) - sum(state.first_optim.values())
     zero3 = setup.deepspeed is not None and setup.zero == 3 and plan is None
-    # ZeRO-3 allocates the whole 16-bit gradient partition at initialization
-    # (stage3.py, _setup_for_real_optimizer: grad_partitions_flat_buffer, torch.zeros of every
-    # parameter's partition_numel) and keeps it; with optimizer offload it is in host memory.
+    # ZeRO-3 allocates the whole gradient partition at initialization (stage3.py,
+    # _setup_for_real_optimizer: grad_partitions_flat_buffer, torch.zeros of every parameter's
+    # partition_numel in gradient_accumulation_dtype, the model's 16-bit dtype under ZeRO:
+    # runtime/engine.py, get_data_types) and keeps it; with optimizer offload it is in host memory.
+    # NB: a config's data_types.grad_accum_dtype is not read.
     grads_resident = zero3 and not _offloaded(setup) and trainable > 0
     if grads_resident:
         for root in nodes:
