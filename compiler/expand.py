@@ -168,6 +168,38 @@ def image_merge(root: Instance) -> Instance | None:
     return next((inst for inst in root.walk() if inst.formula.layer_type == "image_merge"), None)
 
 
+Span = tuple[int, int, int]  # (root index, first child, end child): a run of a root's children
+
+
+def forward_order(roots: tuple[Instance, ...]) -> tuple[Span, ...]:
+    """The order the step's forward runs the roots' children in, as spans of each root's
+    children; the backward runs it in reverse.
+
+    Modules run in spec order, except at an image merge: a root whose own child is an
+    `image_merge` runs its children before the merge (the token embeddings: every
+    multimodal forward embeds `input_ids` first, then computes the image features, then
+    scatters them in), then the modules before it (the vision tower and projector that make
+    the features), then the merge and the rest. Autograd's backward runs the nodes in the
+    reverse of their creation (torch/csrc/autograd/engine.cpp: the ready queue pops the
+    highest sequence_nr first, and a node is created after its inputs), so the tower's
+    backward runs before the token embeddings'.
+
+    transformers/models/{llava,llava_next,qwen2_vl,qwen2_5_vl,paligemma,idefics3,internvl}/
+    modeling_*.py, *Model.forward: `inputs_embeds = self.get_input_embeddings()(input_ids)`,
+    then `get_image_features`, then `masked_scatter`. NB: a root that is itself a
+    checkpointing or FSDP unit is never split (no spec makes one).
+    """
+    spans: list[Span] = []
+    for i, root in enumerate(roots):
+        whole = (i, 0, len(root.children))
+        k = next((j for j, c in enumerate(root.children) if c.formula.layer_type == "image_merge"), None)
+        if k is None or not spans or root.checkpointed or root.shard_unit:
+            spans.append(whole)
+            continue
+        spans = [(i, 0, k), *spans, (i, k, len(root.children))]
+    return tuple(spans)
+
+
 def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
     """The positions an image merge scatters, when the image size makes them more than
     seq_len holds (resolve checks the spec's own image size; a native-resolution tower or

@@ -9,12 +9,15 @@ peak. The walk, per DESIGN.md:
 
 1. resident: weights, buffers, optimizer states (fp32 master copies included), each divided
    across data-parallel ranks as the ZeRO stage shards it;
-2. forward, layer by layer: each layer's saved tensors join the live set the first time
+2. forward, layer by layer in the order `expand.forward_order` gives (the modules' own, but
+   a language model's token embeddings before the vision tower whose features its image
+   merge reads): each layer's saved tensors join the live set the first time
    their name appears; its forward transient sits on top while it runs, inside the
    transients of the composites around it. A checkpointing unit keeps only its
    `checkpoint` tensors;
 3. the loss is the last layer of the forward;
-4. backward in reverse: a layer's gradients appear, its backward transient sits on top,
+4. backward in the reverse of that order, as autograd runs it (the node created last first):
+   a layer's gradients appear, its backward transient sits on top,
    then the tensors it charged are freed. A checkpointing unit first re-runs its forward
    (its saved tensors come back), then runs its backward;
 5. optimizer step: gradients are all present; mixed precision makes fp32 copies of them;
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .evaluate import Node, first_charges
+from .expand import forward_order
 from . import optimizers
 from .resolve import DEEPSPEED_STATES_AT_INIT, Constant, Setup
 
@@ -394,9 +398,12 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             state.add_buffer(ZERO3_KEPT, cursor[1])
             cursor[1] = None
 
-    def forward(node: Node, stack: dict, keep: bool, phase: str = "forward") -> None:
-        """The forward of `node`; phase "backward" is a checkpointing unit's recomputation."""
+    def forward(node: Node, stack: dict, keep: bool, phase: str = "forward", span: tuple[int, int] | None = None) -> None:
+        """The forward of `node`; phase "backward" is a checkpointing unit's recomputation.
+        `span` runs only those of a root's children (expand.forward_order); the root's own
+        tensors are charged with its first child."""
         inst = node.inst
+        lo, hi = span or (0, len(node.children))
         if fs is not None and inst.shard_unit and phase == "forward" and inst.path not in fs.entered:
             # NB: the unit's inputs exist before its pre-forward all-gathers its weights
             if inst.checkpointed and keep:
@@ -412,13 +419,15 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             state.charge(inst.module, node.cost.checkpoint, kept=True)
             forward(node, stack, keep=False)
             return
-        if keep:
+        if lo > 0:
+            pass  # NB: the rest of a split root: its own tensors were charged with its first part
+        elif keep:
             state.charge(inst.module, node.cost.saved, kept=True)
         elif phase == "forward" and node.cost.pinned:
             # NB: what the training loop holds (the loss) is no saved tensor: offloading or a
             # checkpointing unit's first forward keeps it all the same
             state.charge(inst.module, [x for x in node.cost.saved if x[0] in node.cost.pinned], kept=True)
-        if phase == "forward":
+        if phase == "forward" and lo == 0:
             state.charge(inst.module, node.cost.held)
             held.extend(node.cost.held)
         # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
@@ -428,11 +437,19 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             unkept = 0 if keep else sum(b for _, b in node.cost.saved)
             state.observe(phase, inst.path, _push(t, inst.module, unkept))
             released(node)
-        for c in node.children:
+        for c in node.children[lo:hi]:
             forward(c, t, keep, phase)
 
-    def backward(node: Node, stack: dict) -> None:
+    def backward(node: Node, stack: dict, span: tuple[int, int] | None = None) -> None:
+        """The backward of `node`; `span` as in `forward`: a split root's gradients appear and
+        its own tensors are freed with its first child's backward, the last of its parts."""
         inst = node.inst
+        lo, hi = span or (0, len(node.children))
+        if lo > 0:
+            t = _push(stack, inst.module, node.cost.transient_backward)
+            for c in reversed(node.children[lo:hi]):
+                backward(c, t)
+            return
         # NB: around an FSDP unit's backward hooks its output's gradient (before) and its
         # input's (after) exist: the size of its input
         grad_io = node.cost.unit_input[0][1] if fs is not None and node.cost.unit_input else 0
@@ -443,7 +460,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             # the recomputation) is alive while it recomputes
             forward(node, _push(stack, inst.module, node.cost.transient_backward), keep=True, phase="backward")
         t = _push(stack, inst.module, node.cost.transient_backward + gather(node) + unpacked(node))
-        for c in reversed(node.children):
+        for c in reversed(node.children[:hi]):
             backward(c, t)
         if node.cost.gradients:
             # NB: a gradient computed in forward (a fused loss) was live as a saved tensor;
@@ -486,10 +503,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     ipg = _IpgBucket(setup) if zero3 else None
     if fs is not None:
         fs.root_pre_forward()
-    for root in nodes:
+    order = forward_order(tuple(n.inst for n in nodes))
+    for i, lo, hi in order:
         # NB: offloaded, a saved tensor lives on the device only while the code that made it
         # still holds it: as in a checkpointing unit's first forward, nothing is kept
-        forward(root, {}, keep=not act_offload)
+        forward(nodes[i], {}, keep=not act_offload, span=(lo, hi))
     if fs is not None:
         fs.root_post_forward()
     state.release(held)
@@ -501,8 +519,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if fs is not None:
             fs.root_pre_backward()
         norm = offload[1]
-        for root in reversed(nodes):
-            backward(root, {modules[-1]: norm} if norm else {})
+        for i, lo, hi in reversed(order):
+            backward(nodes[i], {modules[-1]: norm} if norm else {}, span=(lo, hi))
         if zero3:
             # independent_gradient_partition_epilogue reduces what is left in the bucket
             size = ipg.flush(0)
@@ -1036,32 +1054,34 @@ class _IpgBucket:
 
 def _zero3_trace(nodes, setup: Setup) -> list[tuple[int, int]]:
     """(id(leaf), elements) of every ZeRO-3 fetch in the order the simulator walks them:
-    the forward in order, then each root's backward in reverse, a checkpointing unit first
-    re-running its forward (DeepSpeed's __submodule_order, recorded over a whole step)."""
+    the forward in `expand.forward_order`, then the backward in its reverse, a checkpointing
+    unit first re-running its forward (DeepSpeed's __submodule_order, recorded over a whole
+    step)."""
     out: list[tuple[int, int]] = []
     bp = setup.bytes["param"]
 
-    def forward(node: Node) -> None:
+    def forward(node: Node, lo: int = 0, hi: int | None = None) -> None:
         if not node.children:
             if node.cost.parameters:
                 out.append((id(node), node.cost.parameters // bp))
             return
-        for c in node.children:
+        for c in node.children[lo:hi]:
             forward(c)
 
-    def backward(node: Node) -> None:
+    def backward(node: Node, lo: int = 0, hi: int | None = None) -> None:
         if node.inst.checkpointed:
             forward(node)
         if not node.children and node.cost.parameters:
             out.append((id(node), node.cost.parameters // bp))
-        for c in reversed(node.children):
+        for c in reversed(node.children[lo:hi]):
             backward(c)
 
-    for root in nodes:
-        forward(root)
+    order = forward_order(tuple(n.inst for n in nodes))
+    for i, lo, hi in order:
+        forward(nodes[i], lo, hi)
     if _trainable_elements(nodes, setup):
-        for root in reversed(nodes):
-            backward(root)
+        for i, lo, hi in reversed(order):
+            backward(nodes[i], lo, hi)
     return out
 
 
