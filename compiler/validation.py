@@ -73,18 +73,17 @@ def _root() -> Path:
     return data_root()
 
 
-def compare(path: Path) -> Comparison:
+def record_report(path: Path, record: dict | None = None):
+    """The estimate of a measured record's experiment: (report, None), or (None, why not)."""
     from . import api
     from .load import load_yaml_text
     from .validate import load_schema, validate
 
     import yaml
 
-    record = json.loads(path.read_text())
-    measured = {m: record.get(m) for m in MEASURES}
-    name = record.get("name", path.stem)
+    record = json.loads(path.read_text()) if record is None else record
     experiment = dict(record["experiment"])
-    experiment.setdefault("experiment", name)
+    experiment.setdefault("experiment", record.get("name", path.stem))
     # The estimate must assume the GPU the measurement ran on (or emulated): it decides the
     # cuBLAS workspaces. CPU traces emulate the catalog's default GPU unless they say which.
     if record.get("emulated_gpu"):
@@ -94,15 +93,24 @@ def compare(path: Path) -> Comparison:
     doc = load_yaml_text(yaml.safe_dump(experiment, sort_keys=False), str(path))
     problems = validate(doc, load_schema("experiment"))
     if problems:
-        return Comparison(name, str(path), record.get("source", ""), measured, None, "; ".join(d.message for d in problems))
+        return None, "; ".join(d.message for d in problems)
     # Records name their model spec relative to the directory they were measured from (the
     # repository root); the specs shipped with memspec stand in for a checkout.
     base = Path.cwd() if (Path.cwd() / experiment["model"]).is_file() else _root()
     try:
         spec, setup = api.experiment_inputs(doc, base)
-        report = api.run(spec, setup)
+        return api.run(spec, setup), None
     except MemspecError as exc:
-        return Comparison(name, str(path), record.get("source", ""), measured, None, exc.diagnostics[0].message)
+        return None, exc.diagnostics[0].message
+
+
+def compare(path: Path) -> Comparison:
+    record = json.loads(path.read_text())
+    measured = {m: record.get(m) for m in MEASURES}
+    name = record.get("name", path.stem)
+    report, reason = record_report(path, record)
+    if report is None:
+        return Comparison(name, str(path), record.get("source", ""), measured, None, reason)
     estimated = {
         "allocated": report.allocated,
         "allocated_first_step": report.estimate.first_step.total,

@@ -95,6 +95,28 @@ def test_inventory_groups_live_activations_by_module():
     assert ACTIVATIONS in measured.steps[1].phases["forward"]["breakdown"]
 
 
+def test_watched_module_keeps_its_own_high_per_phase():
+    """Only the watched module's ops count toward its figure: the highest point while it ran,
+    not the phase's peak."""
+    with FakeTensorMode(), MemoryTracer(context=lambda: (where[0], False), watch=frozenset({"embed"})) as tracer:
+        where = ["embed"]
+        a = torch.empty(1000, dtype=torch.float32)  # 4096 B allocated while "embed" runs
+        where = ["tower"]
+        b = torch.empty(2000, dtype=torch.float32)  # 8192 B: the phase's peak, 12288, not embed's
+        del a, b
+    assert tracer.watched == {(0, "setup"): {"embed": 4096}}
+    assert tracer.peaks[(0, "setup")].allocated == 12288
+
+
+def test_records_keep_the_token_embeddings_moment():
+    exp = experiment.load_experiment(TINY / "tiny-finetune.yaml")
+    measured = harness.measure(exp, steps=2)
+    backward = measured.steps[1].phases["backward"]
+    (module, high), = backward["modules"].items()
+    assert module.endswith("embed_tokens")
+    assert 0 < high <= backward["allocated"]
+
+
 def test_storage_resizes_are_frees_and_allocations():
     # FSDP2 frees and re-allocates unsharded parameters by resizing their storage in place
     # (_fsdp_param.py free_storage / alloc_storage); no dispatch mode sees a resize.

@@ -132,6 +132,7 @@ class MemoryTracer(TorchDispatchMode):
     `persistent` names bytes alive outside any tensor (workspaces), added to every point.
     `host_ops` are ops whose outputs the emulated run keeps on the host, not the device.
     `device` restricts counting to tensors on that device type (None counts all).
+    `watch` names module paths whose own highest point per (step, phase) is kept in `watched`.
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class MemoryTracer(TorchDispatchMode):
         host_ops: frozenset = frozenset(),
         device: str | None = None,
         timeline: bool = False,
+        watch: frozenset = frozenset(),
     ) -> None:
         super().__init__()
         self.granularity = granularity
@@ -162,6 +164,10 @@ class MemoryTracer(TorchDispatchMode):
         self.step = 0
         self.peaks: dict[tuple[int, str], Peak] = {}
         self.timeline: list[dict] = []
+        # The highest point while each watched module's ops ran, per (step, phase): the
+        # moment of one layer, which a phase's own peak need not be
+        self.watch = watch
+        self.watched: dict[tuple[int, str], dict[str, int]] = {}
 
     # -- storages -------------------------------------------------------------------------
 
@@ -285,6 +291,10 @@ class MemoryTracer(TorchDispatchMode):
     def _observe(self, op: str, module: str, scratch: tuple[tuple[str, int], ...]) -> None:
         scratch = scratch + tuple(self.persistent.items())
         point = self.total + sum(nbytes for _, nbytes in scratch)
+        if module in self.watch:
+            highs = self.watched.setdefault((self.step, self.phase), {})
+            if point > highs.get(module, -1):
+                highs[module] = point
         peak = self.peaks.get((self.step, self.phase))
         if peak is None or point > peak.allocated:
             self.peaks[(self.step, self.phase)] = Peak(
