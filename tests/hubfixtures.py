@@ -549,6 +549,13 @@ PALIGEMMA2_3B_PT_448 = {
         "projection_dim": 2304, "torch_dtype": "bfloat16", "vision_use_head": False,
     },
 }
+# google/paligemma2-3b-pt-896 (2024-12, bfloat16, 2 shards): the 448 checkpoint's config with
+# the 896-px tower (image_size 896: 64 x 64 = 4096 patches, num_positions and num_image_tokens 4096).
+PALIGEMMA2_3B_PT_896 = {
+    **PALIGEMMA2_3B_PT_448,
+    "text_config": {**PALIGEMMA2_3B_PT_448["text_config"], "num_image_tokens": 4096},
+    "vision_config": {**PALIGEMMA2_3B_PT_448["vision_config"], "image_size": 896, "num_image_tokens": 4096, "num_positions": 4096},
+}
 # HuggingFaceTB/SmolVLM-Instruct (2024-11; model_type idefics3, one bfloat16 shard) and
 # HuggingFaceM4/Idefics3-8B-Llama3 (2024-08; bfloat16, 4 shards), config.json and
 # preprocessor_config.json as of the repos' main (the generation-only keys left out).
@@ -575,6 +582,36 @@ SMOLVLM_INSTRUCT_PROCESSOR = {
     "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
     "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "Idefics3Processor",
     "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+}
+# HuggingFaceTB/SmolVLM2-500M-Video-Instruct (2025-02; model_type smolvlm, one bfloat16 shard):
+# NB reconstructed, not copied: the keys memory depends on, with the values the published model
+# has (SigLIP base patch16-512 tower, 12 layers of 768; pixel shuffle 4; SmolLM2-360M: 32 layers
+# of 960, 15 heads, 5 KV heads; vocabulary 49280; 512 px tiles, images resized to 2048 px), and
+# SmolVLM2's video_sampling in preprocessor_config.json. The import and measuring tests need its
+# shapes, not its exact file.
+SMOLVLM2_500M = {
+    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190, "model_type": "smolvlm",
+    "scale_factor": 4,
+    "text_config": {
+        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_act": "silu", "hidden_size": 960,
+        "intermediate_size": 2560, "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 15,
+        "num_hidden_layers": 32, "num_key_value_heads": 5, "pad_token_id": 2, "rms_norm_eps": 1e-05, "rope_theta": 100000,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 49280,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 768, "image_size": 512, "intermediate_size": 3072, "max_image_size": {"longest_edge": 512},
+        "model_type": "smolvlm_vision", "num_attention_heads": 12, "num_hidden_layers": 12, "patch_size": 16,
+        "size": {"longest_edge": 2048}, "tie_word_embeddings": False,
+    },
+    "vocab_size": 49280,
+}
+SMOLVLM2_500M_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SmolVLMImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 512}, "processor_class": "SmolVLMProcessor",
+    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 2048},
+    "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 512}},
 }
 IDEFICS3_8B = {
     "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 128257, "model_type": "idefics3",
@@ -635,8 +672,11 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "gemma-3-1b-pt", GEMMA_3_1B, gemma_tensors(GEMMA_3_1B, dtype="BF16"))
     write_checkpoint(FIXTURES / "paligemma-3b-pt-224", PALIGEMMA_3B_PT_224, paligemma_tensors(PALIGEMMA_3B_PT_224, "F32"), shards=3)
     write_checkpoint(FIXTURES / "paligemma2-3b-pt-448", PALIGEMMA2_3B_PT_448, paligemma_tensors(PALIGEMMA2_3B_PT_448, "BF16"), shards=2)
+    write_checkpoint(FIXTURES / "paligemma2-3b-pt-896", PALIGEMMA2_3B_PT_896, paligemma_tensors(PALIGEMMA2_3B_PT_896, "BF16"), shards=2)
     write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT),
                      processor=SMOLVLM_INSTRUCT_PROCESSOR)
+    write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),
+                     processor=SMOLVLM2_500M_PROCESSOR)
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
