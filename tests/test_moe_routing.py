@@ -80,3 +80,44 @@ def test_traced_memory_is_the_same_for_every_routing(tiny):
     # the fixed assignment's gather allocates what topk did (values [tokens, k]) and its
     # indices come from arange instead of topk: the same bytes
     assert balanced == own
+
+
+def test_the_eager_experts_loop_allocates_by_the_routing(tiny, monkeypatch):
+    """transformers' other experts implementation, the per-expert loop (MixtralExperts.forward,
+    experts_implementation="eager"), reads the routing on the host (`nonzero`, `torch.where`)
+    and allocates per expert hit: the backward differs between routings, which is why the
+    families refuse it (specs/families/mixtral.yaml, qwen3_moe.yaml: experts_impl)."""
+    load = mixtral.load_config
+
+    def eager(path):
+        config = load(path)
+        config._experts_implementation = "eager"
+        return config
+
+    monkeypatch.setattr(mixtral, "load_config", eager)
+    with mixtral.routing("balanced"):
+        balanced = _phases(tiny)
+    with mixtral.routing("worst"):
+        worst = _phases(tiny)
+    for b, w in zip(balanced, worst):
+        assert b["forward"] == w["forward"]  # the tiny sizes keep the forward's per-expert temporaries below its peak
+        # every expert hit indexes the stacked weights (gate_up_proj[e], down_proj[e]): its
+        # backward materialises a zero gradient of the whole stack per hit; balanced hits 4, worst 2
+        assert b["backward"] > w["backward"]
+    monkeypatch.undo()
+    assert balanced != _phases(tiny)  # and grouped_mm is a third answer
+
+
+def test_the_families_refuse_the_eager_experts_loop(tmp_path):
+    from compiler import importer
+    from compiler.errors import MemspecError
+
+    fixture = Path(__file__).parent / "fixtures" / "hub" / "Mixtral-8x7B-v0.1"
+    for f in fixture.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((fixture / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "experts_implementation": "eager"}))
+    with pytest.raises(MemspecError, match="experts_impl == 'grouped_mm' is false"):
+        importer.import_spec(str(tmp_path))
+    assert importer.import_spec(str(fixture)).data["model"] == "Mixtral-8x7B-v0.1"
