@@ -113,6 +113,8 @@ def _error(fn, *args, **kwargs) -> str:
         # PaliGemma2-3B-448: the same tower with 1024 positions (+ 768 * 1152), projector
         # 1152 * 2304 + 2304, Gemma-2-2B with vocab 257216 (26 * 77_865_984 + tied 592_625_664 + 2304)
         ("paligemma2-3b-pt-448", {"vision": 413_327_088, "projector": 2_656_512, "language": 2_617_143_552}),
+        # PaliGemma2-3B-896: the 448 checkpoint with 4096 positions (+ 3072 * 1152 = 3_538_944)
+        ("paligemma2-3b-pt-896", {"vision": 416_866_032, "projector": 2_656_512, "language": 2_617_143_552}),
         # SmolVLM-Instruct (idefics3): SigLIP so400m/14 at 384 (patch conv 678_528, positions
         # 729 * 1152 = 839_808, 27 * 15_239_504 layers, post-LN 2304), connector (pixel shuffle
         # 3 x 3: 1152 * 9 = 10_368 inputs) 10_368 * 2048, no bias, SmolLM2-1.7B with vocab 49155
@@ -121,6 +123,12 @@ def _error(fn, *args, **kwargs) -> str:
         # Idefics3-8B-Llama3: the tower at 364 (676 * 1152 = 778_752 positions), connector 2 x 2:
         # 4608 * 4096, Llama-3.1-8B with vocab 128259 (8_030_261_248 + 2 * 3 * 4096)
         ("Idefics3-8B-Llama3", {"vision": 412_926_192, "projector": 18_874_368, "language": 8_030_285_824}),
+        # SmolVLM2-500M (smolvlm): SigLIP base/16 at 512 (patch conv 3 * 16 * 16 * 768 + 768 = 590_592,
+        # positions 1024 * 768 = 786_432, 12 * 7_087_872 layers, post-LN 1536), connector (pixel
+        # shuffle 4 x 4: 768 * 16 = 12_288 inputs) 12_288 * 960, SmolLM2-360M with vocab 49280
+        # (32 * 9_832_320 layers: q, o 960^2, k, v 320 x 960, MLP 3 * 960 * 2560, two norms;
+        # untied embeddings and lm_head 2 * 47_308_800; norm 960)
+        ("SmolVLM2-500M-Video-Instruct", {"vision": 86_433_024, "projector": 11_796_480, "language": 409_252_800}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
@@ -616,3 +624,17 @@ def test_paligemma_attention_follows_the_language_model():
     # (224 // 14)^2 = 256 image tokens per image; PaliGemma 2 at 448: (448 // 14)^2 = 1024
     assert pg1.data["image_tokens"] == 256
     assert importer.import_spec(str(FIX / "paligemma2-3b-pt-448")).data["image_tokens"] == 1024
+    # 896 px: (896 // 14)^2 = 4096
+    assert importer.import_spec(str(FIX / "paligemma2-3b-pt-896")).data["image_tokens"] == 4096
+
+
+def test_smolvlm2_imports_with_the_idefics3_family_and_says_video_is_not_modelled():
+    """model_type smolvlm (SmolVLMForConditionalGeneration) is one of the idefics3 family's;
+    SmolVLM2's preprocessor_config.json adds video_sampling, which the family reads and the
+    summary names as not modelled; SmolVLM (v1) has none and its summary says nothing of video."""
+    smol2 = importer.import_spec(str(FIX / "SmolVLM2-500M-Video-Instruct"))
+    assert smol2.family == "idefics3"
+    assert "samples videos (video_sampling" in smol2.data["summary"] and "not modelled" in smol2.data["summary"]
+    # 768 x 1024: longest edge to 2048, 3 x 4 tiles of 512 + the global one, (512 // 16)^2 // 4^2 = 64 tokens each
+    assert smol2.data["modules"]["language"]["inputs"]["image_tokens"] == 64
+    assert "video" not in importer.import_spec(str(FIX / "SmolVLM-Instruct")).data["summary"]
