@@ -101,8 +101,9 @@ def test_the_eager_experts_loop_allocates_by_the_routing(tiny, monkeypatch):
         worst = _phases(tiny)
     for b, w in zip(balanced, worst):
         assert b["forward"] == w["forward"]  # the tiny sizes keep the forward's per-expert temporaries below its peak
-        # every expert hit indexes the stacked weights (gate_up_proj[e], down_proj[e]): its
-        # backward materialises a zero gradient of the whole stack per hit; balanced hits 4, worst 2
+        # every expert hit selects from the stacked weights (gate_up_proj[e], down_proj[e] with a
+        # 0-dim index: SelectBackward0), whose backward materialises a zero gradient of the whole
+        # stack per hit; balanced hits all 4 experts, worst 2
         assert b["backward"] > w["backward"]
     monkeypatch.undo()
     assert balanced != _phases(tiny)  # and grouped_mm is a third answer
