@@ -86,8 +86,9 @@ def library(folder: str | None = None, types: frozenset[str] | None = None) -> L
 
 
 def spec_library(spec: Spec) -> Library:
-    """The formulas a spec's estimate can reach, loaded once per set of module types."""
-    return library(None, frozenset(m.type for m in spec.modules))
+    """The formulas a spec's estimate can reach, loaded once per set of module types (and
+    peft's ModulesToSaveWrapper, which expand puts around any of them)."""
+    return library(None, frozenset(m.type for m in spec.modules) | {"modules_to_save"})
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -183,6 +184,8 @@ def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
         m = spec.module(n.inst.module)
         # NB: LoRA adapters (a lora_linear's children after its base_layer) are not in the checkpoint
         adapters = {id(a) for x in n.walk() if x.inst.formula.layer_type in ("lora_linear", "dora_linear") for c in x.children[1:] for a in c.walk()}
+        # NB: nor are the copies peft's modules_to_save makes (a wrapper's second child)
+        adapters |= {id(a) for x in n.walk() if x.inst.formula.layer_type == "modules_to_save" for a in x.children[1].walk()}
         counted = sum(_elements(x, setup) for x in n.walk() if id(x) not in adapters)
         if counted != m.parameters:
             line, col = spec.doc.where(m.path + ".parameters")

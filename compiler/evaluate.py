@@ -98,17 +98,39 @@ def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, st
     return tuple(_node(r, memo, states) for r in roots)
 
 
+def trained(inst: Instance, tensors: tuple, shapes: tuple, names: tuple) -> tuple[tuple, tuple]:
+    """(bytes, shapes) of the parameter tensors of a layer that require grad: all of them, or
+    for a bias_only layer (peft's bias option) those named `bias`."""
+    if inst.bias_only:
+        keep = [i for i, n in enumerate(names) if n == "bias"]
+        return tuple(tensors[i] for i in keep), tuple(shapes[i] for i in keep)
+    return tensors, shapes
+
+
 def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     f = inst.formula
     factors, saved, ckpt, tf, tb, rows = _numbers(f, inst.scope, memo)
     *factors, shapes, names = factors
     b = inst.scope["bytes"]
     params, grads, optim, *buffers = factors
+    if inst.idle:
+        # NB: a ModulesToSaveWrapper's original_module: its weights stay, nothing runs
+        return Node(inst, Cost(params, 0, 0, factors[3], factors[4], factors[5], shapes, (), (), (), 0, 0, param_rows=rows, param_names=names),
+                    tuple(_node(c, memo, states) for c in inst.children))
+    if inst.bias_only:
+        # NB: peft's bias option: the tensors named bias alone have gradients and states (the
+        # formula's own factors count a frozen layer's: none)
+        mine, _ = trained(inst, factors[4], shapes, names)
+        elements = sum(mine) // b["param"]
+        reached = bool(inst.scope["bias_trains"])
+        grads, optim = elements * b["grad"] if reached else 0, elements * b["optim"] if reached or inst.flat_states else 0
+        factors = (params, grads, optim, *buffers)
     if inst.flat_states or (states is not None and (optim or grads)):
+        mine, mine_shapes = trained(inst, factors[4], shapes, names)
         if states is None:
-            optim = params // b["param"] * b["optim"]
+            optim = sum(mine) // b["param"] * b["optim"]
         else:
-            optim = _optimizer_states(inst, factors[4], shapes, b, *states)
+            optim = _optimizer_states(inst, mine, mine_shapes, b, *states)
         factors = (params, grads, optim, *buffers)
     cost = Cost(
         *factors,

@@ -11,7 +11,14 @@ its grad-flow flags, computed in forward order:
   optimizer it still gets fp32 master weights and states: `flat_states`);
 - `grad_in`: the instance's input requires grad; by default the previous sibling's output
   (the parent's input for a first child), or a child's own `grad_in:` expression;
-- `grad_flows`: `trainable or grad_in` — autograd records the instance's ops.
+- `grad_flows`: `trainable or grad_in` — autograd records the instance's ops; also true for
+  a `bias_only` instance (peft bias='all' / 'lora_only': its parameters named `bias` train,
+  its weights stay frozen; the formula sees `bias_trains`).
+
+peft's `modules_to_save` replaces each module it names by a ModulesToSaveWrapper
+(`modules_to_save` type): its first child is the original module (`original_module`:
+frozen, kept in memory, never run: `idle`), its second the trainable deep copy that runs
+the forward (`modules_to_save`).
 
 Tensor names: a child's tensor input written `{name}` is the parent's tensor input `name`;
 a plain name is local to the parent instance; an unbound tensor input is local to the
@@ -25,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .errors import Diagnostic, MemspecError
+from .errors import Diagnostic, MemspecError, did_you_mean
 from .formula import Child, Formula, Library, bind, integer
 from .resolve import Setup, Spec
 
@@ -49,6 +56,11 @@ class Instance:
     flat_states: bool = False
     # A layer HF lists in _no_split_modules (its checkpointing unit): an FSDP2 unit of its own
     shard_unit: bool = False
+    # peft bias='all' / 'lora_only': only the parameters named `bias` require grad (the
+    # formula's `bias_params` elements, its last parameter tensor); the weights are frozen
+    bias_only: bool = False
+    # a ModulesToSaveWrapper's original_module: resident, frozen, never run in the forward
+    idle: bool = False
 
     def local(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -65,14 +77,16 @@ class Instance:
             yield from c.walk()
 
 
-def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool) -> dict[str, Any]:
+def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool,
+             bias_trains: bool = False) -> dict[str, Any]:
     return {
         "batch": batch,
         "seq": seq,
         "tokens": batch * seq,
         "trainable": trainable,
+        "bias_trains": bias_trains,
         "grad_in": grad_in,
-        "grad_flows": trainable or grad_in,
+        "grad_flows": trainable or grad_in or bias_trains,
         "bytes": dict(setup.bytes),
         "attention": setup.attention,
         "images": setup.images_per_sample,
@@ -93,6 +107,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     _MEMO.clear()
+    _MATCHED.clear()
     problems: list[Diagnostic] = []
     roots = []
     grad = False
@@ -126,9 +141,7 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
             return Diagnostic(_code(message), spec.file, line, col, path, message, help)
 
         try:
-            root = _instance(
-                library,
-                library[m.type],
+            kw = dict(
                 path=m.name,
                 template=m.name,
                 index=(),
@@ -146,7 +159,10 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
                 checkpointing=m.name in setup.gradient_checkpointing,
                 checkpointed=False,
                 locate=locate,
+                bias_ok=setup.lora is not None and setup.lora.bias == "all",
             )
+            target = saved_name(setup.lora, m.name, m.type)
+            root = _wrapped(library, library[m.type], kw, target) if target is not None else _instance(library, library[m.type], **kw)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -157,6 +173,8 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
             line, col = spec.doc.where(m.path)
             problems.append(Diagnostic("E723", spec.file, line, col, m.path, short,
                                        "seq_len counts the LLM positions of the text and the image tokens together: raise it, or give a smaller image_size"))
+    if not problems:
+        problems.extend(unmatched_saves(setup, tuple(roots)))
     if problems:
         raise MemspecError(problems)
     return tuple(roots)
@@ -256,19 +274,35 @@ def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], pr
 
 
 def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
-              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate, shard_unit=False) -> Instance:
+              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate, shard_unit=False,
+              bias_ok=False, idle=False, saved=False) -> Instance:
+    """One instance and its children. `bias_ok`: peft's bias option turns on this instance's
+    parameters named `bias` (bias='all' everywhere; 'lora_only' a LoRA layer's base layer);
+    `idle`: inside a ModulesToSaveWrapper's original_module; `saved`: inside a module that
+    modules_to_save copies (peft puts no adapter there)."""
     # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached
     # or not; torch's own optimizers skip a parameter whose .grad stays None.
     requires_grad = trainable
     # NB: FSDP2's optimizer is torch's, on the sharded parameters: no flat partition
     flat_states = requires_grad and not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
     trainable = requires_grad and reaches_loss
-    grad_in = grad_in and reaches_loss
+    grad_in = grad_in and reaches_loss and not idle
     # Instances with the same formula, the same inputs mapping and the same context share
     # one scope (identical instances are built from one memoised inputs mapping).
     scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing)
     scope = _bound_scope(formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing), locate)
+    bias_only = False
+    if bias_ok and not requires_grad and not idle:
+        _check_bias_modelled(setup, formula, scope, path)
+        if _bias_elements(formula, scope) > 0:
+            bias_only = True
+            flat_states = not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
+            if reaches_loss:
+                scope = _bound_scope(formula, given, scope_key + ("bias",),
+                                     lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, bias_trains=True), locate)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    bias_all = setup.lora is not None and setup.lora.bias == "all"
+    adapter = formula.layer_type in ADAPTED
     children = []
     previous = grad_in
     upstream = False  # any earlier sibling's output requires grad (parallel readers: q, k, v)
@@ -280,20 +314,29 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         c_reaches = reaches_loss and c_reaches
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
-        # NB: the adapter's own linears (inside a lora_linear) are never adapted again
-        if setup.lora is not None and c_formula.layer_type == "linear" and formula.layer_type not in ("lora_linear", "dora_linear") and lora_target(setup.lora, module, f"{path}.{child.name}"):
+        plain = (c_formula, c_given, c_tensors, c_requires)
+        # NB: the adapter's own linears (inside a lora_linear) are never adapted again, and
+        # peft adapts nothing inside a module modules_to_save names (_check_target_module_exists)
+        if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
+                and lora_target(setup.lora, module, f"{path}.{child.name}")):
             c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
             c_requires = True  # the adapters train; lora_linear's base_layer is frozen
         elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
+            if idle or saved:
+                raise _save_error(setup, saved_name(setup.lora, path) or "", "E322",
+                                  f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
+                                  "of a 4-/8-bit weight cannot require grad",
+                                  "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
             c_formula, c_given = _quantized(library, setup.quantization, c_given)
             c_requires = False
+        # peft bias='all': every `.bias` of the model (the wrapped originals excepted);
+        # 'lora_only': the bias of each LoRA layer (its base layer's)
+        c_bias = bias_all or (setup.lora is not None and setup.lora.bias == "lora_only" and adapter and child.name == "base_layer")
         out = previous
         for i in range(count):
             name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
             c_template = f"{child.name}[{{}}]" if count > 1 or child.count is not None else child.name
-            inst = _instance(
-                library,
-                c_formula,
+            kw = dict(
                 path=f"{path}.{name}",
                 template=f"{template}.{c_template}",
                 index=index + ((i,) if "{}" in c_template else ()),
@@ -310,7 +353,20 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
                 checkpointed=checkpointing and child.checkpoint_unit,
                 locate=_child_locate(child, locate),
                 shard_unit=child.checkpoint_unit,
+                bias_ok=c_bias,
+                idle=idle,
+                saved=saved,
             )
+            target = None if setup.lora is None or idle else saved_name(setup.lora, kw["path"])
+            if target is not None and (saved or adapter):
+                where = "inside the module modules_to_save already copies" if saved else f"inside the LoRA layer '{path}'"
+                raise _save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
+                                  "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
+            if target is not None:
+                kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
+                inst = _wrapped(library, plain[0], kw, target)
+            else:
+                inst = _instance(library, c_formula, **kw)
             children.append(inst)
             out = _grad_out(inst) if c_reaches else out
         previous = out
@@ -325,12 +381,117 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         tensors=bound,
         trainable=trainable,
         grad_in=grad_in,
-        grad_flows=trainable or grad_in,
+        grad_flows=trainable or grad_in or (bias_only and reaches_loss),
         checkpointed=checkpointed,
         children=tuple(children),
         flat_states=flat_states,
         shard_unit=shard_unit,
+        bias_only=bias_only,
+        idle=idle,
     )
+
+
+ADAPTED = ("lora_linear", "dora_linear")
+# The layer type of peft's ModulesToSaveWrapper (formulas/modules_to_save.yaml)
+WRAPPER = "modules_to_save"
+
+
+def _wrapped(library: Library, formula: Formula, kw: dict, target: str) -> Instance:
+    """peft's ModulesToSaveWrapper around the instance `kw` describes (utils/other.py,
+    ModulesToSaveWrapper.update): `original_module`, the module itself, frozen
+    (requires_grad_(False), after bias='all' turned its biases on) and never run; then
+    `modules_to_save`, its copy.deepcopy, every parameter trainable, which runs the forward.
+    A copy of a tied embedding table is a new, untied table (deepcopy copies the shared weight
+    into the copy alone)."""
+    _MATCHED.add(target)
+    given = kw["given"]
+    if given.get("shared_weight"):
+        key = ("untied", id(given))
+        hit = _MEMO.get(key)
+        if hit is None:
+            hit = _MEMO[key] = (given, {**given, "shared_weight": False})
+        given = hit[1]
+    original = _instance(library, formula, **{**kw, "path": kw["path"] + ".original_module", "template": kw["template"] + ".original_module",
+                                               "trainable": False, "grad_in": False, "checkpointed": False, "shard_unit": False,
+                                               "bias_ok": False, "idle": True, "saved": True})
+    copy = _instance(library, formula, **{**kw, "path": kw["path"] + ".modules_to_save", "template": kw["template"] + ".modules_to_save",
+                                           "given": given, "trainable": True, "bias_ok": False, "saved": True})
+    w = library[WRAPPER]
+    scope = _bound_scope(w, {}, (id(w), kw["batch"], kw["seq"], copy.trainable, kw["grad_in"]),
+                         lambda: _context(kw["setup"], kw["batch"], kw["seq"], copy.trainable, copy.grad_in, kw["checkpointing"]), kw["locate"])
+    return Instance(path=kw["path"], template=kw["template"], index=kw["index"], module=kw["module"], formula=w, scope=scope,
+                    tensors={}, trainable=copy.trainable, grad_in=copy.grad_in, grad_flows=copy.grad_flows, checkpointed=False,
+                    children=(original, copy))
+
+
+# peft matches modules_to_save by the module's full name ending with the given name (a plain
+# string suffix: utils/other.py _set_trainable, `key.endswith(target_key)`). memspec matches
+# the same rule against its layer paths (`language.layers.3.mlp`) and, for a whole module,
+# the name Hugging Face gives it in the model of its layer type.
+MODULE_NAMES: Mapping[str, tuple[str, ...]] = {
+    "mlp_projector": ("model.multi_modal_projector",),  # LlavaForConditionalGeneration
+    "llava_next_projector": ("model.multi_modal_projector",),  # LlavaNextForConditionalGeneration
+    "clip_vision_tower": ("model.vision_tower",),
+}
+# Set by expand: the modules_to_save names that matched something
+_MATCHED: set = set()
+
+
+def saved_name(lora, path: str, layer_type: str | None = None) -> str | None:
+    """The modules_to_save name that matches the instance at `path` (a module root gives its
+    layer type, for its Hugging Face name), or None."""
+    if lora is None or not lora.modules_to_save:
+        return None
+    names = (re.sub(r"\[(\d+)\]", r".\1", path),) + (MODULE_NAMES.get(layer_type, ()) if layer_type else ())
+    return next((t for t in lora.modules_to_save if any(n.endswith(t) for n in names)), None)
+
+
+def _save_error(setup: Setup, target: str, code: str, message: str, help: str) -> MemspecError:
+    names = setup.lora.modules_to_save
+    i = names.index(target) if target in names else 0
+    file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
+    return MemspecError(Diagnostic(code, file, line, col, where, message, help))
+
+
+def _bias_elements(formula: Formula, scope: Mapping[str, Any]) -> int:
+    """Bytes of a layer's parameter tensors named `bias` (peft's bias='all' matches a parameter
+    named `bias` or ending in `.bias`: tuners_utils._mark_only_adapters_as_trainable)."""
+    return sum(integer(e, e(scope)) for e, name in zip(formula.param_tensors, formula.param_names) if name == "bias")
+
+
+# Layer types whose parameters named `bias` are not a tensor of their own in the formula
+# (the whole attention head as one block, bitsandbytes' layers): bias='all' is refused there.
+BIAS_UNSPLIT = ("siglip_attention_head", "linear_4bit", "linear_8bit")
+
+
+def _check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any], path: str) -> None:
+    if formula.layer_type in BIAS_UNSPLIT and (formula.layer_type == "siglip_attention_head" or scope.get("bias")):
+        file, line, col, where = setup.lora.bias_at or (setup.file, 0, 0, "$.lora.bias")
+        raise MemspecError(Diagnostic("E323", file, line, col, where,
+                                      f"peft bias='{setup.lora.bias}' would train the biases of '{path}' ({formula.layer_type}), whose formula does not give them as a tensor of their own",
+                                      "use bias: none, or adapt another module (lora.modules)"))
+
+
+def unmatched_saves(setup: Setup, roots: tuple[Instance, ...]) -> list[Diagnostic]:
+    """A modules_to_save name that matches nothing: peft would silently train nothing extra,
+    memspec says so (E320), with the names that exist."""
+    if setup.lora is None:
+        return []
+    out = []
+    for i, target in enumerate(setup.lora.modules_to_save):
+        if target in _MATCHED:
+            continue
+        names = []
+        for r in roots:
+            names.extend(MODULE_NAMES.get(r.formula.layer_type, ()))
+            names.append(r.path)
+            names.extend(c.path.split(".", 1)[1] for c in r.children if "." in c.path)
+        known = list(dict.fromkeys(re.sub(r"\[\d+\]", "", n) for n in names))
+        file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
+        out.append(Diagnostic("E320", file, line, col, where,
+                              f"modules_to_save '{target}' matches no module (peft matches a module whose full name ends with it)",
+                              did_you_mean(target, known) or f"modules: {', '.join(known)}"))
+    return out
 
 
 # peft's `all-linear` skips the model's output embedding (tuners_utils

@@ -32,6 +32,7 @@ CONTEXT_NAMES = frozenset(
         "seq",  # positions per sample in this module's stream
         "tokens",  # batch * seq
         "trainable",  # this row's parameters receive gradients
+        "bias_trains",  # only this row's parameters named `bias` train, its weights stay frozen (peft bias='all' / 'lora_only')
         "grad_in",  # the row's input requires grad (something upstream is trainable)
         "grad_flows",  # trainable or grad_in: autograd records this row
         "bytes",  # element sizes, see BYTES_KEYS

@@ -383,9 +383,13 @@ class Lora:
     dropout: float
     target_modules: str | tuple[str, ...]  # "all-linear" or peft-style names
     modules: frozenset[str]  # their base weights are frozen
-    modules_to_save: tuple[str, ...]
+    modules_to_save: tuple[str, ...]  # peft names: a module whose full name ends with one is copied and trained
     bias: str  # none | all | lora_only
     use_dora: bool = False  # DoRA: a trainable magnitude per output row, the weight's row norms each forward
+    # where each modules_to_save name and the bias were given: (file, line, col, path), for
+    # the diagnostics expand raises once it knows the layers
+    saves_at: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False)
+    bias_at: tuple[str, int, int, str] | None = field(default=None, compare=False)
 
 
 # transformers' BitsAndBytesConfig defaults for what an experiment's `quantization` block leaves
@@ -556,6 +560,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # NB: kept in `overrides` so that a problem with them is shown at the flag
         if key in overrides:
             parallel[key] = overrides[key]
+    lora_flags = set(overrides["lora"]) if overrides.get("lora") is not None else set()
     if overrides.get("lora") is not None:
         # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
         overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
@@ -684,6 +689,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     for i, name in enumerate(sorted(lora.modules) if lora else ()):
         if name not in module_names:
             complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+    if lora is not None:
+        lora = _lora_located(lora, lora_flags, file, doc)
+        _check_lora_extras(lora, parallel, complain)
     quantization = _quantization(data.get("quantization"))
     if quantization is not None:
         for name in sorted(quantization.modules):
@@ -731,6 +739,39 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         sp=bool(parallel["sp"]),
         pp=parallel["pp"],
     )
+
+
+def _lora_located(lora: Lora, flags: set, file: str, doc) -> Lora:
+    """`lora` with the place of each modules_to_save name and of `bias`: the flag, else the
+    experiment's key."""
+
+    def at(key: str, flag: str, index: int | None = None) -> tuple[str, int, int, str]:
+        if key in flags:
+            return ("", 0, 0, flag)
+        if doc is None or key not in (doc.data.get("lora") or {}):
+            return (file, 0, 0, f"$.lora.{key}")
+        path = f"$.lora.{key}" if index is None else child_path(f"$.lora.{key}", index)
+        line, col = doc.where(path)
+        return (file, line, col, path)
+
+    return replace(lora, saves_at=tuple(at("modules_to_save", "--lora-modules-to-save", i) for i in range(len(lora.modules_to_save))),
+                   bias_at=at("bias", "--lora-bias"))
+
+
+def _check_lora_extras(lora: Lora, parallel: Mapping[str, Any], complain) -> None:
+    """modules_to_save and bias where the estimate does not model them (E321)."""
+    extras = [x for x, on in (("modules_to_save", bool(lora.modules_to_save)), (f"bias '{lora.bias}'", lora.bias != "none")) if on]
+    if not extras:
+        return
+    if parallel.get("fsdp") is not None:
+        # NB: FSDP2's units hold frozen and trainable parameters of one layer in one flat
+        # group; a bias-only or copied layer's reduce-scatter is not walked
+        complain("lora", "E321", f"peft {' and '.join(extras)} with FSDP2 is not modelled",
+                 "estimate with DeepSpeed ZeRO (parallel: {zero: N}) or without them")
+    if lora.use_dora and lora.bias != "none":
+        # NB: peft's DoRA layer subtracts and re-adds the base bias around its magnitude scaling
+        # (lora/dora.py DoraLinearLayer.forward), a path not in dora_linear's formula
+        complain("lora", "E321", f"peft bias '{lora.bias}' with DoRA (use_dora) is not modelled", "use bias: none with use_dora")
 
 
 def _quantization(block: Mapping[str, Any] | None) -> Quantization | None:

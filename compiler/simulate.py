@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .evaluate import Node, first_charges
+from .evaluate import Node, first_charges, trained
 from .expand import forward_order
 from . import optimizers
 from .resolve import DEEPSPEED_STATES_AT_INIT, Constant, Setup
@@ -216,7 +216,8 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
     state. Sharded by ZeRO, they live in flat partitions: the total divided by the ranks.
     """
     c = node.cost
-    elements = [t // setup.bytes["param"] for t in c.param_tensors]
+    mine, mine_shapes = trained(node.inst, c.param_tensors, c.param_shapes, c.param_names)
+    elements = [t // setup.bytes["param"] for t in mine]
     if _offloaded(setup):
         # NB: DeepSpeed's optimizer offload keeps the fp32 partition, its gradient and the
         # states in host memory; only the 16-bit weights stay: whole under ZeRO-1/2, the flat
@@ -238,7 +239,7 @@ def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tup
         states = sum(
             (round_up(e * setup.master_bytes, ALLOCATOR_GRANULE) if setup.master_bytes else 0)
             + sum(round_up(s.nbytes, ALLOCATOR_GRANULE) for s in _states(setup, e, shape) if not s.paged)
-            for e, shape in zip(elements, c.param_shapes)
+            for e, shape in zip(elements, mine_shapes)
         )
     else:
         states = _div(c.optimizer_states, o_div)
@@ -672,13 +673,14 @@ def _div(n: int, d: int) -> int:
 def _trainable_elements(nodes, setup: Setup) -> int:
     """Parameters the optimizer steps: those with gradients, and those with flat states
     (their fp32 gradients are zero-filled and stepped like the others)."""
-    return sum(n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states)
+    return sum(t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+               for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0])
 
 
 def _trainable_tensors(nodes, setup: Setup) -> list[tuple[int, tuple[int, ...] | None]]:
     """(element count, shape) of every tensor the optimizer steps."""
-    return [(t // setup.bytes["param"], shape) for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states
-            for t, shape in zip(n.cost.param_tensors, n.cost.param_shapes)]
+    return [(t // setup.bytes["param"], shape) for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+            for t, shape in zip(*trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names))]
 
 
 @dataclass(frozen=True)
@@ -710,9 +712,11 @@ def stepped_tensors(nodes, setup: Setup) -> list[Stepped]:
         for n in r.walk():
             if n.inst.scope.get("shared_weight") and n.inst.trainable:
                 tied.append((len(out), (n.inst.scope["vocab"], n.inst.scope["dim"])))
-            if not (n.inst.trainable or n.inst.flat_states):
+            if not (n.inst.trainable or n.inst.flat_states or n.inst.bias_only):
                 continue
             for t, shape, name in zip(n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names or ("weight",) * len(n.cost.param_tensors)):
+                if n.inst.bias_only and name != "bias":
+                    continue  # NB: peft's bias option: the weight stays frozen
                 group = opt.group_of(f"{n.inst.path}.{name}", n.inst.formula.module_class)
                 out.append(Stepped(t // setup.bytes["param"], shape, n.inst.module, group))
     for at, shape in reversed(tied):
@@ -724,12 +728,13 @@ def stepped_tensors(nodes, setup: Setup) -> list[Stepped]:
 
 def _largest_trainable_tensor(nodes, setup: Setup) -> int:
     """Elements of the largest parameter tensor that requires grad (DeepSpeed's largest_param_numel)."""
-    return max((t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states
-                for t in n.cost.param_tensors), default=0)
+    return max((t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+                for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]), default=0)
 
 
 def _largest_trainable(nodes, setup: Setup) -> int:
-    return max((n.cost.parameters // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable and not n.children), default=0)
+    return max((sum(trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]) // setup.bytes["param"] for r in nodes for n in r.walk()
+                if (n.inst.trainable or (n.inst.bias_only and n.inst.grad_flows)) and not n.children), default=0)
 
 
 def step_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div: int = 1) -> dict[str, int]:
@@ -1152,7 +1157,7 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         # left unquantized is cast to fp32 (LLaVA's train.py casts some back afterwards)
         out.append("peft prepare_model_for_kbit_training's fp32 copy of the unquantized 16-bit weights (norms, embeddings, lm_head), "
                    "and bitsandbytes' outlier columns (LLM.int8() threshold 6.0)")
-    return tuple(out) + _lora_not_modelled(setup.lora)
+    return tuple(out)
 
 
 def _paged_note(nodes, setup: Setup) -> tuple[str, ...]:
@@ -1161,25 +1166,6 @@ def _paged_note(nodes, setup: Setup) -> tuple[str, ...]:
         return ()
     return (f"bitsandbytes paged optimizer states, {paged:,} B in CUDA unified memory (cudaMallocManaged): outside "
             "max_memory_allocated and reserved, resident on the GPU until memory runs short, then paged to host memory",)
-
-
-def _lora_not_modelled(lora) -> tuple[str, ...]:
-    """peft options the experiment accepts but the layer table does not estimate."""
-    if lora is None:
-        return ()
-    out = []
-    if lora.modules_to_save:
-        # NB: peft's ModulesToSaveWrapper deep-copies each named module and trains the copy
-        # (peft/utils/other.py, ModulesToSaveWrapper.update); the original stays frozen.
-        out.append(f"peft modules_to_save ({', '.join(lora.modules_to_save)}): a trainable copy of each module beside its "
-                   "frozen original (the copy's weights, gradients, optimizer states and saved activations)")
-    if lora.bias == "all":
-        # NB: _mark_only_adapters_as_trainable turns on every parameter named `bias` in the
-        # whole model (frozen towers included), so gradients reach layers the table keeps frozen.
-        out.append("peft bias='all': every bias of the model trains (gradients, optimizer states, and gradient flow into otherwise frozen modules)")
-    elif lora.bias == "lora_only":
-        out.append("peft bias='lora_only': the biases of the adapted layers train (gradients and optimizer states)")
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------- FSDP2
