@@ -20,6 +20,7 @@ trainable weight without a gradient gets a zero fp32 gradient (DeepSpeed's flat 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,7 @@ def apply_lora(model, exp: dict, groups: dict):
     (PeftModel._prepare_model_for_gradient_checkpointing).
     """
     from peft import LoraConfig, get_peft_model
+    from peft.utils.other import ModulesToSaveWrapper
 
     lora = exp["lora"]
     config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
@@ -158,21 +160,59 @@ def apply_lora(model, exp: dict, groups: dict):
     # on the base device, which is where peft then moves them (`_replace_module`,
     # `_move_adapter_to_device_of_base_layer`); `Module.to()` cannot swap a fake parameter
     # ("Cannot swap t1 because it has weakref"), so those moves are made no-ops.
-    default, to = torch.get_default_dtype(), torch.nn.Module.to
+    default, to, deepcopy = torch.get_default_dtype(), torch.nn.Module.to, copy.deepcopy
     torch.set_default_dtype(DTYPES[exp["precision"]])
     torch.nn.Module.to = lambda self, *args, **kwargs: self
+    copy.deepcopy = _same_mode_deepcopy(deepcopy)
     try:
         peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
     finally:
         torch.set_default_dtype(default)
         torch.nn.Module.to = to
+        copy.deepcopy = deepcopy
+    _check_modules_to_save(peft_model, lora["modules_to_save"])
     # NB: peft freezes every non-adapter parameter; LLaVA builds its projector after
-    # get_peft_model, so a fully trained module keeps requires_grad.
+    # get_peft_model, so a fully trained module keeps requires_grad. A module that
+    # modules_to_save wrapped keeps peft's state (original frozen, copy trained).
+    originals = {id(p) for m in peft_model.modules() if isinstance(m, ModulesToSaveWrapper) for p in m.original_module.parameters()}
     for name in exp["trainable"]:
         if name not in lora["modules"]:
             for module in groups[name]:
-                module.requires_grad_(True)
+                for p in module.parameters():
+                    if id(p) not in originals:
+                        p.requires_grad_(True)
     return peft_model
+
+
+def _same_mode_deepcopy(deepcopy):
+    """copy.deepcopy for peft's ModulesToSaveWrapper.update: each parameter and buffer of a
+    module is cloned first, so that the copy's fake tensors belong to the fake mode the model
+    was built in (deepcopy of a FakeTensor makes one in a new mode, which the forward then
+    refuses to mix). Real tensors copy the same way: a new storage per tensor."""
+
+    def copy_module(obj, memo=None):
+        if not isinstance(obj, torch.nn.Module):
+            return deepcopy(obj, memo)
+        memo = {} if memo is None else memo
+        for p in obj.parameters():
+            memo.setdefault(id(p), torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+        for b in obj.buffers():
+            memo.setdefault(id(b), b.clone())
+        return deepcopy(obj, memo)
+
+    return copy_module
+
+
+def _check_modules_to_save(peft_model, names: list[str]) -> None:
+    """peft silently ignores a modules_to_save name that matches nothing (_set_trainable
+    without strict_module_check); a measurement of such an experiment would not be what it
+    says, so it is refused."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    wrapped = [n for n, m in peft_model.named_modules() if isinstance(m, ModulesToSaveWrapper)]
+    missing = [t for t in names if not any(n.endswith(t) for n in wrapped)]
+    if missing:
+        raise ValueError(f"lora.modules_to_save {missing} matched no module of the model")
 
 
 def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
