@@ -200,6 +200,12 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
     add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
     add("--lora-dora", action="store_const", const=True, help="DoRA (peft use_dora=True), e.g. --lora-r 16 --lora-dora")
+    add("--lora-modules-to-save", type=_list, metavar="M,M", dest="lora_save",
+        help="peft modules_to_save: a trained copy of each module whose name ends with one, beside its frozen original "
+             "('none' for none), e.g. --lora-modules-to-save lm_head,embed_tokens or multi_modal_projector")
+    add("--lora-bias", choices=["none", "all", "lora_only"],
+        help="peft bias: 'all' trains every bias of the model (frozen towers included), 'lora_only' those of the adapted layers, "
+             "e.g. --lora-r 16 --lora-bias all")
     add("--quantization", type=int, choices=[4, 8, 16], metavar="BITS", help="bitsandbytes weights of the language model's linear layers: 4 (QLoRA, NF4/FP4) or 8 (LLM.int8()), e.g. --quantization 4 --double-quant --lora-r 64")
     add("--quant-type", choices=["nf4", "fp4"], help="4-bit data type (same memory)")
     add("--double-quant", action="store_const", const=True, help="bnb_4bit_use_double_quant: 8-bit absmax")
@@ -232,7 +238,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("micro_batch", "seq_len", "dp", "tp", "pp"):
         if key in out and out[key] < 1:
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
-    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"))}
+    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"),
+                                                         ("modules_to_save", "save"), ("bias", "bias"))}
     if any(v is not None for v in lora.values()):
         targets = lora["target_modules"]
         if targets is not None and targets == ["all-linear"]:
@@ -391,6 +398,8 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     flags = overrides(args)
     if isinstance(out.get("fsdp"), dict) and isinstance(flags.get("fsdp"), dict):
         flags["fsdp"] = {**out["fsdp"], **flags["fsdp"]}  # NB: --fsdp-* change single keys of the file's
+    if isinstance(out.get("lora"), dict) and isinstance(flags.get("lora"), dict):
+        flags["lora"] = {**out["lora"], **flags["lora"]}  # NB: --lora-* change single keys of the script's LoRA
     out.update(flags)
     return out, notes
 

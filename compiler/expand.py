@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .errors import Diagnostic, MemspecError, did_you_mean
+from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from .formula import Child, Formula, Library, bind, integer
 from .resolve import Setup, Spec
 
@@ -176,7 +176,8 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     if not problems:
         problems.extend(unmatched_saves(setup, tuple(roots)))
     if problems:
-        raise MemspecError(problems)
+        # NB: problems only with flags (--lora-modules-to-save) are the command line's: exit 2
+        raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     return tuple(roots)
 
 
@@ -403,7 +404,8 @@ def _wrapped(library: Library, formula: Formula, kw: dict, target: str) -> Insta
     `modules_to_save`, its copy.deepcopy, every parameter trainable, which runs the forward.
     A copy of a tied embedding table is a new, untied table (deepcopy copies the shared weight
     into the copy alone)."""
-    _MATCHED.add(target)
+    _MATCHED.update(t for t in kw["setup"].lora.modules_to_save
+                    if any(n.endswith(t) for n in (re.sub(r"\[(\d+)\]", r".\1", kw["path"]),) + MODULE_NAMES.get(formula.layer_type, ())))
     given = kw["given"]
     if given.get("shared_weight"):
         key = ("untied", id(given))
@@ -443,7 +445,8 @@ def saved_name(lora, path: str, layer_type: str | None = None) -> str | None:
     if lora is None or not lora.modules_to_save:
         return None
     names = (re.sub(r"\[(\d+)\]", r".\1", path),) + (MODULE_NAMES.get(layer_type, ()) if layer_type else ())
-    return next((t for t in lora.modules_to_save if any(n.endswith(t) for n in names)), None)
+    hits = [t for t in lora.modules_to_save if any(n.endswith(t) for n in names)]
+    return hits[0] if hits else None
 
 
 def _save_error(setup: Setup, target: str, code: str, message: str, help: str) -> MemspecError:

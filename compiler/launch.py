@@ -386,6 +386,11 @@ def _split_options(args: list[str], value_options: set) -> tuple[dict[str, str |
     return opts, args[i:]
 
 
+# HfArgumentParser flags of a list field (nargs="+"): every value up to the next flag,
+# kept as one space-separated string (TRL's ModelConfig)
+LIST_FLAGS = frozenset({"lora_target_modules", "lora_modules_to_save"})
+
+
 def _script_flags(args: list[str], line_of) -> tuple[list[Flag], list[str]]:
     flags, positionals, i = [], [], 0
     while i < len(args):
@@ -399,6 +404,8 @@ def _script_flags(args: list[str], line_of) -> tuple[list[Flag], list[str]]:
             value = None
             if i + 1 < len(args) and not args[i + 1].startswith("--"):
                 value, i = args[i + 1], i + 1
+            while name in LIST_FLAGS and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = f"{value} {args[i + 1]}", i + 1
         flags.append(Flag(name, value, *line_of("--" + name)))
         i += 1
     return flags, positionals
@@ -495,6 +502,13 @@ ENTRY_ATTENTION = {"train_mem.py": "flash_attention_2"}
 OPTIM = HF_OPTIM
 # LLaVA's TrainingArguments defaults (llava/train/train.py).
 LLAVA_LORA_DEFAULTS = {"r": 64, "alpha": 16, "dropout": 0.05, "bias": "none"}
+# TRL's ModelConfig defaults (trl/trainer/model_config.py: lora_r 16, lora_alpha 32,
+# lora_dropout 0.05); get_peft_config passes bias "none"
+TRL_LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.05, "bias": "none"}
+# peft's target_modules when none is given, for the Llama-style causal LMs
+# (utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama, mistral,
+# mixtral, qwen2, qwen3, gemma, gemma2, gemma3_text)
+PEFT_DEFAULT_TARGETS = ["q_proj", "v_proj"]
 LLAVA_PROJECTORS = {"mlp2x_gelu": "mlp_projector"}
 LLAVA_ASPECT_RATIOS = ("pad", "square", "None")
 USED = frozenset({
@@ -503,6 +517,7 @@ USED = frozenset({
     "freeze_backbone", "freeze_mm_mlp_adapter", "unfreeze_mm_vision_tower", "vision_tower", "mm_projector_type",
     "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "double_quant", "quant_type", "model_name_or_path",
     "num_gpus", "nproc_per_node", "use_liger_kernel", "padding_free",
+    "use_peft", "lora_target_modules", "lora_modules_to_save",
 })
 
 
@@ -707,7 +722,43 @@ def _trainable_flags(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:
                 lora[key] = int(value) if key == "alpha" and float(value).is_integer() else value
         # NB: LLaVA's find_all_linear_names: every linear outside the vision tower and projector
         out["lora"] = {**lora, "target_modules": "all-linear", "modules": ["language"]}
+        if lora["bias"] == "all":
+            # NB: train.py calls get_peft_model before initialize_vision_modules builds the
+            # vision tower and projector, so bias='all' reaches the language model only, where
+            # every linear is adapted (all-linear) and the norms are RMSNorms without bias:
+            # exactly the adapted layers' biases, peft's 'lora_only'
+            out["lora"]["bias"] = "lora_only"
+    elif r.boolean("use_peft"):
+        out["lora"] = _trl_lora(r, modules)
+    for name in ("lora_target_modules", "lora_modules_to_save"):
+        if name in r.flags and "lora" not in out:
+            r.bad(name, f"--{name} without LoRA", "TRL reads it with --use_peft only: add --use_peft, or drop the flag", "E812")
     return out
+
+
+def _trl_lora(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's ModelConfig LoRA flags (--use_peft, --lora_r, --lora_alpha, --lora_dropout,
+    --lora_target_modules, --lora_modules_to_save) as get_peft_config turns them into a
+    LoraConfig; peft matches the targets over the whole model, so every module may be adapted."""
+    lora: dict[str, Any] = dict(TRL_LORA_DEFAULTS)
+    for key, value in (("r", r.integer("lora_r")), ("alpha", r.number("lora_alpha")), ("dropout", r.number("lora_dropout"))):
+        if value is not None:
+            lora[key] = int(value) if key == "alpha" and float(value).is_integer() else value
+    targets = r.text("lora_target_modules")
+    if targets is not None:
+        words = targets.split()
+        lora["target_modules"] = "all-linear" if words == ["all-linear"] else words
+    else:
+        plain = [m for m in modules.values() if m.get("type") == "llama_causal_lm" and not m.get("inputs", {}).get("fused")]
+        if len(plain) != len(modules):
+            r.bad("use_peft", "--use_peft without --lora_target_modules: peft picks target modules by model type, which memspec "
+                  "knows for Llama-style causal LMs only", "give --lora_target_modules, e.g. --lora_target_modules all-linear", "E812")
+        lora["target_modules"] = list(PEFT_DEFAULT_TARGETS)
+    saves = r.text("lora_modules_to_save")
+    if saves is not None:
+        lora["modules_to_save"] = saves.split()
+    lora["modules"] = list(modules)
+    return lora
 
 
 def _llava_checks(r: _Reader, modules: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -178,3 +178,44 @@ def test_liger_and_padding_free_flags_set_the_loss_and_packing(tmp_path):
     assert (o["loss"], o["packing"]) == ("fused_linear_cross_entropy", True)
     off = launch.read_command(_script(tmp_path, "python sft.py --use_liger_kernel False\n", "off.sh"))
     assert "loss" not in launch.command_overrides(off, {"language": {}}, "m").overrides
+
+
+def test_trl_peft_flags_make_the_lora_block(tmp_path):
+    """TRL's ModelConfig: --use_peft with its defaults (r 16, alpha 32, dropout 0.05), list
+    flags taking every value up to the next flag, as HfArgumentParser's nargs='+'."""
+    lm = {"language": {"type": "llama_causal_lm", "inputs": {}}}
+    cmd = launch.read_command(_script(tmp_path, "accelerate launch sft.py --use_peft --lora_r 32 --lora_target_modules all-linear "
+                                                "--lora_modules_to_save lm_head embed_tokens --bf16\n"))
+    o = launch.command_overrides(cmd, lm, "m").overrides
+    assert o["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05, "bias": "none", "target_modules": "all-linear",
+                         "modules_to_save": ["lm_head", "embed_tokens"], "modules": ["language"]}
+    # no --lora_target_modules: peft's default for a Llama-style model type
+    bare = launch.read_command(_script(tmp_path, "python sft.py --use_peft\n", "bare.sh"))
+    assert launch.command_overrides(bare, lm, "m").overrides["lora"]["target_modules"] == ["q_proj", "v_proj"]
+
+
+def test_trl_peft_flags_without_use_peft_or_targets_are_errors(tmp_path):
+    lone = launch.read_command(_script(tmp_path, "python sft.py --lora_modules_to_save lm_head\n"))
+    with pytest.raises(MemspecError) as e:
+        launch.command_overrides(lone, {"language": {"type": "llama_causal_lm", "inputs": {}}}, "m")
+    assert "E812" in str(e.value) and "--use_peft" in str(e.value)
+    vlm = launch.read_command(_script(tmp_path, "python sft.py --use_peft\n", "vlm.sh"))
+    with pytest.raises(MemspecError) as e:
+        launch.command_overrides(vlm, {"vision": {"type": "clip_vision_tower"}, "language": {"type": "llama_causal_lm"}}, "m")
+    assert "--lora_target_modules" in str(e.value)
+
+
+def test_llava_lora_bias_all_reaches_the_language_model_only(tmp_path):
+    """LLaVA's train.py builds the vision tower after get_peft_model, so --lora_bias all trains
+    no CLIP bias: it is the adapted layers' biases ('lora_only'), and Vicuna has none, so the
+    estimate is the one without the flag; bias='all' on the Hugging Face model (the whole
+    model wrapped) reaches the tower and costs more."""
+    text = ("deepspeed llava/train/train_mem.py --lora_enable True --lora_r 16 --per_device_train_batch_size 1 "
+            "--model_max_length 2048 --bf16 True --gradient_checkpointing True --mm_projector_type mlp2x_gelu "
+            "--vision_tower openai/clip-vit-large-patch14-336{}\n")
+    plain = _report_of(["estimate", "--from-command", _script(tmp_path, text.format("")), SPEC, "--dp", "1"])
+    biased = _report_of(["estimate", "--from-command", _script(tmp_path, text.format(" --lora_bias all"), "b.sh"), SPEC, "--dp", "1"])
+    assert biased.setup.lora.bias == "lora_only"
+    assert biased.allocated == plain.allocated
+    whole = _report_of(["estimate", "--from-command", _script(tmp_path, text.format(""), "c.sh"), SPEC, "--dp", "1", "--lora-bias", "all"])
+    assert whole.allocated > plain.allocated
