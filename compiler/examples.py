@@ -21,7 +21,7 @@ from .resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
-    "fused_loss": False, "offloading": False, "packed": False,
+    "fused_loss": False, "offloading": False, "packed": False, "bias_trains": False,
 }
 
 
@@ -56,6 +56,8 @@ def evaluate_example(library: Library, formula: Formula, example: Example) -> di
         library, formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
         given=example.inputs, tensors={}, setup=setup, batch=ctx["batch"], seq=ctx["seq"], trainable=ctx["trainable"],
         grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=ctx["checkpointing"], checkpointed=False, locate=locate,
+        # NB: `bias_trains` in an example's context: peft's bias option reaches this (frozen) layer
+        bias_ok=bool(ctx["bias_trains"]),
     )
     (root,) = evaluate((inst,))
     out = {"parameters": 0, "gradients": 0, "optimizer_states": 0, "buffers": 0}

@@ -10,7 +10,9 @@ CASES = [(f, e) for f in LIB.formulas.values() for e in f.examples]
 
 
 def test_every_formula_has_examples():
-    assert [f.layer_type for f in LIB.formulas.values() if not f.examples] == []
+    # NB: peft's ModulesToSaveWrapper owns no bytes: the compiler builds its two children from
+    # the wrapped layer's formula (tests/test_lora_extras.py checks them)
+    assert [f.layer_type for f in LIB.formulas.values() if not f.examples and f.layer_type != "modules_to_save"] == []
 
 
 @pytest.mark.parametrize("formula,example", CASES, ids=[f"{f.layer_type}:{e.name}" for f, e in CASES])

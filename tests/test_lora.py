@@ -107,21 +107,6 @@ def test_input_require_grads_makes_the_frozen_tower_record_autograd():
     assert off.estimate.activations_end_of_forward.get("vision", 0) == 0
 
 
-@pytest.mark.parametrize("extra, said", [
-    ({"modules_to_save": ["lm_head"]}, "peft modules_to_save (lm_head)"),
-    ({"bias": "all"}, "peft bias='all'"),
-    ({"bias": "lora_only"}, "peft bias='lora_only'"),
-])
-def test_options_not_estimated_are_listed_as_not_modelled(extra, said):
-    kw = dict(micro_batch=1, seq_len=1024, trainable=["projector"], attention="sdpa")
-    plain = estimate("specs/llava/llava-1.5-7b.yaml", **kw, lora={"r": R, "target_modules": "all-linear"})
-    with_extra = estimate("specs/llava/llava-1.5-7b.yaml", **kw, lora={"r": R, "target_modules": "all-linear", **extra})
-    assert not any(x.startswith("peft") for x in plain.estimate.not_modelled)
-    assert [x for x in with_extra.estimate.not_modelled if x.startswith("peft")][0].startswith(said)
-    # NB: the figures do not move: the option is only reported
-    assert with_extra.allocated == plain.allocated
-
-
 def test_the_adapter_sum_holds_three_outputs():
     """peft's `result + lora_B(lora_A(x)) * scaling`: at the multiply, result, B's output and
     its scaled copy are alive (at the add: result, the scaled copy and the sum), one output
