@@ -42,6 +42,10 @@ Codes (stable; never reuse a retired one):
     E317 loss: fused_linear_cross_entropy on a spec without a causal-LM head
     E318 tensor / sequence / pipeline parallelism on a setup it is not modelled for
     E319 tp or pp that does not divide the heads, the MLP or the layers
+    E320 lora.modules_to_save name that matches no module (peft's suffix rule; peft itself ignores it silently)
+    E321 peft modules_to_save or bias with FSDP2, or bias with DoRA (not modelled)
+    E322 modules_to_save matching inside another match or a LoRA layer, or copying a bitsandbytes-quantized linear
+    E323 peft bias on a layer whose formula does not give its bias as a tensor (bitsandbytes linears, SigLIP's head)
 
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
