@@ -37,6 +37,8 @@ def setup_line(r: Report) -> str:
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
         + (f" | DoRA r{s.lora.r}" if s.lora is not None and s.lora.use_dora else "")
+        + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
+        + (f" | peft bias {s.lora.bias}" if s.lora is not None and s.lora.bias != "none" else "")
         + (f" | {quantization_label(s.quantization)}" if s.quantization is not None else "")
         + _tricks(s)
     )
@@ -146,6 +148,8 @@ def as_data(r: Report) -> dict[str, Any]:
                                  "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
                                  "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
             **({"use_dora": True} if s.lora is not None and s.lora.use_dora else {}),
+            **({"lora_modules_to_save": list(s.lora.modules_to_save)} if s.lora is not None and s.lora.modules_to_save else {}),
+            **({"lora_bias": s.lora.bias} if s.lora is not None and s.lora.bias != "none" else {}),
             "gradient_checkpointing": sorted(s.gradient_checkpointing),
             "attention": s.attention,
             "parallel": {"dp": s.dp, "zero": s.zero,
