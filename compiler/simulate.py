@@ -374,7 +374,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
 
     def gather(node: Node) -> int:
         # ZeRO-3 gathers a layer's full weights while it runs, and prefetches the next ones.
-        if node.children or not gathering:
+        # NB: a ModulesToSaveWrapper's original_module never runs: nothing is gathered
+        if node.children or not gathering or node.inst.idle:
             return 0
         sizes = gathered.get(id(node))
         if sizes is None:
@@ -1067,7 +1068,7 @@ def _zero3_trace(nodes, setup: Setup) -> list[tuple[int, int]]:
 
     def forward(node: Node, lo: int = 0, hi: int | None = None) -> None:
         if not node.children:
-            if node.cost.parameters:
+            if node.cost.parameters and not node.inst.idle:  # NB: a wrapped original never runs
                 out.append((id(node), node.cost.parameters // bp))
             return
         for c in node.children[lo:hi]:
@@ -1076,7 +1077,7 @@ def _zero3_trace(nodes, setup: Setup) -> list[tuple[int, int]]:
     def backward(node: Node, lo: int = 0, hi: int | None = None) -> None:
         if node.inst.checkpointed:
             forward(node)
-        if not node.children and node.cost.parameters:
+        if not node.children and node.cost.parameters and not node.inst.idle:
             out.append((id(node), node.cost.parameters // bp))
         for c in reversed(node.children[lo:hi]):
             backward(c)

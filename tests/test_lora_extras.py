@@ -180,3 +180,8 @@ def test_qlora_with_the_head_saved():
     """lm_head is never quantized (the output embedding): QLoRA may save it."""
     r = estimate(QWEN, micro_batch=1, seq_len=512, trainable=[], quantization={"bits": 4}, lora={"r": 8, "modules_to_save": ["lm_head"]})
     assert rows(r)["language.lm_head.modules_to_save"].gradients == TABLE * 2
+
+
+def test_no_longer_listed_as_not_modelled():
+    r = qwen(modules_to_save=["lm_head"], bias="all")
+    assert not [x for x in r.estimate.not_modelled if "peft" in x]
