@@ -194,6 +194,8 @@ def _cell(row: Row, column: str) -> str:
     value = getattr(row, column)
     if column == "activations" and value is None:
         return "-"
+    if column == "trainable" and not value and row.gradients:
+        return "bias"  # NB: peft's bias option: only the parameters named bias train
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)
@@ -215,10 +217,11 @@ def table_text(rows: tuple[Row, ...]) -> str:
             return "-" if v is None else f"{v / mib:.1f}"
 
         lines.append(
-            f"{r.path:<50} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
+            f"{r.path:<50} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'b' if r.gradients else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
             f"{m(r.parameters):>10} {m(r.gradients):>10} {m(r.optimizer_states):>10} {m(r.activations):>10} {m(r.transient_forward):>10} {m(r.transient_backward):>10}"
         )
-    lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row")
+    lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row"
+                 + ("; tr 'b': only its biases train (peft bias)" if any(r.gradients and not r.trainable for r in rows) else ""))
     return "\n".join(lines) + "\n"
 
 
