@@ -57,7 +57,7 @@ class Instance:
     # A layer HF lists in _no_split_modules (its checkpointing unit): an FSDP2 unit of its own
     shard_unit: bool = False
     # peft bias='all' / 'lora_only': only the parameters named `bias` require grad (the
-    # formula's `bias_params` elements, its last parameter tensor); the weights are frozen
+    # formula's parameter tensors named `bias`); the weights are frozen
     bias_only: bool = False
     # a ModulesToSaveWrapper's original_module: resident, frozen, never run in the forward
     idle: bool = False
