@@ -43,6 +43,8 @@ _ZERO = dict.fromkeys(CATEGORIES, 0)
 DEEPSPEED = "deepspeed"  # the breakdown row of DeepSpeed's gradient buckets
 DEEPSPEED_RS = "deepspeed-reduce-scatter"  # breakdown row: ZeRO-3's reduce-scatter copy of a full bucket
 ZERO3_KEPT = "zero3-kept"  # breakdown row: ZeRO-3 layers kept gathered for their reuse (stage3_max_reuse_distance)
+ZERO12_GRADS = "zero-grad-partition"  # breakdown row: ZeRO-1/2's grads_in_partition, from the first bucket reduction
+ZERO12_WAIT = "zero-large-grad"  # breakdown row: a gradient too large for ZeRO-1/2's bucket, whole until it is reduced
 FSDP_GATHER = "fsdp-gather"  # breakdown row: FSDP2's gathered parameters and all-gather outputs
 FSDP_REDUCE = "fsdp-reduce"  # breakdown row: FSDP2's reduce-scatter inputs
 PIPELINE = "pipeline"  # the breakdown row of the other in-flight micro-batches' activations (1F1B)
@@ -125,7 +127,7 @@ class _State:
         if size:
             self.buffers[name] -= size
             self.level -= size
-            if not self.buffers[name] and name in (DEEPSPEED_RS, ZERO3_KEPT):
+            if not self.buffers[name] and name in (DEEPSPEED_RS, ZERO3_KEPT, ZERO12_WAIT):
                 del self.buffers[name]  # NB: a transient row shows only while it holds bytes
 
     def _drop(self, name: str) -> None:
@@ -345,6 +347,15 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     # runtime/engine.py, get_data_types) and keeps it; with optimizer offload it is in host memory.
     # NB: a config's data_types.grad_accum_dtype is not read.
     grads_resident = zero3 and not _offloaded(setup) and trainable > 0
+    # ZeRO-1/2 (contiguous_gradients, optimizer on the GPU): a gradient leaves autograd for the
+    # bucket as it appears (ZeRO-2, or ZeRO-1 with overlap_comm: process_gradients) or after
+    # backward (ZeRO-1: engine.backward -> reduce_gradients); the rank's gradient partition is
+    # one allocation (zero12_grads_in_partition)
+    zero12 = _zero12_active(setup) and plan is None and trainable > 0
+    zero12_hooked = zero12 and (setup.zero == 2 or setup.deepspeed.overlap_comm)
+    zero12_part = round_up(zero12_grads_in_partition(setup, stepped_tensors(nodes, setup)) * setup.bytes["grad"],
+                           ALLOCATOR_GRANULE) if zero12 else 0
+    bucket12 = _Zero12Bucket(setup) if zero12 else None
     if grads_resident:
         for root in nodes:
             g = sum(blocks[id(n)][1] for n in root.walk())
@@ -468,7 +479,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             # NB: a gradient computed in forward (a fused loss) was live as a saved tensor;
             # it becomes the .grad here rather than being allocated beside it
             state.free(inst.path, [(name, 0) for name in node.cost.handover])
-            if not grads_resident:
+            if zero12_hooked:
+                zero12_join(node, t)
+            elif not grads_resident:
                 grad = blocks[id(node)][1]
                 state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
                 state.level += grad
@@ -484,6 +497,28 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         if fs is not None and inst.shard_unit:
             fs.post_backward(fs.plan.units[inst.path], _push(stack, inst.module, grad_io))
+
+    def zero12_reduce(path: str, stack: Mapping[str, int], waiting: int) -> None:
+        """Reduce ZeRO-1/2's bucket; the first reduction makes the gradient partition."""
+        size, large = bucket12.flush(waiting)
+        state.add_buffer(DEEPSPEED_RS, size)
+        state.observe("backward", path, stack)
+        state.drop_buffer(DEEPSPEED_RS, size)
+        state.drop_buffer(ZERO12_WAIT, large)
+        if size and ZERO12_GRADS not in state.buffers:
+            state.add_buffer(ZERO12_GRADS, zero12_part)
+
+    def zero12_join(node: Node, stack: Mapping[str, int]) -> None:
+        """A layer's gradients join ZeRO-1/2's bucket in backward order, each after the
+        reduction it causes (as _IpgBucket.add)."""
+        per = [t // setup.bytes["param"] for t in node.cost.param_tensors]
+        if sum(per) * setup.bytes["grad"] != node.cost.gradients:
+            per = [node.cost.gradients // setup.bytes["grad"]]  # NB: frozen tensors beside trainable ones
+        for numel in reversed(per):
+            if bucket12.elements and bucket12.elements + numel > bucket12.limit:
+                zero12_reduce(node.inst.path, stack, numel)
+            if bucket12.join(numel):
+                state.add_buffer(ZERO12_WAIT, round_up(numel * setup.bytes["grad"], ALLOCATOR_GRANULE))
 
     # NB: not `offload`, DeepSpeed's optimizer-offload buffers above
     act_offload = setup.activation_offloading
@@ -529,6 +564,32 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             state.add_buffer(DEEPSPEED_RS, size)
             state.observe("backward", "deepspeed.reduce_scatter", {})
             state.drop_buffer(DEEPSPEED_RS, size)
+        if zero12 and not zero12_hooked:
+            # ZeRO-1 without overlap_comm: reduce_gradients moves the whole gradients through the
+            # bucket after backward, in group order; the partition appears at the first
+            # reduction. NB: charged with every whole gradient and the largest reduction
+            # (an upper bound: each whole gradient is freed as it joins the bucket)
+            worst = 0
+            for t in stepped_tensors(nodes, setup):
+                if bucket12.elements and bucket12.elements + t.elements > bucket12.limit:
+                    worst = max(worst, bucket12.flush(0)[0])
+                bucket12.join(t.elements)
+            worst = max(worst, bucket12.flush(0)[0])
+            state.add_buffer(DEEPSPEED_RS, worst + zero12_part)
+            state.observe("backward", "deepspeed.reduce_gradients", {})
+            state.drop_buffer(DEEPSPEED_RS, worst + zero12_part)
+            for m in list(state.grads):
+                state.level -= state.grads[m]
+                state.grads[m] = 0
+            state.add_buffer(ZERO12_GRADS, zero12_part)
+        elif zero12:
+            # independent_gradient_partition_epilogue -> reduce_ipg_grads reduces the rest
+            zero12_reduce("deepspeed.reduce_ipg_grads", {}, 0)
+            if ZERO12_GRADS not in state.buffers:
+                state.add_buffer(ZERO12_GRADS, zero12_part)
+        if setup.deepspeed is not None and setup.zero in (1, 2) and plan is None:
+            # the epilogue's _release_ipg_buffers frees the ipg buffers before the step
+            state.drop_buffer(DEEPSPEED, _bucket_bytes(setup))
         # the loop drops the loss (and backward() its seed gradient) once backward returns
         state.free_pinned([name for r in nodes for n in r.walk() for name in n.cost.pinned])
         if fs is not None:
@@ -949,6 +1010,9 @@ def _step_transient(setup: Setup, tensors: list[Stepped], largest: int, o_div: i
     if setup.deepspeed is not None and setup.zero == 3 and setup.fsdp is None:
         total = sum(zero3_step_temporaries(setup, tensors).values())
         return {modules[-1]: total} if total else {}
+    if _zero12_active(setup):
+        total = sum(zero12_step_temporaries(setup, tensors).values())
+        return {modules[-1]: total} if total else {}
     total = sum(step_temporaries(setup, tensors, largest, o_div).values())
     # NB: the temporaries belong to the optimizer, not a module; shown under the last
     # module so that the breakdown still sums to the total.
@@ -972,6 +1036,128 @@ def _bucket_bytes(setup: Setup) -> int:
     if not ds.contiguous_gradients:
         return 0
     return (2 if ds.overlap_comm else 1) * one
+
+
+# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer.__init__:
+# nccl_start_alignment_factor 2; each group's flat 16-bit buffer is padded to a multiple of
+# 2 x dp elements (flatten_dense_tensors_aligned) before it is cut into dp partitions.
+ZERO12_ALIGNMENT = 2
+
+
+def _zero12_active(setup: Setup) -> bool:
+    """ZeRO-1/2 with contiguous_gradients and the optimizer on the GPU: the case whose gradient
+    partition, buckets and step stage_1_and_2.py is modelled from here."""
+    ds = setup.deepspeed
+    return (ds is not None and setup.zero in (1, 2) and setup.fsdp is None and not _offloaded(setup)
+            and ds.contiguous_gradients)
+
+
+def zero12_partition_sizes(setup: Setup, tensors: list[Stepped]) -> list[int]:
+    """Elements of this rank's fp32 partition per parameter group: the group's elements padded
+    to a multiple of ZERO12_ALIGNMENT x dp, divided by dp (stage_1_and_2.py, __init__:
+    flatten_dense_tensors_aligned, then partition_size = len(bit16_groups_flat[i]) / dp)."""
+    align = ZERO12_ALIGNMENT * setup.dp
+    return [round_up(sum(t.elements for t in members), align) // setup.dp for _, members in param_groups(tensors)]
+
+
+def zero12_grads_in_partition(setup: Setup, tensors: list[Stepped]) -> int:
+    """Elements of `grads_in_partition` on the rank that holds the most.
+
+    stage_1_and_2.py (02aa38c3), DeepSpeedZeroOptimizer.copy_grads_in_partition: the first
+    reduced gradient of this rank's partition makes it, `torch.empty(total_size)` in the 16-bit
+    dtype, where total_size sums `numel()` of every parameter in `params_in_partition`, over all
+    groups: the whole parameters that overlap the rank's range (get_partition_info), not only
+    their slices. It stays alive through the step: the epilogue drops the name but
+    `averaged_gradients` (get_flat_partition, return_tensor_list) keeps views of it until
+    step() sets each group's to None."""
+    best = [0] * setup.dp
+    for (_, members), size in zip(param_groups(tensors), zero12_partition_sizes(setup, tensors)):
+        start = 0
+        for t in members:
+            if t.elements:
+                for r in range(start // size, min(setup.dp - 1, (start + t.elements - 1) // size) + 1):
+                    best[r] += t.elements
+            start += t.elements
+    return max(best, default=0)
+
+
+class _Zero12Bucket:
+    """ZeRO-1/2's IPG bucket as gradients join it, and what reducing a full one allocates.
+
+    deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer:
+    - reduce_independent_p_g_buckets_and_remove_grads: when `bucket.elements + numel >
+      reduce_bucket_size`, reduce_ipg_grads reduces the bucket first; then a gradient of at most
+      reduce_bucket_size elements is copied into the preallocated ipg buffer (the `deepspeed`
+      row) and its autograd tensor freed; a larger one (`extra_large_param_to_reduce`) stays
+      whole until the next reduction reduces it where it is;
+    - average_tensor (reduce_scatter, use_multi_rank_bucket_allreduce: the defaults) ->
+      allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> allreduce_bucket:
+      `self.flatten(bucket)` of the bucket's per-rank slices, a new tensor of all the bucket's
+      elements in the 16-bit dtype, and with another communication_data_type its
+      `.to(communication_data_type)` copy; both live until the all-reduce's results are
+      copied back. NB: a bucket of one slice flattens to a view (no copy); every bucket is
+      charged the copy (an upper bound).
+    At a reduction the gradient that triggered it is still whole: counted with it.
+    """
+
+    def __init__(self, setup: Setup) -> None:
+        self.limit = setup.deepspeed.reduce_bucket
+        self.grad = setup.bytes["grad"]
+        self.comm = setup.deepspeed.comm_bytes or self.grad
+        self.members: list[int] = []
+        self.elements = 0
+
+    def flush(self, waiting: int) -> tuple[int, int]:
+        """Reduce the bucket: (bytes alive while it is reduced, beyond the buffers and the
+        waiting extra-large gradient; bytes of an extra-large gradient freed by it)."""
+        members, elements = self.members, self.elements
+        self.members, self.elements = [], 0
+        if not members:
+            return 0, 0
+        size = round_up(elements * self.grad, ALLOCATOR_GRANULE)  # flatten(bucket)
+        if self.comm != self.grad:
+            size += round_up(elements * self.comm, ALLOCATOR_GRANULE)  # .to(communication_data_type)
+        large = sum(round_up(n * self.grad, ALLOCATOR_GRANULE) for n in members if n > self.limit)
+        return size + round_up(waiting * self.grad, ALLOCATOR_GRANULE), large
+
+    def join(self, numel: int) -> bool:
+        """A gradient joins the bucket (after any reduction it caused); True when it is too
+        large for the buffer and stays whole until the next reduction."""
+        self.members.append(numel)
+        self.elements += numel
+        return numel > self.limit
+
+
+def zero12_step_temporaries(setup: Setup, tensors: list[Stepped]) -> dict[str, int]:
+    """What ZeRO-1/2's step() allocates beside the gradient partition and the resident states,
+    per GPU, at its high-water mark (deepspeed/runtime/zero/stage_1_and_2.py at 02aa38c3,
+    DeepSpeedZeroOptimizer.step):
+    - check_overflow -> has_overflow_partitioned_grads_serial -> _has_inf_or_nan, per averaged
+      gradient: `x.float()`, `isnan`, `isinf`, `logical_or` and its `.float()`, all alive at
+      once (4 + 1 + 1 + 1 + 4 bytes per element of the largest);
+    - scaled_global_norm -> get_grad_norm_direct: `g.data.double()` one gradient at a time
+      (8 bytes per element of the largest);
+    - per parameter group: `self.flatten(averaged_gradients[i])` (a 16-bit copy of the
+      group's partition) `.to(fp32)`, both alive until the 16-bit copy is dropped; then
+      _optimizer_step(i) steps the group's fp32 partition with that fp32 gradient alive
+      (torch's optimizer on one flat tensor: see step_temporaries), freed before the next group.
+    The largest phase decides. NB: the largest averaged gradient is taken as the largest
+    parameter, at most the largest partition (an upper bound: a slice may be smaller)."""
+    sizes = zero12_partition_sizes(setup, tensors)
+    if not sizes:
+        return {}
+    largest = min(max(t.elements for t in tensors), max(sizes))
+    g = ALLOCATOR_GRANULE
+    phases = {
+        "overflow_check": 2 * round_up(largest * 4, g) + 3 * round_up(largest, g),
+        "grad_norm": round_up(largest * 8, g),
+    }
+    for size in sizes:
+        fp32 = round_up(size * setup.master_bytes, g) if setup.master_bytes else 0
+        phases[f"flatten_to_fp32[{len(phases)}]"] = round_up(size * setup.bytes["grad"], g) + fp32
+        stepping = step_temporaries(setup, [Stepped(size, None)], size)
+        phases[f"step[{len(phases)}]"] = fp32 + stepping.get("optimizer_temporaries", 0)
+    return {"zero12_step": max(phases.values())}
 
 
 def _prefetch_bytes(setup: Setup, available: int) -> int:
@@ -1140,9 +1326,13 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
     elif setup.dp > 1 and setup.zero == 0:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero in (1, 2):
-        out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
-        if setup.deepspeed is not None and setup.deepspeed.comm_bytes not in (None, setup.bytes["grad"]):
-            out.append("ZeRO-1/2's copy of each bucket in communication_data_type (stage_1_and_2.py, average_tensor)")
+        if _zero12_active(setup):
+            out.append("a layer's 16-bit gradient waiting for its bucket copy except when it triggers a reduction "
+                       "or is too large for the bucket, and the all-gather of the updated 16-bit partitions (in place)")
+        else:
+            out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
+            if setup.deepspeed is not None and setup.deepspeed.comm_bytes not in (None, setup.bytes["grad"]):
+                out.append("ZeRO-1/2's copy of each bucket in communication_data_type (stage_1_and_2.py, allreduce_bucket)")
     elif setup.zero == 3:
         out.append("DeepSpeed's flat-buffer alignment padding, and a layer's 16-bit gradient waiting for its bucket copy "
                    "except when it triggers a bucket's reduce-scatter")
