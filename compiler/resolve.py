@@ -230,7 +230,9 @@ HF_AUTO_PERSISTENCE_FACTOR = 10
 # Up to DeepSpeed 0.13 every ZeRO stage ran one optimizer step at engine initialization on zero
 # gradients (stage3.py, DeepSpeedZeroOptimizer_Stage3.initialize_optimizer_states calls
 # self._optimizer_step(i) per sub-group, microsoft/DeepSpeed at 0003660d; stage_1_and_2.py
-# likewise), so the states exist before the first forward. deepspeedai/DeepSpeed PR #5104
+# likewise), so the states exist before the first forward. At 02aa38c3 stage_1_and_2.py's
+# DeepSpeedZeroOptimizer.initialize_optimizer_states makes a zero fp32 gradient per group and
+# sets it back to None without stepping: lazy under ZeRO-1/2 as well. deepspeedai/DeepSpeed PR #5104
 # ("Remove optimizer step on initialization", 2024-02) made them lazy: initialize_optimizer_states
 # at 007cca6a only sizes a zero gradient buffer and steps nothing, so torch's Adam creates the
 # states in the first step(). The fp32 master partition (_create_fp32_partitions) and, under
@@ -238,6 +240,11 @@ HF_AUTO_PERSISTENCE_FACTOR = 10
 # initialization in both. Modelled: the lazy form (the current release); a run on DeepSpeed
 # <= 0.13 (LLaVA pins 0.12.6) has its first step equal to the steady state.
 DEEPSPEED_STATES_AT_INIT = False
+# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer.__init__:
+# nccl_start_alignment_factor 2 ("4-byte alignment/sizeof(fp16)"); each parameter group's flat
+# 16-bit buffer is padded to a multiple of 2 x dp elements (flatten_dense_tensors_aligned)
+# before it is cut into dp partitions, so a rank's fp32 partition is that over dp.
+ZERO12_ALIGNMENT = 2
 # communication_data_type -> bytes per element (deepspeed/runtime/config.py, get_communication_data_type);
 # unset, engine.communication_data_type follows the precision: fp16, bf16, else fp32.
 COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -334,6 +341,15 @@ def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]
             Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
                      f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
                      "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),
+        ]
+    if zero in (1, 2):
+        out += [
+            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
+                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+                     "allreduce_bucket convert each flattened bucket (stage_1_and_2.py)"),
+            Constant("ZeRO-1/2 partition alignment", ZERO12_ALIGNMENT, "elements x dp",
+                     "stage_1_and_2.py, nccl_start_alignment_factor: each group's flat buffer is padded to a multiple of "
+                     "it times dp before it is cut into partitions"),
         ]
     out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
                         "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "

@@ -35,7 +35,7 @@ from typing import Mapping
 from .evaluate import Node, first_charges, trained
 from .expand import forward_order
 from . import optimizers
-from .resolve import DEEPSPEED_STATES_AT_INIT, Constant, Setup
+from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
@@ -605,12 +605,21 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     else:
         stepped = stepped_tensors(nodes, setup)
         step_transient = _step_transient(setup, stepped, largest, o_div, modules)
+        if zero12:
+            phases = zero12_step_temporaries(setup, stepped, _bucket_bytes(setup) if setup.zero == 1 else 0)
+            if phases["after_partition"] - zero12_part > phases["with_partition"]:
+                # the last group steps once grads_in_partition is freed
+                state.drop_buffer(ZERO12_GRADS, zero12_part)
+                step_transient = {modules[-1]: phases["after_partition"]}
+            else:
+                step_transient = {modules[-1]: phases["with_partition"]}
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
     first_step_point = step
-    # NB: sharded (ZeRO, FSDP2), offloaded or ZeRO-3 (stepped sub-group by sub-group), step 1's
-    # optimizer point is the steady one: an upper bound (its states are made during the step as well)
-    if plan is None and o_div == 1 and not _offloaded(setup) and trainable and not zero3:
+    # NB: sharded (ZeRO, FSDP2), offloaded, ZeRO-3 (stepped sub-group by sub-group) or ZeRO-1/2
+    # (stepped group by group on flat partitions, even at dp 1), step 1's optimizer point is the
+    # steady one: an upper bound (its states are made during the step as well)
+    if plan is None and o_div == 1 and not _offloaded(setup) and trainable and not zero3 and not zero12:
         first_step_point = _first_step_optimizer(setup, stepped, largest, step, step_transient, modules)
 
     per_gpu_totals = {
@@ -1010,9 +1019,6 @@ def _step_transient(setup: Setup, tensors: list[Stepped], largest: int, o_div: i
     if setup.deepspeed is not None and setup.zero == 3 and setup.fsdp is None:
         total = sum(zero3_step_temporaries(setup, tensors).values())
         return {modules[-1]: total} if total else {}
-    if _zero12_active(setup):
-        total = sum(zero12_step_temporaries(setup, tensors).values())
-        return {modules[-1]: total} if total else {}
     total = sum(step_temporaries(setup, tensors, largest, o_div).values())
     # NB: the temporaries belong to the optimizer, not a module; shown under the last
     # module so that the breakdown still sums to the total.
@@ -1036,12 +1042,6 @@ def _bucket_bytes(setup: Setup) -> int:
     if not ds.contiguous_gradients:
         return 0
     return (2 if ds.overlap_comm else 1) * one
-
-
-# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer.__init__:
-# nccl_start_alignment_factor 2; each group's flat 16-bit buffer is padded to a multiple of
-# 2 x dp elements (flatten_dense_tensors_aligned) before it is cut into dp partitions.
-ZERO12_ALIGNMENT = 2
 
 
 def _zero12_active(setup: Setup) -> bool:
@@ -1128,36 +1128,46 @@ class _Zero12Bucket:
         return numel > self.limit
 
 
-def zero12_step_temporaries(setup: Setup, tensors: list[Stepped]) -> dict[str, int]:
-    """What ZeRO-1/2's step() allocates beside the gradient partition and the resident states,
-    per GPU, at its high-water mark (deepspeed/runtime/zero/stage_1_and_2.py at 02aa38c3,
-    DeepSpeedZeroOptimizer.step):
+def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int = 0) -> dict[str, int]:
+    """What ZeRO-1/2's step() allocates beside the resident states, per GPU, at its high-water
+    marks: {"with_partition": beside grads_in_partition, "after_partition": once it is freed}
+    (deepspeed/runtime/zero/stage_1_and_2.py at 02aa38c3, DeepSpeedZeroOptimizer.step):
     - check_overflow -> has_overflow_partitioned_grads_serial -> _has_inf_or_nan, per averaged
       gradient: `x.float()`, `isnan`, `isinf`, `logical_or` and its `.float()`, all alive at
       once (4 + 1 + 1 + 1 + 4 bytes per element of the largest);
     - scaled_global_norm -> get_grad_norm_direct: `g.data.double()` one gradient at a time
-      (8 bytes per element of the largest);
-    - per parameter group: `self.flatten(averaged_gradients[i])` (a 16-bit copy of the
-      group's partition) `.to(fp32)`, both alive until the 16-bit copy is dropped; then
-      _optimizer_step(i) steps the group's fp32 partition with that fp32 gradient alive
-      (torch's optimizer on one flat tensor: see step_temporaries), freed before the next group.
-    The largest phase decides. NB: the largest averaged gradient is taken as the largest
-    parameter, at most the largest partition (an upper bound: a slice may be smaller)."""
+      (8 bytes per element of the largest) and a 0-dim norm per gradient until they are stacked;
+    - per parameter group: `self.flatten(averaged_gradients[i])` (a 16-bit copy of the group's
+      partition) `.to(fp32)`, both alive until the 16-bit copy is dropped; then
+      `averaged_gradients[i] = None`, and _optimizer_step(i) steps the group's fp32 partition
+      with that fp32 gradient alive (torch's optimizer on one flat tensor: see
+      step_temporaries), freed before the next group. grads_in_partition is one buffer for
+      every group, so the last group's views are its last references: that group steps after
+      it is freed ("after_partition").
+    - `buckets`: ZeRO-1's ipg buffers, alive until the overflow check and the norm in the older
+      engines (their views are a parameter's .grad until free_grad_in_param_list; 02aa38c3
+      clears them at the epilogue): counted with those two phases (an upper bound).
+    NB: the largest averaged gradient is taken as the largest parameter, at most the largest
+    partition (an upper bound: a slice may be smaller); every stepped tensor's norm is counted."""
     sizes = zero12_partition_sizes(setup, tensors)
     if not sizes:
         return {}
     largest = min(max(t.elements for t in tensors), max(sizes))
     g = ALLOCATOR_GRANULE
-    phases = {
-        "overflow_check": 2 * round_up(largest * 4, g) + 3 * round_up(largest, g),
-        "grad_norm": round_up(largest * 8, g),
-    }
-    for size in sizes:
+    with_partition = [
+        buckets + 2 * round_up(largest * 4, g) + 3 * round_up(largest, g),  # _has_inf_or_nan
+        buckets + round_up(largest * 8, g) + len(tensors) * g,  # get_grad_norm_direct
+    ]
+    after = 0
+    for i, size in enumerate(sizes):
         fp32 = round_up(size * setup.master_bytes, g) if setup.master_bytes else 0
-        phases[f"flatten_to_fp32[{len(phases)}]"] = round_up(size * setup.bytes["grad"], g) + fp32
-        stepping = step_temporaries(setup, [Stepped(size, None)], size)
-        phases[f"step[{len(phases)}]"] = fp32 + stepping.get("optimizer_temporaries", 0)
-    return {"zero12_step": max(phases.values())}
+        with_partition.append(round_up(size * setup.bytes["grad"], g) + fp32)  # flatten(...).to(fp32)
+        stepping = fp32 + step_temporaries(setup, [Stepped(size, None)], size).get("optimizer_temporaries", 0)
+        if i == len(sizes) - 1:
+            after = stepping
+        else:
+            with_partition.append(stepping)
+    return {"with_partition": max(with_partition), "after_partition": after}
 
 
 def _prefetch_bytes(setup: Setup, available: int) -> int:

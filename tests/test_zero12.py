@@ -68,10 +68,22 @@ def test_peak_breakdown_rows(zero2):
 
 
 def test_step_temporaries(zero2):
-    # the group's fp32 gradient (844_989_952 x 4) + foreach AdamW's sqrt copy (x 4) beats the
-    # flatten (x 2 + x 4), the norm's .double() of lm_head (131_334_144 x 8) and the overflow
-    # check (131_334_144 x (4 + 1 + 1 + 1 + 4))
-    assert zero12_step_temporaries(zero2.setup, _tensors(zero2)) == {"zero12_step": 844_989_952 * 8}
+    # beside grads_in_partition, the largest is flatten(averaged_gradients) (844_989_952 x 2) with
+    # its .to(fp32) (x 4); the norm's .double() of lm_head (131_334_144 x 8 + 295 norms x 512) and
+    # the overflow check (131_334_144 x (4 + 1 + 1 + 1 + 4)) are smaller. The only group then
+    # steps after grads_in_partition is freed: its fp32 gradient (x 4) + foreach AdamW's sqrt (x 4)
+    assert zero12_step_temporaries(zero2.setup, _tensors(zero2)) == {
+        "with_partition": 844_989_952 * 6, "after_partition": 844_989_952 * 8}
+    assert 844_989_952 * 8 - 899_710_976 * 2 < 844_989_952 * 6
+
+
+def test_the_step_point_is_the_flatten(zero2):
+    # the ipg buffers are gone by the step whatever their size: a bucket of 10^12 elements
+    # (2 x 2 TB of buffers in backward) leaves the step's total as it is
+    step = zero2.estimate.timeline[-1]
+    assert step[:2] == ("optimizer", "optimizer.step")
+    later = _ds(zero=2, overlap_comm=True, reduce_bucket_size=10**12)  # one bucket: reduced at the epilogue only
+    assert later.estimate.timeline[-1][2] - step[2] == 0  # the bucket size does not reach the step
 
 
 def test_bucket_reduction_and_extra_large_gradient(zero2):
