@@ -1144,9 +1144,10 @@ def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int =
       step_temporaries), freed before the next group. grads_in_partition is one buffer for
       every group, so the last group's views are its last references: that group steps after
       it is freed ("after_partition").
-    - `buckets`: ZeRO-1's ipg buffers, alive until the overflow check and the norm in the older
-      engines (their views are a parameter's .grad until free_grad_in_param_list; 02aa38c3
-      clears them at the epilogue): counted with those two phases (an upper bound).
+    - `buckets`: ZeRO-1's ipg buffers, which the older engines keep alive as the .grad views of
+      the parameters outside the partition until step()'s free_grad_in_param_list of their
+      group (02aa38c3 clears them at the epilogue): counted with every phase before the last
+      group's (an upper bound).
     NB: the largest averaged gradient is taken as the largest parameter, at most the largest
     partition (an upper bound: a slice may be smaller); every stepped tensor's norm is counted."""
     sizes = zero12_partition_sizes(setup, tensors)
@@ -1160,13 +1161,16 @@ def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int =
     ]
     after = 0
     for i, size in enumerate(sizes):
+        last = i == len(sizes) - 1
+        # NB: the later groups' parameters still view the buffers (older engines): not at the last group
+        views = 0 if last else buckets
         fp32 = round_up(size * setup.master_bytes, g) if setup.master_bytes else 0
-        with_partition.append(round_up(size * setup.bytes["grad"], g) + fp32)  # flatten(...).to(fp32)
+        with_partition.append(views + round_up(size * setup.bytes["grad"], g) + fp32)  # flatten(...).to(fp32)
         stepping = fp32 + step_temporaries(setup, [Stepped(size, None)], size).get("optimizer_temporaries", 0)
-        if i == len(sizes) - 1:
+        if last:
             after = stepping
         else:
-            with_partition.append(stepping)
+            with_partition.append(views + stepping)
     return {"with_partition": max(with_partition), "after_partition": after}
 
 

@@ -121,3 +121,17 @@ def test_zero1_steps_with_the_partition_as_zero2():
     # 6_759_919_616 x 2 whole gradients
     step = lambda r: r.estimate.timeline[-1][2]
     assert step(_ds(zero=1, overlap_comm=True)) == step(_ds(zero=1, overlap_comm=False)) == step(_ds(zero=2, overlap_comm=True))
+
+
+def test_zero1_counts_its_buffers_before_the_last_group():
+    # two groups (decay and no decay): ZeRO-1's ipg buffers (2 x 16_777_216 x 2 with overlap_comm)
+    # are alive through the overflow check, the norm and the first group's flatten and step
+    report = _ds(zero=1, overlap_comm=True)
+    tensors = _tensors(report)
+    two = [t if i % 2 else type(t)(t.elements, t.shape, t.module, 1) for i, t in enumerate(tensors)]
+    sizes = zero12_partition_sizes(report.setup, two)
+    assert len(sizes) == 2 and sum(sizes) >= TRAINABLE // PART
+    with_buffers = zero12_step_temporaries(report.setup, two, 67_108_864)
+    without = zero12_step_temporaries(report.setup, two)
+    assert with_buffers["with_partition"] - without["with_partition"] == 67_108_864
+    assert with_buffers["after_partition"] == without["after_partition"] == sizes[1] * 8
