@@ -504,7 +504,12 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         state.add_buffer(DEEPSPEED_RS, size)
         state.observe("backward", path, stack)
         state.drop_buffer(DEEPSPEED_RS, size)
-        state.drop_buffer(ZERO12_WAIT, large)
+        if setup.zero == 2:
+            # NB: ZeRO-1's reduce_ipg_grads clears no gradient: a too-large one outside this
+            # rank's partition stays whole until the epilogue's _clear_param_grad_only
+            # (zero_grad(set_to_none=True) in the older engines); kept for every such gradient
+            # (an upper bound: those inside the partition are copied and freed)
+            state.drop_buffer(ZERO12_WAIT, large)
         if size and ZERO12_GRADS not in state.buffers:
             state.add_buffer(ZERO12_GRADS, zero12_part)
 
@@ -587,6 +592,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             zero12_reduce("deepspeed.reduce_ipg_grads", {}, 0)
             if ZERO12_GRADS not in state.buffers:
                 state.add_buffer(ZERO12_GRADS, zero12_part)
+            state.drop_buffer(ZERO12_WAIT, state.buffers.get(ZERO12_WAIT, 0))  # _clear_param_grad_only
         if setup.deepspeed is not None and setup.zero in (1, 2) and plan is None:
             # the epilogue's _release_ipg_buffers frees the ipg buffers before the step
             state.drop_buffer(DEEPSPEED, _bucket_bytes(setup))
@@ -606,7 +612,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         stepped = stepped_tensors(nodes, setup)
         step_transient = _step_transient(setup, stepped, largest, o_div, modules)
         if zero12:
-            phases = zero12_step_temporaries(setup, stepped, _bucket_bytes(setup) if setup.zero == 1 else 0)
+            phases = zero12_step_temporaries(setup, stepped)
             if phases["after_partition"] - zero12_part > phases["with_partition"]:
                 # the last group steps once grads_in_partition is freed
                 state.drop_buffer(ZERO12_GRADS, zero12_part)
@@ -1128,7 +1134,7 @@ class _Zero12Bucket:
         return numel > self.limit
 
 
-def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int = 0) -> dict[str, int]:
+def zero12_step_temporaries(setup: Setup, tensors: list[Stepped]) -> dict[str, int]:
     """What ZeRO-1/2's step() allocates beside the resident states, per GPU, at its high-water
     marks: {"with_partition": beside grads_in_partition, "after_partition": once it is freed}
     (deepspeed/runtime/zero/stage_1_and_2.py at 02aa38c3, DeepSpeedZeroOptimizer.step):
@@ -1144,10 +1150,8 @@ def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int =
       step_temporaries), freed before the next group. grads_in_partition is one buffer for
       every group, so the last group's views are its last references: that group steps after
       it is freed ("after_partition").
-    - `buckets`: ZeRO-1's ipg buffers, which the older engines keep alive as the .grad views of
-      the parameters outside the partition until step()'s free_grad_in_param_list of their
-      group (02aa38c3 clears them at the epilogue): counted with every phase before the last
-      group's (an upper bound).
+    Every parameter's .grad is None by then (the epilogue's _clear_param_grad_only at 02aa38c3,
+    zero_grad(set_to_none=True) in the older engines): no ipg buffer or whole gradient remains.
     NB: the largest averaged gradient is taken as the largest parameter, at most the largest
     partition (an upper bound: a slice may be smaller); every stepped tensor's norm is counted."""
     sizes = zero12_partition_sizes(setup, tensors)
@@ -1156,21 +1160,18 @@ def zero12_step_temporaries(setup: Setup, tensors: list[Stepped], buckets: int =
     largest = min(max(t.elements for t in tensors), max(sizes))
     g = ALLOCATOR_GRANULE
     with_partition = [
-        buckets + 2 * round_up(largest * 4, g) + 3 * round_up(largest, g),  # _has_inf_or_nan
-        buckets + round_up(largest * 8, g) + len(tensors) * g,  # get_grad_norm_direct
+        2 * round_up(largest * 4, g) + 3 * round_up(largest, g),  # _has_inf_or_nan
+        round_up(largest * 8, g) + len(tensors) * g,  # get_grad_norm_direct
     ]
     after = 0
     for i, size in enumerate(sizes):
-        last = i == len(sizes) - 1
-        # NB: the later groups' parameters still view the buffers (older engines): not at the last group
-        views = 0 if last else buckets
         fp32 = round_up(size * setup.master_bytes, g) if setup.master_bytes else 0
-        with_partition.append(views + round_up(size * setup.bytes["grad"], g) + fp32)  # flatten(...).to(fp32)
+        with_partition.append(round_up(size * setup.bytes["grad"], g) + fp32)  # flatten(...).to(fp32)
         stepping = fp32 + step_temporaries(setup, [Stepped(size, None)], size).get("optimizer_temporaries", 0)
-        if last:
+        if i == len(sizes) - 1:
             after = stepping
         else:
-            with_partition.append(views + stepping)
+            with_partition.append(stepping)
     return {"with_partition": max(with_partition), "after_partition": after}
 
 

@@ -118,20 +118,27 @@ def test_zero1_without_overlap_reduces_after_backward():
 
 def test_zero1_steps_with_the_partition_as_zero2():
     # ZeRO-1 (either way) and ZeRO-2 reach the step holding grads_in_partition, not
-    # 6_759_919_616 x 2 whole gradients
+    # 6_759_919_616 x 2 whole gradients: the epilogue frees every .grad
     step = lambda r: r.estimate.timeline[-1][2]
     assert step(_ds(zero=1, overlap_comm=True)) == step(_ds(zero=1, overlap_comm=False)) == step(_ds(zero=2, overlap_comm=True))
 
 
-def test_zero1_counts_its_buffers_before_the_last_group():
-    # two groups (decay and no decay): ZeRO-1's ipg buffers (2 x 16_777_216 x 2 with overlap_comm)
-    # are alive through the overflow check, the norm and the first group's flatten and step
-    report = _ds(zero=1, overlap_comm=True)
-    tensors = _tensors(report)
-    two = [t if i % 2 else type(t)(t.elements, t.shape, t.module, 1) for i, t in enumerate(tensors)]
+def test_zero1_keeps_too_large_gradients_until_the_epilogue():
+    # ZeRO-1's reduce_ipg_grads clears no gradient: every gradient over the 16_777_216 bucket
+    # (embed_tokens and lm_head 131_334_144, 96 MLP weights 45_088_768) stays whole through
+    # backward; ZeRO-2 clears each at its reduction. At the epilogue's reduction (of embed_tokens,
+    # the last gradient, whole under both) the difference is lm_head's and the MLP weights'
+    last = lambda r: [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
+    large = 131_334_144 * 2 + 96 * 45_088_768 * 2
+    assert last(_ds(zero=1, overlap_comm=True)) - last(_ds(zero=2, overlap_comm=True)) == large == 8_919_711_744
+
+
+def test_two_groups_step_the_first_beside_the_partition():
+    # two groups (decay and no decay, alternate tensors): the first group's fp32 gradient and
+    # AdamW's sqrt (x 8) run beside grads_in_partition, the last group's after it is freed
+    report = _ds(zero=2)
+    two = [t if i % 2 else type(t)(t.elements, t.shape, t.module, 1) for i, t in enumerate(_tensors(report))]
     sizes = zero12_partition_sizes(report.setup, two)
     assert len(sizes) == 2 and sum(sizes) >= TRAINABLE // PART
-    with_buffers = zero12_step_temporaries(report.setup, two, 67_108_864)
-    without = zero12_step_temporaries(report.setup, two)
-    assert with_buffers["with_partition"] - without["with_partition"] == 67_108_864
-    assert with_buffers["after_partition"] == without["after_partition"] == sizes[1] * 8
+    phases = zero12_step_temporaries(report.setup, two)
+    assert phases == {"with_partition": max(sizes[0] * 8, sizes[1] * 6), "after_partition": sizes[1] * 8}
