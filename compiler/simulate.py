@@ -1342,8 +1342,8 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero in (1, 2):
         if _zero12_active(setup):
-            out.append("a layer's 16-bit gradient waiting for its bucket copy except when it triggers a reduction "
-                       "or is too large for the bucket, and the all-gather of the updated 16-bit partitions (in place)")
+            out.append("a layer's 16-bit gradient waiting for its bucket copy, except when it triggers a reduction "
+                       "or is too large for the bucket")
         else:
             out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
             if setup.deepspeed is not None and setup.deepspeed.comm_bytes not in (None, setup.bytes["grad"]):
