@@ -58,6 +58,14 @@ def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.w
             for e in range(c["num_experts"]):
                 out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
                         (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+        elif moe == "qwen2_moe":  # mlp: the router, the routed experts as Qwen3-MoE's, the shared expert and its gate
+            m, f, fs = p + "mlp.", c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+            out.append((m + "gate.weight", dtype, [c["num_experts"], h]))
+            for e in range(c["num_experts"]):
+                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+            out += [(m + "shared_expert.gate_proj.weight", dtype, [fs, h]), (m + "shared_expert.up_proj.weight", dtype, [fs, h]),
+                    (m + "shared_expert.down_proj.weight", dtype, [h, fs]), (m + "shared_expert_gate.weight", dtype, [1, h])]
         elif moe == "mixtral":  # block_sparse_moe: the router, then w1 (gate), w2 (down), w3 (up) per expert
             m = p + "block_sparse_moe."
             out.append((m + "gate.weight", dtype, [c["num_local_experts"], h]))
@@ -444,6 +452,28 @@ QWEN3_30B_A3B = {
     "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
     "vocab_size": 151936,
 }
+# the released config.json files (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen2-57B-A14B); neither writes
+# qkv_bias or mlp_only_layers (Qwen2MoeConfig's defaults: true, [])
+QWEN1_5_MOE_A2_7B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+    "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 16, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+QWEN2_57B_A14B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2_moe", "moe_intermediate_size": 2560,
+    "norm_topk_prob": False, "num_attention_heads": 28, "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 20480, "sliding_window": 131072, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 QWEN2_5_7B = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
     "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
@@ -662,6 +692,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Mistral-7B-v0.1", MISTRAL_7B_V01, llama_tensors(MISTRAL_7B_V01, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "Mixtral-8x7B-v0.1", MIXTRAL_8X7B_V01, llama_tensors(MIXTRAL_8X7B_V01, dtype="BF16", moe="mixtral"), shards=19)
     write_checkpoint(FIXTURES / "Qwen3-30B-A3B", QWEN3_30B_A3B, llama_tensors(QWEN3_30B_A3B, dtype="BF16", qk_norm=True, moe="qwen3_moe"), shards=16)
+    write_checkpoint(FIXTURES / "Qwen1.5-MoE-A2.7B", QWEN1_5_MOE_A2_7B, llama_tensors(QWEN1_5_MOE_A2_7B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=8)
+    write_checkpoint(FIXTURES / "Qwen2-57B-A14B", QWEN2_57B_A14B, llama_tensors(QWEN2_57B_A14B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=30)
     write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
     write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
     write_checkpoint(FIXTURES / "Qwen3-8B", QWEN3_8B, llama_tensors(QWEN3_8B, dtype="BF16", qk_norm=True), shards=5)
