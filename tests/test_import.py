@@ -88,6 +88,16 @@ def _error(fn, *args, **kwargs) -> str:
         # q_norm, k_norm 128 each; router 128 x 2048 = 262_144; 128 experts x 3 x 2048 x 768
         # = 603_979_776; norms 2 * 2048) + 2 * 311_164_928 (vocab 151936) + norm 2048
         ("Qwen3-30B-A3B", {"language": 30_532_122_624}),
+        # Qwen1.5-MoE-A2.7B: 24 * 570_560_512 layers (q, k, v 2048^2 + 2048 each, o 2048^2: 16_783_360;
+        # router 60 x 2048 = 122_880; 60 experts x 3 x 2048 x 1408 = 519_045_120; shared expert
+        # 3 * 2048 * 5632 = 34_603_008 and its gate 1 x 2048; norms 2 * 2048) + 2 * 311_164_928
+        # (vocab 151936) + norm 2048 = 14_315_784_192, the published 14.3B
+        ("Qwen1.5-MoE-A2.7B", {"language": 14_315_784_192}),
+        # Qwen2-57B-A14B: 28 * 2_011_413_504 layers (q 3584^2 + 3584, k, v 512 x 3584 + 512 each,
+        # o 3584^2: 29_364_736; router 64 x 3584 = 229_376; 64 experts x 3 x 3584 x 2560
+        # = 1_761_607_680; shared expert 3 * 3584 * 20480 = 220_200_960 and its gate 1 x 3584;
+        # norms 2 * 3584) + 2 * 544_538_624 (vocab 151936) + norm 3584 = 57_408_658_944, the published 57.4B
+        ("Qwen2-57B-A14B", {"language": 57_408_658_944}),
         # LLaVA-NeXT: LLaVA-1.5's CLIP and projector, plus image_newline [4096] in the projector
         # (20_979_712 + 4096); Vicuna-7B with vocab 32064 as in llava-1.5-7b-hf
         ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
@@ -598,6 +608,62 @@ def test_qwen3_moe_dense_layers_are_refused(tmp_path):
         "language": 2 * 37_280 + 2 * 8192 + 64}
     assert "decoder_sparse_step > 1 (dense MLP layers between the sparse ones) is not modelled" in _error(
         importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors))
+
+
+def test_qwen2_moe_experts_reach_the_spec():
+    inputs = importer.import_spec(str(FIX / "Qwen1.5-MoE-A2.7B")).data["modules"]["language"]["inputs"]
+    # the routed experts' width is moe_intermediate_size (1408), the shared expert's
+    # shared_expert_intermediate_size (5632), not the dense intermediate_size (5632 too here)
+    assert (inputs["n_experts"], inputs["top_k"], inputs["intermediate"], inputs["shared_intermediate"]) == (60, 4, 1408, 5632)
+    # qkv_bias is not in the released config.json: Qwen2MoeConfig's default, true
+    assert (inputs["norm_topk"], inputs["fp32_routing"], inputs["qkv_bias"]) == (False, False, True)
+    inputs = importer.import_spec(str(FIX / "Qwen2-57B-A14B")).data["modules"]["language"]["inputs"]
+    assert (inputs["n_experts"], inputs["top_k"], inputs["intermediate"], inputs["shared_intermediate"], inputs["n_kv_heads"]) == (64, 8, 2560, 20480, 4)
+
+
+def _tiny_qwen2_moe(**changes) -> dict:
+    return {**hf.QWEN1_5_MOE_A2_7B, "hidden_size": 64, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
+            "num_experts_per_tok": 2, "vocab_size": 128, **changes}
+
+
+def test_qwen2_moe_tiny_counts_the_shared_expert(tmp_path):
+    config = _tiny_qwen2_moe()
+    imported = importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe")))
+    # per layer: q 64 x 64 + 64, k, v 32 x 64 + 32 each, o 64 x 64 (12_416), router 4 x 64 = 256,
+    # 4 experts x 3 x 64 x 32 = 24_576, shared expert 3 x 64 x 48 = 9_216, its gate 64, norms
+    # 2 * 64: 46_656; 2 layers + 2 * 128 x 64 + norm 64
+    assert imported.header_parameters == {"language": 2 * 46_656 + 2 * 8192 + 64}
+    assert importer.formula_counts(imported.spec) == {"language": 109_760}
+
+
+def test_qwen2_moe_missing_shared_expert_gate_is_a_count_mismatch(tmp_path):
+    config = _tiny_qwen2_moe()
+    tensors = [t for t in hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe") if t[0] != "model.layers.1.mlp.shared_expert_gate.weight"]
+    assert _error(importer.import_spec, _folder(tmp_path, config, tensors)).startswith(
+        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 109,760 parameters, the header 109,696 (off by +64)")  # one gate, 1 x 64
+
+
+@pytest.mark.parametrize("changes", [{"mlp_only_layers": []}, {"mlp_only_layers": None}, {"decoder_sparse_step": 1}])
+def test_qwen2_moe_every_layer_sparse_is_accepted(tmp_path, changes):
+    config = _tiny_qwen2_moe(**changes)
+    assert importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe"))).header_parameters == {"language": 109_760}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"decoder_sparse_step": 2}, "sparse_step == 1 is false (decoder_sparse_step other than 1 (dense MLP layers between the sparse ones) is not modelled"),
+    ({"decoder_sparse_step": 0}, "sparse_step == 1 is false"),
+    ({"mlp_only_layers": [1]}, "first_mlp_only == -1 is false (mlp_only_layers (dense MLP layers in place of sparse ones) is not modelled"),
+    ({"mlp_only_layers": [0, 1]}, "first_mlp_only == -1 is false"),
+    ({"num_experts": 0}, "n_experts > 0 is false"),
+    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+    ({"use_sliding_window": True}, "use_sliding_window is not modelled"),
+    ({"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size must be positive"),
+])
+def test_qwen2_moe_variants_not_modelled_are_refused(tmp_path, changes, message):
+    config = _tiny_qwen2_moe(**changes)
+    err = _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(_tiny_qwen2_moe(), qkv_bias=True, moe="qwen2_moe")))
+    assert err.startswith("E713 ") and "not supported by the qwen2_moe family" in err and message in err, err
 
 
 def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):
