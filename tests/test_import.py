@@ -644,6 +644,12 @@ def test_qwen2_moe_missing_shared_expert_gate_is_a_count_mismatch(tmp_path):
         f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 109,760 parameters, the header 109,696 (off by +64)")  # one gate, 1 x 64
 
 
+def test_qwen2_moe_router_aux_loss_reaches_the_spec(tmp_path):
+    config = _tiny_qwen2_moe(output_router_logits=True)
+    imported = importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe")))
+    assert imported.data["modules"]["language"]["inputs"]["router_aux"] is True
+
+
 @pytest.mark.parametrize("changes", [{"mlp_only_layers": []}, {"mlp_only_layers": None}, {"decoder_sparse_step": 1}])
 def test_qwen2_moe_every_layer_sparse_is_accepted(tmp_path, changes):
     config = _tiny_qwen2_moe(**changes)
