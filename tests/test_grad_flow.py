@@ -66,8 +66,9 @@ def test_checkpointing_keeps_only_each_layers_input():
     r = rows(["projector", "language"], ["language"])
     first, rest = r["language.layers[0]"], r["language.layers[1:32]"]
     assert rest.checkpointed and rest.activations == T * H * 2
-    # + cos and sin and the int64 position_ids [s], inputs shared by every layer, charged once
-    assert first.activations == T * H * 2 + 2 * T * 128 * 2 + 1024 * 8
+    # + cos and sin [1, s, 128] (broadcast over the batch) and the int64 position_ids [s],
+    # inputs shared by every layer, charged once
+    assert first.activations == T * H * 2 + 2 * 1024 * 128 * 2 + 1024 * 8
 
 
 def test_checkpointing_lowers_the_peak_and_forward_end():
