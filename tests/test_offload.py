@@ -148,7 +148,8 @@ def test_zero3_optimizer_offload_at_the_peak():
     grads = (20_979_712 + 6_738_939_904) * 2 // 8
     assert grads == 1_689_979_904
     assert off.allocated - on.allocated == -states - grads + copy + double + norms == -11_665_540_608
-    assert off.allocated == 25_068_468_224
+    # 25_068_468_224 before cos and sin were [1, s, 128] (16 x 2048: 15 x 2048 x 128 x 2 x 2 B less)
+    assert off.allocated == 25_052_739_584
     assert off.estimate.peak.breakdown["language"]["optimizer_states"] == 0
 
 
