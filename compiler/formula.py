@@ -25,6 +25,18 @@ from .errors import Diagnostic, MemspecError, did_you_mean
 from .load import Document, child_path, load_yaml
 from .paths import display
 
+# Training setups beyond a plain step that a formula file may declare it models (its top-level
+# `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
+# declares it (`resolve.setup_capabilities`); a file without the key models none of them.
+SETUPS: Mapping[str, str] = {
+    "packing": "packing: the micro-batch packed into one row, position_ids restarting per sequence",
+    "activation_offloading": "activation offloading: saved activations kept in host memory (save_on_cpu)",
+    "fused_linear_cross_entropy": "loss: fused_linear_cross_entropy (Liger): no full logits",
+    "tensor_parallel": "Megatron tensor parallelism (tp > 1)",
+    "sequence_parallel": "Megatron sequence parallelism (sp, with tp > 1)",
+    "pipeline_parallel": "pipeline parallelism (pp > 1)",
+}
+
 # Names every formula may use; `resolve` and `expand` provide their values per row.
 CONTEXT_NAMES = frozenset(
     {
@@ -303,6 +315,8 @@ class Formula:
     doc: Document = field(compare=False, repr=False)
     # dim 0 of each parameter tensor, where a formula says (FSDP2 shards and pads dim 0)
     param_rows: tuple[Expr, ...] = ()
+    # the training setups (SETUPS) this file's figures model, beyond a plain step
+    setups: frozenset[str] = frozenset()
 
     @property
     def is_composite(self) -> bool:
@@ -435,6 +449,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         references=tuple(data.get("references") or ()),
         examples=examples,
         doc=doc,
+        setups=frozenset(data.get("setups") or ()),
     )
 
 

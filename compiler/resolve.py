@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
-from .formula import Expr, compile_expr
+from .formula import SETUPS, Expr, Library, compile_expr
 from .load import Document, child_path, load_yaml
 from . import optimizers
 from .optimizers import TYPE_IMPLS, Optimizer
@@ -543,11 +543,14 @@ def resolve_spec(doc: Document) -> Spec:
     )
 
 
-def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None) -> Setup:
+def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None, formulas: Library | None = None) -> Setup:
     """The experiment in `doc` (None for a bare spec) with `overrides` applied on top.
 
     Overrides come from the command line and are already typed; their errors are located
-    at the flag (`path` "--flag") rather than in a file.
+    at the flag (`path` "--flag") rather than in a file. A setup beyond a plain step
+    (packing, offloading, the fused loss, tp / sp / pp) is refused unless every formula the
+    spec instantiates declares it in its `setups:` (`formulas`: the library to read them
+    from, default the shipped formulas).
     """
     data = dict(DEFAULTS)
     data["trainable"] = [m.name for m in spec.modules]
@@ -670,28 +673,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             complain(key, "E316",
                      f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}",
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
-    for key in ("packing", "activation_offloading"):
-        if data.get(key) and not data["images_per_sample"] and not any(_has_loss(m) for m in spec.modules):
-            # NB: the packed mask and position_ids, and what an offloaded forward's frames
-            # hold, are written into llama_causal_lm and its layers only (a text-only batch
-            # runs no tower, so a VLM's llama_causal_lm qualifies)
-            lms = sorted(m.type for m in spec.modules)
-            complain(key, "E316", f"{key.replace('_', ' ')} is modelled for llama_causal_lm language models; {spec.model} has {', '.join(lms)}",
-                     f"set {key}: false")
-    if data.get("loss", "cross_entropy") != "cross_entropy" and not any(_has_loss(m) for m in spec.modules):
-        complain("loss", "E317", f"loss {data['loss']} needs a causal language model (llama_causal_lm); {spec.model} has none",
-                 "use loss: cross_entropy")
-    internlm2 = [m.name for m in spec.modules if m.type == LOSS_OWNER and m.inputs.get("internlm2")]
-    if internlm2:
-        # NB: InternLM2 is remote code with its own loss and layers; the fused loss, packed
-        # masks and offloaded frames are written for Hugging Face's Llama-style classes only
-        if data.get("loss", "cross_entropy") != "cross_entropy":
-            complain("loss", "E317", f"loss {data['loss']} is not modelled for InternLM2 (remote code, its own cross-entropy) in module '{internlm2[0]}'",
-                     "use loss: cross_entropy")
-        for key in ("packing", "activation_offloading"):
-            if data.get(key):
-                complain(key, "E316", f"{key.replace('_', ' ')} is not modelled for InternLM2 layers (module '{internlm2[0]}')", f"set {key}: false")
-    _check_model_parallel(parallel, data, spec, complain)
+    refused = _check_setups(data, parallel, spec, formulas, complain)
+    if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
+        _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
     if problem:
         # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
@@ -826,6 +810,135 @@ def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
                      int(opt.get("bits", 32)), bool(opt.get("paged", False)), groups)
 
 
+# What each of SETUPS is called where an experiment asks for it, and the code of its refusal.
+_SETUP_KEYS: Mapping[str, tuple[str, str]] = {
+    "packing": ("packing", "E316"),
+    "activation_offloading": ("activation_offloading", "E316"),
+    "fused_linear_cross_entropy": ("loss", "E317"),
+    "tensor_parallel": ("tp", "E318"),
+    "sequence_parallel": ("sp", "E318"),
+    "pipeline_parallel": ("pp", "E318"),
+}
+# Setups that change only what a forward holds: a module that runs on no rows (a vision tower
+# of a text-only batch) is not concerned. tp / sp / pp also place parameters, which every
+# module has.
+_RUN_ONLY = frozenset({"packing", "activation_offloading", "fused_linear_cross_entropy"})
+_PARALLEL = ("tensor_parallel", "sequence_parallel", "pipeline_parallel")
+
+
+def wanted_setups(setup_data: Mapping[str, Any], parallel: Mapping[str, Any]) -> tuple[str, ...]:
+    """The SETUPS an experiment's values ask for, in SETUPS order."""
+    tp, pp = parallel.get("tp", 1), parallel.get("pp", 1)
+    on = {
+        "packing": bool(setup_data.get("packing")),
+        "activation_offloading": bool(setup_data.get("activation_offloading")),
+        "fused_linear_cross_entropy": setup_data.get("loss", "cross_entropy") == "fused_linear_cross_entropy",
+        "tensor_parallel": tp > 1,
+        "sequence_parallel": bool(parallel.get("sp")) and tp > 1,  # NB: sp at tp 1 is E318 of its own
+        "pipeline_parallel": pp > 1,
+    }
+    return tuple(k for k in SETUPS if on[k])
+
+
+def instantiated_types(spec: Spec, setup: "Setup", library: Library) -> dict[str, tuple[dict[str, str], bool]]:
+    """Per module of `spec`: {layer type: the first path that instantiates it} under `setup`,
+    and whether the module runs on any row (a vision tower of a text-only batch runs on none)."""
+    from .expand import expand
+
+    out: dict[str, tuple[dict[str, str], bool]] = {}
+    for root in expand(spec, setup, library):
+        types: dict[str, str] = {}
+        stack, seen = [root], set()
+        while stack:
+            inst = stack.pop()
+            if id(inst) in seen:
+                continue
+            seen.add(id(inst))
+            types.setdefault(inst.formula.layer_type, inst.path)
+            stack.extend(reversed(inst.children))
+        out[root.module] = (types, bool(root.scope.get("batch", 1)))
+    return out
+
+
+def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+    """For each wanted setup that a formula `spec` instantiates under `setup` does not declare:
+    (module, layer type, path of its first instance). A setup that changes only what a
+    forward holds (_RUN_ONLY) is not asked of modules that run on no rows, and needs one that
+    does. The fused loss also needs a formula that switches to it (its own layer type)."""
+    reached = instantiated_types(spec, setup, library)
+    out: dict[str, tuple[str, str, str]] = {}
+    for name in wanted:
+        running = [m.name for m in spec.modules if m.name in reached and (name not in _RUN_ONLY or reached[m.name][1])]
+        if not running:
+            out[name] = ("", "", "")
+        for module in running:
+            bad = next(((t, path) for t, path in reached[module][0].items() if name not in library[t].setups), None)
+            if bad:
+                out[name] = (module, *bad)
+                break
+        if name == "fused_linear_cross_entropy" and name not in out and not any(name in types for types, _ in reached.values()):
+            # NB: the fused loss is a layer that replaces lm_head and the loss; a spec whose
+            # formulas never switch to it (no causal LM head) has nothing to fuse
+            out[name] = ("", name, "")
+    return out
+
+
+def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain) -> set[str]:
+    """Refuse each setup beyond a plain step (SETUPS) that a formula the spec instantiates does
+    not declare in its `setups:`; returns the refused ones. The formulas are instantiated for
+    the experiment's batch, images, loss, packing and offloading on one GPU without LoRA or
+    quantization: the layers a setup reaches, which tp / pp only split."""
+    wanted = wanted_setups(data, parallel)
+    if not wanted or "micro_batch" not in data or "seq_len" not in data:
+        return set()
+    from .api import spec_library
+    from .formula import load_library
+
+    library = formulas if formulas is not None else spec_library(spec)
+    if formulas is not None:
+        missing = {m.type for m in spec.modules} - set(library.formulas)
+        if missing:
+            library = load_library(library.folder, {m.type for m in spec.modules} | {"modules_to_save"})
+    names = {m.name for m in spec.modules}
+    optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
+    values, master, state = derive_bytes(data["precision"], optimizer)
+    _, consts = gpu_catalog()
+    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+    probe = Setup(
+        experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
+        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres,
+        trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
+        optimizer=optimizer,
+        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
+        dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
+        loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
+    )
+    try:
+        refusals = setup_refusals(spec, probe, library, wanted)
+    except (MemspecError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return set()  # NB: the estimate's own expand reports what is wrong with these inputs
+    flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
+    for name, (module, layer_type, path) in refusals.items():
+        key, code = _SETUP_KEYS[name]
+        if name in _PARALLEL:
+            if any(n in refusals for n in _PARALLEL[:_PARALLEL.index(name)]):
+                continue  # NB: one refusal of model parallelism
+            key = next((k for k in (key, "tp", "pp") if k in flags), "parallel")
+        what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
+        off = {"loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+        if not module and layer_type:
+            complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
+            continue
+        if not module:
+            complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
+            continue
+        file = library[layer_type].file
+        declared = ", ".join(sorted(library[layer_type].setups)) or "none"
+        complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
+                 f"{off}; a formula lists a setup in `setups:` once its figures model it")
+    return set(refusals)
+
+
 def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:
     """Tensor / sequence / pipeline parallelism: what is modelled, and sizes that split evenly."""
     tp, pp, sp = parallel["tp"], parallel["pp"], parallel["sp"]
@@ -838,18 +951,10 @@ def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], 
         if sp:
             complain(at("sp", "tp"), "E318", "sequence parallelism (sp) splits activations by tp, and tp is 1", "set tp > 1, or sp: false")
         return
-    others = [m.name for m in spec.modules if m.type != LOSS_OWNER]
-    lms = [m for m in spec.modules if m.type == LOSS_OWNER]
+    # NB: which layers tp / pp split is the formulas' `setups:` (_check_setups); these are
+    # the other parts of a setup that no formula models together with model parallelism
     why = None
-    if others or not lms:
-        why = f"modules of another type ({', '.join(others) or 'no causal LM'})"
-    elif any(m.inputs.get("fused") for m in lms):
-        why = "fused qkv / gate_up projections (Phi-3)"
-    elif any(m.inputs.get("n_experts") for m in lms):
-        why = "mixture-of-experts layers (expert parallelism)"
-    elif any(m.inputs.get("internlm2") for m in lms):
-        why = "InternLM2's fused wqkv (remote code)"
-    elif data.get("lora"):
+    if data.get("lora"):
         why = "LoRA or DoRA"
     elif (data.get("quantization") or {}).get("bits"):
         why = "bitsandbytes quantization"
@@ -861,19 +966,11 @@ def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], 
         complain(at("tp", "pp"), "E318", f"tensor / pipeline parallelism (tp {tp}, pp {pp}) is modelled for a text-only Llama-style causal LM without {why}",
                  "set tp: 1 and pp: 1")
         return
-    for m in lms:
+    for m in spec.modules:
         for key, degree in (("n_heads", tp), ("n_kv_heads", tp), ("intermediate", tp), ("n_layers", pp)):
-            if m.inputs[key] % degree:
+            if key in m.inputs and m.inputs[key] % degree:
                 complain(at("pp" if key == "n_layers" else "tp"), "E319", f"{'tp' if key != 'n_layers' else 'pp'} {degree} does not divide {key} {m.inputs[key]} of module '{m.name}'",
                          "Megatron splits heads and the MLP evenly across tensor ranks, and layers evenly across pipeline stages")
-
-
-# The layer type whose loss `loss: fused_linear_cross_entropy` replaces.
-LOSS_OWNER = "llama_causal_lm"
-
-
-def _has_loss(module: Module) -> bool:
-    return module.type == LOSS_OWNER
 
 
 def _lora(block: Mapping[str, Any] | None) -> Lora | None:
