@@ -673,7 +673,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             complain(key, "E316",
                      f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}",
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
-    refused = _check_setups(data, parallel, spec, formulas, complain)
+    # NB: packing or offloading with images is refused above, whatever the formulas declare
+    refused = _check_setups(data, parallel, spec, formulas, complain,
+                            {"packing", "activation_offloading"} if data["images_per_sample"] else set())
     if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
         _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
@@ -860,12 +862,15 @@ def instantiated_types(spec: Spec, setup: "Setup", library: Library) -> dict[str
     return out
 
 
-def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterable[str],
+                   reached: Mapping[str, tuple[Mapping[str, str], bool]] | None = None) -> dict[str, tuple[str, str, str]]:
     """For each wanted setup that a formula `spec` instantiates under `setup` does not declare:
     (module, layer type, path of its first instance). A setup that changes only what a
     forward holds (_RUN_ONLY) is not asked of modules that run on no rows, and needs one that
     does. The fused loss also needs a formula that switches to it (its own layer type)."""
-    reached = instantiated_types(spec, setup, library)
+    probed = reached is None  # NB: else only the modules' own types, which switch to nothing yet
+    if reached is None:
+        reached = instantiated_types(spec, setup, library)
     out: dict[str, tuple[str, str, str]] = {}
     for name in wanted:
         running = [m.name for m in spec.modules if m.name in reached and (name not in _RUN_ONLY or reached[m.name][1])]
@@ -876,19 +881,20 @@ def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterabl
             if bad:
                 out[name] = (module, *bad)
                 break
-        if name == "fused_linear_cross_entropy" and name not in out and not any(name in types for types, _ in reached.values()):
+        if probed and name == "fused_linear_cross_entropy" and name not in out and not any(name in types for types, _ in reached.values()):
             # NB: the fused loss is a layer that replaces lm_head and the loss; a spec whose
             # formulas never switch to it (no causal LM head) has nothing to fuse
             out[name] = ("", name, "")
     return out
 
 
-def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain) -> set[str]:
+def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain,
+                  skip: set[str]) -> set[str]:
     """Refuse each setup beyond a plain step (SETUPS) that a formula the spec instantiates does
     not declare in its `setups:`; returns the refused ones. The formulas are instantiated for
     the experiment's batch, images, loss, packing and offloading on one GPU without LoRA or
     quantization: the layers a setup reaches, which tp / pp only split."""
-    wanted = wanted_setups(data, parallel)
+    wanted = tuple(w for w in wanted_setups(data, parallel) if w not in skip)
     if not wanted or "micro_batch" not in data or "seq_len" not in data:
         return set()
     from .api import spec_library
@@ -915,8 +921,10 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     )
     try:
         refusals = setup_refusals(spec, probe, library, wanted)
-    except (MemspecError, KeyError, TypeError, ValueError, ZeroDivisionError):
-        return set()  # NB: the estimate's own expand reports what is wrong with these inputs
+    except MemspecError:
+        # NB: inputs the estimate's own expand will refuse: judge the modules' own layer
+        # types, the ones known without instantiating anything
+        refusals = setup_refusals(spec, probe, library, wanted, reached={m.name: ({m.type: m.name}, True) for m in spec.modules})
     flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
     for name, (module, layer_type, path) in refusals.items():
         key, code = _SETUP_KEYS[name]
