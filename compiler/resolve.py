@@ -941,7 +941,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
             complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
             continue
         file = library[layer_type].file
-        declared = ", ".join(sorted(library[layer_type].setups)) or "none"
+        declared = ", ".join(k for k in SETUPS if k in library[layer_type].setups) or "none"
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)

@@ -1,0 +1,148 @@
+"""Which training setups each model is modelled for: the formula files' `setups:` lists.
+
+An estimate refuses packing, activation offloading, the fused linear cross-entropy loss and
+tensor / sequence / pipeline parallelism unless every formula its spec instantiates lists the
+setup (compiler/resolve.py, setup_refusals). The table below is what the shipped formulas
+allow per spec; a change to a formula's `setups:` shows up here as a diff."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compiler import api
+from compiler.errors import MemspecError
+from compiler.formula import load_library
+from compiler.resolve import resolve_setup
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMULAS = ROOT / "formulas"
+QWEN3 = ROOT / "specs" / "qwen3" / "qwen3-8b.yaml"
+BASE = {"micro_batch": 1, "seq_len": 8192, "images_per_sample": 0}  # a text-only batch: packing applies
+
+# the overrides that ask for each setup, by its short name in the table
+ASK = {
+    "pack": {"packing": True},
+    "offload": {"activation_offloading": True},
+    "fused": {"loss": "fused_linear_cross_entropy"},
+    "tp": {"tp": 2},
+    "sp": {"tp": 2, "sp": True},
+    "pp": {"pp": 2},
+}
+CODES = {"pack": "E316", "offload": "E316", "fused": "E317", "tp": "E318", "sp": "E318", "pp": "E318"}
+
+# spec -> the setups an estimate accepts with a text-only batch. Gemma's causal LM has no
+# packed / offloaded / fused-loss / tp branch; InternLM2's remote-code layers (internlm2_*,
+# also InternVL 2.5's language model) list none; Phi-3's fused projections, the MoE layers and
+# every vision tower list no tp / sp / pp; towers and projectors list the fused loss, which
+# does not change them, and run on no rows of a text-only batch.
+ALLOWED = {
+    "gemma/gemma-2b.yaml": "",
+    "gemma2/gemma-2-2b.yaml": "",
+    "gemma2/gemma-2-9b.yaml": "",
+    "gemma3/gemma-3-1b-pt.yaml": "",
+    "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
+    "idefics3/smolvlm-instruct.yaml": "pack offload fused",
+    "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",
+    "internlm2/internlm2_5-7b-chat.yaml": "",
+    "internvl/internvl2_5-8b.yaml": "",
+    "internvl/internvl3-38b-hf.yaml": "pack offload fused",
+    "internvl/internvl3-38b.yaml": "pack offload fused",
+    "internvl/internvl3-8b-hf.yaml": "pack offload fused",
+    "internvl/internvl3-8b.yaml": "pack offload fused",
+    "llama/llama-2-7b.yaml": "pack offload fused tp sp pp",
+    "llama/llama-3-8b.yaml": "pack offload fused tp sp pp",
+    "llava/llava-1.5-13b.yaml": "pack offload fused",
+    "llava/llava-1.5-7b.yaml": "pack offload fused",
+    "llava_next/llava-v1.6-mistral-7b.yaml": "pack offload fused",
+    "llava_next/llava-v1.6-vicuna-7b.yaml": "pack offload fused",
+    "mistral/mistral-7b-v0.1.yaml": "pack offload fused tp sp pp",
+    "mixtral/mixtral-8x7b-v0.1-router-aux.yaml": "pack offload fused",
+    "mixtral/mixtral-8x7b-v0.1.yaml": "pack offload fused",
+    "paligemma/paligemma-3b-pt-224.yaml": "",
+    "paligemma/paligemma2-3b-pt-448.yaml": "",
+    "paligemma/paligemma2-3b-pt-896.yaml": "",
+    "phi3/phi-3-mini-4k-instruct.yaml": "pack offload fused",
+    "qwen2/qwen2.5-0.5b.yaml": "pack offload fused tp sp pp",
+    "qwen2/qwen2.5-7b.yaml": "pack offload fused tp sp pp",
+    "qwen2_moe/qwen1.5-moe-a2.7b-router-aux.yaml": "pack offload fused",
+    "qwen2_moe/qwen1.5-moe-a2.7b.yaml": "pack offload fused",
+    "qwen2_moe/qwen2-57b-a14b.yaml": "pack offload fused",
+    "qwen2_vl/qwen2-vl-7b-instruct.yaml": "pack offload fused",
+    "qwen2_vl/qwen2.5-vl-7b-instruct.yaml": "pack offload fused",
+    "qwen3/qwen3-8b.yaml": "pack offload fused tp sp pp",
+    "qwen3_moe/qwen3-30b-a3b.yaml": "pack offload fused",
+}
+
+
+def _allowed(spec_path: Path, library=None) -> str:
+    spec = api.load_spec(spec_path)
+    ok = []
+    for name, overrides in ASK.items():
+        try:
+            resolve_setup(None, spec, {**BASE, **overrides}, formulas=library)
+            ok.append(name)
+        except MemspecError as exc:
+            assert [d.code for d in exc.diagnostics] == [CODES[name]], (spec_path, name, [d.message for d in exc.diagnostics])
+    return " ".join(ok)
+
+
+def test_the_table_covers_every_bare_spec():
+    specs = sorted(str(p.relative_to(ROOT / "specs")) for p in (ROOT / "specs").glob("*/*.yaml")
+                   if p.parent.name not in ("families", "matrices", "experiments") and "\nmodules:" in p.read_text())
+    assert specs == sorted(ALLOWED)
+
+
+@pytest.mark.parametrize("spec", sorted(ALLOWED))
+def test_setups_allowed_per_spec(spec):
+    assert _allowed(ROOT / "specs" / spec) == ALLOWED[spec]
+
+
+def _copy_without(tmp_path: Path, layer_type: str, setup: str) -> Path:
+    folder = tmp_path / "formulas"
+    shutil.copytree(FORMULAS, folder)
+    path = folder / f"{layer_type}.yaml"
+    text = path.read_text()
+    line = next(l for l in text.splitlines() if l.startswith("setups: ["))
+    kept = [s for s in line[len("setups: ["):-1].split(", ") if s != setup]
+    assert len(kept) == len(line.split(", ")) - 1, f"{layer_type} lists no {setup}"
+    path.write_text(text.replace(line, f"setups: [{', '.join(kept)}]"))
+    return folder
+
+
+def test_a_formula_that_drops_packing_refuses_it_and_is_named(tmp_path):
+    spec = api.load_spec(QWEN3)
+    # the shipped formulas: Qwen3's layers all list packing
+    assert resolve_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(FORMULAS)).packing
+    folder = _copy_without(tmp_path, "swiglu_mlp", "packing")
+    with pytest.raises(MemspecError) as info:
+        resolve_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(folder))
+    (d,) = info.value.diagnostics
+    assert (d.code, d.path) == ("E316", "--packing")
+    assert "layer type 'swiglu_mlp' of module 'language'" in d.message
+    assert "language.layers[0].mlp" in d.message  # its first instance
+    assert f"{folder / 'swiglu_mlp.yaml'} does not list packing under setups" in d.message
+    # what the copy still lists is allowed
+    assert resolve_setup(None, spec, {**BASE, "activation_offloading": True}, formulas=load_library(folder)).activation_offloading
+
+
+def test_a_formula_that_drops_tensor_parallel_refuses_tp_only(tmp_path):
+    folder = _copy_without(tmp_path, "rms_norm", "tensor_parallel")
+    library = load_library(folder)
+    spec = api.load_spec(QWEN3)
+    with pytest.raises(MemspecError) as info:
+        resolve_setup(None, spec, {**BASE, "tp": 2}, formulas=library)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.path) == ("E318", "--tp") and "'rms_norm'" in d.message and "rms_norm.yaml" in d.message
+    assert resolve_setup(None, spec, {**BASE, "pp": 2}, formulas=library).pp == 2
+
+
+def test_internlm2_is_refused_through_its_layer_types_not_the_flag():
+    # llama_causal_lm lists packing; with internlm2: true it instantiates internlm2_decoder_layer,
+    # which does not
+    assert "packing" in load_library(FORMULAS, {"llama_causal_lm"})["llama_causal_lm"].setups
+    spec = api.load_spec(ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml")
+    with pytest.raises(MemspecError) as info:
+        resolve_setup(None, spec, {**BASE, "packing": True})
+    (d,) = info.value.diagnostics
+    assert d.code == "E316" and "'internlm2_decoder_layer'" in d.message and "formulas/internlm2_decoder_layer.yaml" in d.message
