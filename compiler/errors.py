@@ -38,9 +38,9 @@ Codes (stable; never reuse a retired one):
 
     training setup (an experiment file or its flags):
     E315 activation_offloading with gradient_checkpointing (not modelled)
-    E316 packing or activation offloading with images in the batch, or on a model other than llama_causal_lm (modelled text-only, Llama-style)
-    E317 loss: fused_linear_cross_entropy on a spec without a causal-LM head
-    E318 tensor / sequence / pipeline parallelism on a setup it is not modelled for
+    E316 packing or activation offloading with images in the batch, or with a formula the spec instantiates that does not list it in `setups:`
+    E317 loss: fused_linear_cross_entropy on a spec without a causal-LM head, or with a formula that does not list it in `setups:`
+    E318 tensor / sequence / pipeline parallelism on a setup it is not modelled for, or with a formula that does not list it in `setups:`
     E319 tp or pp that does not divide the heads, the MLP or the layers
     E320 lora.modules_to_save name that matches no module (peft's suffix rule; peft itself ignores it silently)
     E321 peft modules_to_save or bias with FSDP2, or bias with DoRA (not modelled)

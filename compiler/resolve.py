@@ -877,7 +877,8 @@ def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterabl
         if not running:
             out[name] = ("", "", "")
         for module in running:
-            bad = next(((t, path) for t, path in reached[module][0].items() if name not in library[t].setups), None)
+            # NB: a type the library lacks is the estimate's E301, not a refusal of the setup
+            bad = next(((t, path) for t, path in reached[module][0].items() if t in library and name not in library[t].setups), None)
             if bad:
                 out[name] = (module, *bad)
                 break
@@ -898,13 +899,8 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     if not wanted or "micro_batch" not in data or "seq_len" not in data:
         return set()
     from .api import spec_library
-    from .formula import load_library
 
     library = formulas if formulas is not None else spec_library(spec)
-    if formulas is not None:
-        missing = {m.type for m in spec.modules} - set(library.formulas)
-        if missing:
-            library = load_library(library.folder, {m.type for m in spec.modules} | {"modules_to_save"})
     names = {m.name for m in spec.modules}
     optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
     values, master, state = derive_bytes(data["precision"], optimizer)
