@@ -889,6 +889,19 @@ def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterabl
     return out
 
 
+def _runs(module: Module, setup: "Setup") -> bool:
+    """Whether `module` runs on any row of `setup`'s batch (its context's batch, as expand
+    binds it), without instantiating it."""
+    rows_b, rows_s = setup.rows
+    scope = {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
+             "image_h": setup.image_hw[0], "image_w": setup.image_hw[1], "grid_rows": setup.grid[0], "grid_cols": setup.grid[1],
+             **module.inputs}
+    try:
+        return bool(module.batch(scope))
+    except MemspecError:  # NB: a batch expression expand will refuse (E404); count the module as running
+        return True
+
+
 def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain,
                   skip: set[str]) -> set[str]:
     """Refuse each setup beyond a plain step (SETUPS) that a formula the spec instantiates does
@@ -920,7 +933,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     except MemspecError:
         # NB: inputs the estimate's own expand will refuse: judge the modules' own layer
         # types, the ones known without instantiating anything
-        refusals = setup_refusals(spec, probe, library, wanted, reached={m.name: ({m.type: m.name}, True) for m in spec.modules})
+        refusals = setup_refusals(spec, probe, library, wanted, reached={m.name: ({m.type: m.name}, _runs(m, probe)) for m in spec.modules})
     flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
     for name, (module, layer_type, path) in refusals.items():
         key, code = _SETUP_KEYS[name]
