@@ -71,6 +71,11 @@ def _check_family(name: str) -> None:
     load_family(name)
 
 
+# A bare spec is checked at micro-batch 1 and the shortest sequence that holds its images; the
+# first expansion that counts them gets this many positions (fit's search bound).
+PROBE_SEQ = 1 << 20
+
+
 def _compile(name: str, kind: str, library) -> None:
     from . import api
 
@@ -78,5 +83,9 @@ def _compile(name: str, kind: str, library) -> None:
         spec, setup = api.load_inputs(name)
     else:
         spec = api.load_spec(name)
-        _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(spec.image_tokens, 1)})
+        # NB: the image tokens at the spec's default image size (tiles, native resolution) can
+        # exceed spec.image_tokens; a first expansion with room for any of them counts them
+        _, probe = api.load_inputs(name, {"micro_batch": 1, "seq_len": PROBE_SEQ})
+        need = api.image_tokens_per_sample(api.run(spec, probe, library, table=False).nodes) or 0
+        _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(need, 1)})
     api.run(spec, setup, library)

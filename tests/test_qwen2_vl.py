@@ -50,3 +50,15 @@ def test_image_size_sets_the_image_tokens(size, tokens):
     assert report.setup.image_size == size
     base = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048)
     assert (report.allocated > base.allocated) == (tokens > 256) or tokens == 256
+
+
+def test_text_only_batch_runs_no_vision_kernel():
+    # images_per_sample 0: the tower's batch is 0 images, so its attention makes no kernel call
+    # (calls 0) and saves nothing, even with the tower trainable (the refusal E206 'calls >= 1'
+    # was the old answer); the estimate equals the one with the tower frozen.
+    spec = str(ROOT / "specs" / "qwen2_vl" / "qwen2.5-vl-7b-instruct.yaml")
+    common = dict(micro_batch=1, seq_len=1024, images_per_sample=0, attention="sdpa", precision="bf16")
+    trained = api.estimate(spec, trainable=["vision", "projector", "language"], **common)
+    vision = [r for r in trained.rows if r.path.startswith("vision.") and r.type == "attention_core"]
+    assert vision and all(not r.activations for r in vision)
+    assert sum(b for n in trained.nodes if n.inst.module == "vision" for x in n.walk() for _, b in x.cost.saved) == 0
