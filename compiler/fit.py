@@ -51,14 +51,16 @@ class _Probe:
     def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int):
         self.spec, self.change, self.budget = spec, change, budget
         self.device: dict[int, int] = {}
+        self.runs = 0  # estimates made (the setup's own figure is given, not made)
 
     def fits(self, x: int) -> bool:
         if x not in self.device:
             self.device[x] = run(self.spec, self.change(x), table=False).device
+            self.runs += 1
         return self.device[x] <= self.budget
 
     def answer(self, knob: str, value: int | None, next_value: int | None) -> Answer:
-        return Answer(knob, value, self.device.get(value), next_value, self.device.get(next_value), len(self.device))
+        return Answer(knob, value, self.device.get(value), next_value, self.device.get(next_value), self.runs)
 
 
 def _guess(good: int, d_good: int, bad: int, d_bad: int, budget: int) -> int:
@@ -90,11 +92,19 @@ def _narrow(probe: _Probe, good: int, bad: int) -> tuple[int, int]:
     return good, bad
 
 
-def largest_fitting(probe: _Probe, low: int, high: int) -> tuple[int | None, int | None]:
-    """(largest x in [low, high] that fits, x + 1 or None); fits must go True..True False..False."""
-    if not probe.fits(low):
-        return None, low
-    good, step = low, 1
+def largest_fitting(probe: _Probe, low: int, high: int, start: int | None = None) -> tuple[int | None, int | None]:
+    """(largest x in [low, high] that fits, x + 1 or None); fits must go True..True False..False.
+
+    `start` (the setup's own value, whose figure the probe already has) begins the search
+    where the peak grows as it will near the answer: from `low` the first points can lie where
+    a resident term (weights, optimizer states) still sets the peak, and a line through them
+    overshoots by orders of magnitude."""
+    x = start if start is not None and low < start <= high else low
+    if not probe.fits(x):
+        if x == low or not probe.fits(low):
+            return None, low
+        return _narrow(probe, low, x)
+    good, step = x, max(x - low, 1)
     while True:  # gallop, extrapolating along the line through the last two points
         x = min(good + step, high)
         if not probe.fits(x):
@@ -103,7 +113,8 @@ def largest_fitting(probe: _Probe, low: int, high: int) -> tuple[int | None, int
             return x, None
         d0, d1 = probe.device[good], probe.device[x]
         reach = (probe.budget - d1) * (x - good) // (d1 - d0) if d1 > d0 else step
-        step = max(2 * (x - good), reach + 1)
+        # NB: at most 4x further each time, whatever the line says (a flat stretch has no slope)
+        step = min(max(2 * (x - good), reach + 1), 4 * x)
         good = x
 
 
@@ -129,10 +140,13 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     # NB: the image tokens at the experiment's image size (tiles, native resolution), not the
     # spec's default size: a shorter sequence cannot hold the images (E723)
     min_seq = (image_tokens_per_sample(base.nodes) or 0) + 1
-    micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH))
-    seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ))
+    # NB: each search knows the setup as given already (the base estimate's device figure)
+    probe_b.device[setup.micro_batch] = probe_s.device[setup.seq_len] = base.device
+    micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH, setup.micro_batch))
+    seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ, setup.seq_len))
     dp = None
     if setup.zero >= 1 or setup.fsdp is not None:  # NB: sharding makes more ranks need less memory each
         probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
+        probe_d.device[setup.dp] = base.device
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
     return FitReport(gpu, margin, budget, base, micro, seq, dp)
