@@ -23,11 +23,8 @@ from typing import Iterator
 
 import torch
 
-from ..experiment import ExperimentError
-from . import without_cache
+from . import image_first_tokens, without_cache
 
-TEXT_TOKEN_ID = 1  # any id other than the image token will do
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 # Idefics3ImageProcessor defaults (image_processing_idefics3.py), used when neither the
 # preprocessor_config.json beside the config nor the vision config says.
 DEFAULT_LONGEST_EDGE = 4 * 364
@@ -151,16 +148,9 @@ def image_seq_len(config) -> int:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    b, images = exp["micro_batch"], exp["images_per_sample"]
     tiles = images * tiles_per_image(config, exp.get("image_size"))
-    n_image = tiles * image_seq_len(config)
-    if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample ({tiles} tiles)")
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    input_ids[:, :n_image] = config.image_token_id
-    labels = input_ids.clone()
-    labels[:, :n_image] = IGNORE_INDEX
+    input_ids, labels = image_first_tokens(exp, tiles * image_seq_len(config), config.image_token_id, f" ({tiles} tiles)")
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
         size = config.vision_config.image_size

@@ -22,11 +22,9 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
-from . import preprocessor_config
+from . import image_first_tokens, preprocessor_config
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
-TEXT_TOKEN_ID = 1  # any id other than the image token will do
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 # GotOcr2ImageProcessor's InternVL settings (the -hf repos' preprocessor_config.json), used when
 # none lies beside the config.
 DEFAULT_MIN_PATCHES = 1
@@ -112,19 +110,13 @@ def tiles_per_image(config, image_size: list[int]) -> int:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    b, images = exp["micro_batch"], exp["images_per_sample"]
     if not exp.get("image_size"):
         raise ExperimentError(f"experiment {exp['experiment']!r}: InternVL needs image_size [h, w]")
     v = config.vision_config
     tiles = tiles_per_image(config, exp["image_size"])
-    n_image = images * tiles * config.image_seq_length
-    if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample ({images} x {tiles} tiles x {config.image_seq_length})")
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    input_ids[:, :n_image] = config.image_token_id
-    labels = input_ids.clone()
-    labels[:, :n_image] = IGNORE_INDEX
+    input_ids, labels = image_first_tokens(exp, images * tiles * config.image_seq_length, config.image_token_id,
+                                           f" ({images} x {tiles} tiles x {config.image_seq_length})")
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
         h, w = v.image_size

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..experiment import ExperimentError
+from . import image_first_tokens
 
-# Token id of the text positions; any id other than the image token will do.
-TEXT_TOKEN_ID = 1
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 
 
 def load_config(config_path: Path):
@@ -54,16 +51,9 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, input_ids (image tokens first in every sample) and labels."""
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
-    n_image = images * image_tokens_per_image(config)
-    if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample")
+    b, images = exp["micro_batch"], exp["images_per_sample"]
+    input_ids, labels = image_first_tokens(exp, images * image_tokens_per_image(config), config.image_token_id)
     size = config.vision_config.image_size
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    input_ids[:, :n_image] = config.image_token_id
-    labels = input_ids.clone()
-    labels[:, :n_image] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
         batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)

@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from ..experiment import ExperimentError
+from . import image_first_tokens
 
-TEXT_TOKEN_ID = 1  # any id other than the image token will do
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 HOST_VALUES = ("image_sizes",)
 
 
@@ -74,23 +73,16 @@ def anyres(config, image_size: list[int]) -> tuple[int, int]:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    b, images = exp["micro_batch"], exp["images_per_sample"]
     if images not in (0, 1):
         raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT is measured with one image per sample")
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    batch = {"input_ids": input_ids, "attention_mask": None}
+    if images and not exp.get("image_size"):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT needs image_size [h, w]")
+    crops, n_image = anyres(config, exp["image_size"]) if images else (0, 0)
+    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
-        if not exp.get("image_size"):
-            raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT needs image_size [h, w]")
-        crops, n_image = anyres(config, exp["image_size"])
-        if n_image > s:
-            raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                                  f"{n_image} image tokens per sample")
-        input_ids[:, :n_image] = config.image_token_id
         v = config.vision_config
         batch["pixel_values"] = torch.zeros(b, crops, v.num_channels, v.image_size, v.image_size, dtype=dtype)
         batch["image_sizes"] = torch.tensor([list(exp["image_size"])] * b, dtype=torch.long)
-    labels = input_ids.clone()
-    labels[input_ids == config.image_token_id] = IGNORE_INDEX
-    batch["labels"] = labels
     return batch

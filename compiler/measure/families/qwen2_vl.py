@@ -26,10 +26,8 @@ from typing import Iterator
 import torch
 
 from ..experiment import ExperimentError
-from . import without_cache
+from . import image_first_tokens, without_cache
 
-TEXT_TOKEN_ID = 1  # any id other than the image token will do
-IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 IMAGE_TOKEN_TYPE = 1  # mm_token_type_ids: text 0, image 1, video 2 (Qwen2VLModel.get_rope_index)
 # Qwen2VLImageProcessor defaults (image_processing_qwen2_vl.py), used when the
 # preprocessor_config.json beside the config does not say.
@@ -136,15 +134,9 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
     gh, gw = image_grid(config, exp["image_size"])
     per_image = gh * gw // v.spatial_merge_size ** 2
     n_image = images * per_image
-    if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample")
-    input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
-    input_ids[:, :n_image] = config.image_token_id
+    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
     mm_token_type_ids = torch.zeros((b, s), dtype=torch.long)
     mm_token_type_ids[:, :n_image] = IMAGE_TOKEN_TYPE
-    labels = input_ids.clone()
-    labels[:, :n_image] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None,
              "mm_token_type_ids": mm_token_type_ids}
     if images:
