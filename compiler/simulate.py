@@ -486,11 +486,9 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
                 state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
                 state.level += grad
             if zero3 and not node.children:
-                for size in ipg.add(node.cost, setup):
+                for size in ipg.add(node.cost):
                     # the bucket is reduced while this layer's gradient waits to join it
-                    state.add_buffer(DEEPSPEED_RS, size)
-                    state.observe("backward", inst.path, t)
-                    state.drop_buffer(DEEPSPEED_RS, size)
+                    reducing(size, inst.path, t)
         if not node.children:
             state.observe("backward", inst.path, t)
             released(node)
@@ -498,12 +496,16 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         if fs is not None and inst.shard_unit:
             fs.post_backward(fs.plan.units[inst.path], _push(stack, inst.module, grad_io))
 
-    def zero12_reduce(path: str, stack: Mapping[str, int], waiting: int) -> None:
-        """Reduce ZeRO-1/2's bucket; the first reduction makes the gradient partition."""
-        size, large = bucket12.flush(waiting)
+    def reducing(size: int, path: str, stack: Mapping[str, int]) -> None:
+        """The moment a DeepSpeed bucket is reduced: its temporaries (`size`) alive, then gone."""
         state.add_buffer(DEEPSPEED_RS, size)
         state.observe("backward", path, stack)
         state.drop_buffer(DEEPSPEED_RS, size)
+
+    def zero12_reduce(path: str, stack: Mapping[str, int], waiting: int) -> None:
+        """Reduce ZeRO-1/2's bucket; the first reduction makes the gradient partition."""
+        size, large = bucket12.flush(waiting)
+        reducing(size, path, stack)
         if setup.zero == 2:
             # NB: ZeRO-1's reduce_ipg_grads clears no gradient: a too-large one outside this
             # rank's partition stays whole until the epilogue's _clear_param_grad_only
@@ -516,11 +518,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     def zero12_join(node: Node, stack: Mapping[str, int]) -> None:
         """A layer's gradients join ZeRO-1/2's bucket in backward order, each after the
         reduction it causes (as _IpgBucket.add)."""
-        per = [t // setup.bytes["param"] for t in node.cost.param_tensors]
-        if sum(per) * setup.bytes["grad"] != node.cost.gradients:
-            per = [node.cost.gradients // setup.bytes["grad"]]  # NB: frozen tensors beside trainable ones
-        for numel in reversed(per):
-            if bucket12.elements and bucket12.elements + numel > bucket12.limit:
+        for numel in reversed(_grad_elements(node.cost, setup.bytes["param"], setup.bytes["grad"])):
+            if bucket12.overflows(numel):
                 zero12_reduce(node.inst.path, stack, numel)
             if bucket12.join(numel):
                 state.add_buffer(ZERO12_WAIT, round_up(numel * setup.bytes["grad"], ALLOCATOR_GRANULE))
@@ -565,10 +564,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             backward(nodes[i], {modules[-1]: norm} if norm else {}, span=(lo, hi))
         if zero3:
             # independent_gradient_partition_epilogue reduces what is left in the bucket
-            size = ipg.flush(0)
-            state.add_buffer(DEEPSPEED_RS, size)
-            state.observe("backward", "deepspeed.reduce_scatter", {})
-            state.drop_buffer(DEEPSPEED_RS, size)
+            reducing(ipg.flush(0), "deepspeed.reduce_scatter", {})
         if zero12 and not zero12_hooked:
             # ZeRO-1 without overlap_comm: reduce_gradients moves the whole gradients through the
             # bucket after backward, in group order; the partition appears at the first
@@ -576,13 +572,11 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             # (an upper bound: each whole gradient is freed as it joins the bucket)
             worst = 0
             for t in stepped_tensors(nodes, setup):
-                if bucket12.elements and bucket12.elements + t.elements > bucket12.limit:
+                if bucket12.overflows(t.elements):
                     worst = max(worst, bucket12.flush(0)[0])
                 bucket12.join(t.elements)
             worst = max(worst, bucket12.flush(0)[0])
-            state.add_buffer(DEEPSPEED_RS, worst + zero12_part)
-            state.observe("backward", "deepspeed.reduce_gradients", {})
-            state.drop_buffer(DEEPSPEED_RS, worst + zero12_part)
+            reducing(worst + zero12_part, "deepspeed.reduce_gradients", {})
             for m in list(state.grads):
                 state.level -= state.grads[m]
                 state.grads[m] = 0
@@ -1087,7 +1081,45 @@ def zero12_grads_in_partition(setup: Setup, tensors: list[Stepped]) -> int:
     return max(best, default=0)
 
 
-class _Zero12Bucket:
+def _grad_elements(cost, param_bytes: int, grad_bytes: int) -> list[int]:
+    """Elements of each gradient a layer hands DeepSpeed's bucket, in registration order.
+    NB: a layer with frozen parameters beside trainable ones (LoRA's base weight): its
+    gradients taken as one tensor."""
+    per = [t // param_bytes for t in cost.param_tensors]
+    if sum(per) * grad_bytes != cost.gradients:
+        per = [cost.gradients // grad_bytes]
+    return per
+
+
+class _Bucket:
+    """A DeepSpeed gradient bucket (reduce_bucket_size elements) as backward fills it."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.limit = setup.deepspeed.reduce_bucket
+        self.param, self.grad = setup.bytes["param"], setup.bytes["grad"]
+        self.comm = setup.deepspeed.comm_bytes or self.grad
+        self.members: list[int] = []
+        self.elements = 0
+
+    def overflows(self, numel: int) -> bool:
+        """A gradient of `numel` elements makes the bucket reduce first (it is not empty)."""
+        return bool(self.elements) and self.elements + numel > self.limit
+
+    def join(self, numel: int) -> bool:
+        """A gradient joins the bucket (after any reduction it caused); True when it is too
+        large for the buffer and stays whole until the next reduction."""
+        self.members.append(numel)
+        self.elements += numel
+        return numel > self.limit
+
+    def take(self) -> list[int]:
+        """The members to reduce; the bucket is empty again."""
+        members = self.members
+        self.members, self.elements = [], 0
+        return members
+
+
+class _Zero12Bucket(_Bucket):
     """ZeRO-1/2's IPG bucket as gradients join it, and what reducing a full one allocates.
 
     deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer:
@@ -1106,32 +1138,18 @@ class _Zero12Bucket:
     At a reduction the gradient that triggered it is still whole: counted with it.
     """
 
-    def __init__(self, setup: Setup) -> None:
-        self.limit = setup.deepspeed.reduce_bucket
-        self.grad = setup.bytes["grad"]
-        self.comm = setup.deepspeed.comm_bytes or self.grad
-        self.members: list[int] = []
-        self.elements = 0
-
     def flush(self, waiting: int) -> tuple[int, int]:
         """Reduce the bucket: (bytes alive while it is reduced, beyond the buffers and the
         waiting extra-large gradient; bytes of an extra-large gradient freed by it)."""
-        members, elements = self.members, self.elements
-        self.members, self.elements = [], 0
+        members = self.take()
         if not members:
             return 0, 0
+        elements = sum(members)
         size = round_up(elements * self.grad, ALLOCATOR_GRANULE)  # flatten(bucket)
         if self.comm != self.grad:
             size += round_up(elements * self.comm, ALLOCATOR_GRANULE)  # .to(communication_data_type)
         large = sum(round_up(n * self.grad, ALLOCATOR_GRANULE) for n in members if n > self.limit)
         return size + round_up(waiting * self.grad, ALLOCATOR_GRANULE), large
-
-    def join(self, numel: int) -> bool:
-        """A gradient joins the bucket (after any reduction it caused); True when it is too
-        large for the buffer and stays whole until the next reduction."""
-        self.members.append(numel)
-        self.elements += numel
-        return numel > self.limit
 
 
 def zero12_step_temporaries(setup: Setup, tensors: list[Stepped]) -> dict[str, int]:
@@ -1190,7 +1208,7 @@ def _prefetch_bytes(setup: Setup, available: int) -> int:
     return round_up(elements * setup.bytes["param"], ALLOCATOR_GRANULE)
 
 
-class _IpgBucket:
+class _IpgBucket(_Bucket):
     """ZeRO-3's gradient bucket as backward fills it, and the reduce-scatter of each full one.
 
     deepspeed/runtime/zero/stage3.py (deepspeedai/DeepSpeed at 007cca6a; the same calls in
@@ -1218,34 +1236,22 @@ class _IpgBucket:
     """
 
     def __init__(self, setup: Setup) -> None:
-        self.limit = setup.deepspeed.reduce_bucket
+        super().__init__(setup)
         self.dp = setup.dp
-        self.grad = setup.bytes["grad"]
-        self.comm = setup.deepspeed.comm_bytes or self.grad
-        self.param = setup.bytes["param"]
-        self.members: list[int] = []
-        self.elements = 0
 
-    def add(self, cost, setup: Setup) -> list[int]:
+    def add(self, cost) -> list[int]:
         """The layer's gradients join the bucket; the bytes of each reduction this causes."""
-        per = [t // self.param for t in cost.param_tensors]
-        if sum(per) * self.grad != cost.gradients:
-            # NB: a layer with frozen parameters beside trainable ones (LoRA's base weight):
-            # its gradients taken as one tensor
-            per = [cost.gradients // self.grad]
         out = []
-        for numel in reversed(per):
-            if self.elements and self.elements + numel > self.limit:
+        for numel in reversed(_grad_elements(cost, self.param, self.grad)):
+            if self.overflows(numel):
                 out.append(self.flush(numel))
-            self.members.append(numel)
-            self.elements += numel
+            self.join(numel)
         return out
 
     def flush(self, waiting: int) -> int:
         """Reduce the bucket: reduce_scatter_coalesced's flat copy and paddings, plus the
         whole gradient `waiting` (elements) to join next."""
-        members, dp = self.members, self.dp
-        self.members, self.elements = [], 0
+        members, dp = self.take(), self.dp
         if not members:
             return 0
         size = 0

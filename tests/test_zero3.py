@@ -62,10 +62,10 @@ def test_bucket_of_several_tensors_is_copied_flat_for_the_reduce_scatter():
     # reduce_scatter_coalesced: chunks of ceil(numel / dp) per rank, padded, torch.cat'ed.
     # dp 4, fp32 gradients, bucket 1000 elements: 64 then 128 elements join, then 900 does not fit
     bucket = _IpgBucket(_setup(dp=4, grad=4, limit=1000))
-    assert bucket.add(_cost([64 * 4]), None) == []
-    assert bucket.add(_cost([128 * 4]), None) == []
+    assert bucket.add(_cost([64 * 4])) == []
+    assert bucket.add(_cost([128 * 4])) == []
     # (16 + 32) x 4 ranks = 192 elements x 4 B = 768 -> 1024 B; the waiting 900 x 4 = 3600 -> 4096 B
-    assert bucket.add(_cost([900 * 4]), None) == [1024 + 4096]
+    assert bucket.add(_cost([900 * 4])) == [1024 + 4096]
     # the epilogue: one tensor of 900 divisible by 4 is reduced in place (no copy, nothing waiting)
     assert bucket.flush(0) == 0
 
@@ -74,14 +74,14 @@ def test_indivisible_tensors_are_padded_chunk_by_chunk():
     # dp 3: 64 -> 3 x 22 = 66 (rank 2 holds 20 + a 2-element torch.empty pad), 128 -> 3 x 43 = 129
     # (rank 2: 42 + 1); 195 x 4 B = 780 -> 1024 B, and two padding blocks of 512 B
     bucket = _IpgBucket(_setup(dp=3, grad=4, limit=1000))
-    bucket.add(_cost([64 * 4, 128 * 4]), None)
+    bucket.add(_cost([64 * 4, 128 * 4]))
     assert bucket.flush(0) == 1024 + 2 * 512
 
 
 def test_one_tensor_divisible_by_the_ranks_is_reduced_in_place():
     # "if there's only one tensor being reduced and we don't need to pad ... avoid a memory allocation"
     bucket = _IpgBucket(_setup(dp=8, grad=2, limit=16_777_216))
-    bucket.add(_cost([4096 * 11008 * 2]), None)  # down_proj: 45_088_768 elements, over the bucket alone
+    bucket.add(_cost([4096 * 11008 * 2]))  # down_proj: 45_088_768 elements, over the bucket alone
     assert bucket.flush(0) == 0
 
 
