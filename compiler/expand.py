@@ -105,17 +105,22 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
     }
 
 
+def experiment_scope(setup: Setup) -> dict[str, int]:
+    """The experiment's names a module's context expressions (batch, seq) read.
+    NB: packing makes the language model's batch one row of every token (text-only, E316)."""
+    rows_b, rows_s = setup.rows
+    return {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
+            "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
+            "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
+
+
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     _MEMO.clear()
     _MATCHED.clear()
     problems: list[Diagnostic] = []
     roots = []
     grad = False
-    # NB: packing makes the language model's batch one row of every token (text-only, E316)
-    rows_b, rows_s = setup.rows
-    experiment = {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
-                  "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
-                  "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
+    experiment = experiment_scope(setup)
     for m in spec.modules:
         if m.type not in library:
             from .errors import did_you_mean

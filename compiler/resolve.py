@@ -892,10 +892,9 @@ def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterabl
 def _runs(module: Module, setup: "Setup") -> bool:
     """Whether `module` runs on any row of `setup`'s batch (its context's batch, as expand
     binds it), without instantiating it."""
-    rows_b, rows_s = setup.rows
-    scope = {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
-             "image_h": setup.image_hw[0], "image_w": setup.image_hw[1], "grid_rows": setup.grid[0], "grid_cols": setup.grid[1],
-             **module.inputs}
+    from .expand import experiment_scope
+
+    scope = {**experiment_scope(setup), **module.inputs}
     try:
         return bool(module.batch(scope))
     except MemspecError:  # NB: a batch expression expand will refuse (E404); count the module as running
