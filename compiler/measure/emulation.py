@@ -124,6 +124,18 @@ def persistent_scratch(threads_with_gemms: int, sm90: bool = True) -> dict[str, 
     return {CUBLAS_WORKSPACE: threads_with_gemms * per_thread} if threads_with_gemms else {}
 
 
+def allocate_workspaces(allocator, threads_with_gemms: int, sm90: bool = True) -> None:
+    """Hand `allocator` the workspaces of `persistent_scratch` as the blocks they are: per
+    thread one cuBLAS workspace and one cuBLASLt workspace, each cached for good."""
+    if allocator is None:
+        return
+    cublas = CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80
+    for thread in range(threads_with_gemms):
+        for name, nbytes in (("cublas", cublas), ("cublaslt", CUBLASLT_WORKSPACE_BYTES)):
+            if (name, thread) not in allocator:
+                allocator.malloc((name, thread), nbytes)
+
+
 class LayerNormStatsInFp32(TorchDispatchMode):
     """Give `native_layer_norm`'s mean and rstd CUDA's dtype (fp32) for 16-bit inputs."""
 

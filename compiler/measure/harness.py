@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..memory.allocator import Allocator, AllocatorConfig
 from . import emulation, fsdp, tricks
 from .experiment import check_measurable
 from .families import family_for
@@ -76,6 +77,10 @@ class Measurement:
     emulation: tuple[str, ...]
     inventory: str
     timeline: list[dict] = field(default_factory=list)
+    # The caching allocator's replay of every storage (compiler.memory.allocator): its
+    # highest reserved and allocated (block sizes, an unsplit remainder included) over the run
+    reserved: int | None = None
+    allocator_allocated: int | None = None
 
 
 def load_config(config_path: Path):
@@ -378,6 +383,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     tracer.phase, scope.label = FORWARD, ""
     if emulate:
         tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
+        emulation.allocate_workspaces(tracer.allocator, 1 if step == 1 else 2)
     with (tricks.offloaded() if offload else _nothing()):
         loss = model(**batch).loss  # the output object (logits) dies here
     scope.unmark()
@@ -386,6 +392,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     tracer.phase, scope.in_backward = BACKWARD, True
     if emulate:
         tracer.persistent = emulation.persistent_scratch(2)
+        emulation.allocate_workspaces(tracer.allocator, 2)
     (loss * scale if scale != 1.0 else loss).backward()
     del loss
     scope.in_backward = False
@@ -397,7 +404,8 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
 
 
 def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
-            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None) -> Measurement:
+            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None,
+            alloc_conf: AllocatorConfig | None = None) -> Measurement:
     """Trace `steps` training steps of `exp`; see the module docstring.
 
     `fake=False` runs on real CPU tensors; `emulate=False` turns the CUDA emulation off and
@@ -438,6 +446,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         # of its own in some setups; the estimate's timeline is checked against it
         watch=_input_embeddings(model, scope),
         **({"granularity": granularity} if granularity else {}),
+        allocator=Allocator(alloc_conf or AllocatorConfig()) if emulate else None,
     )
     tracer.register(model.parameters(), PARAMETERS)
     tracer.register(model.buffers(), BUFFERS)
@@ -483,6 +492,8 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         emulation=_emulation_names(applied + patched + tricks_applied, exp, fake) if emulate else (),
         inventory=inventory[0],
         timeline=tracer.timeline,
+        reserved=tracer.allocator.peak_reserved if tracer.allocator is not None else None,
+        allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None else None,
     )
 
 

@@ -78,7 +78,7 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
         "steps": steps,
         "allocated": steady_state(steps)["allocated"],
         "allocated_first_step": steps[0]["allocated"],
-        "reserved": None,
+        "reserved": measurement.reserved,
         "device": None,
     }
 

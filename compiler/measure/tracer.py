@@ -133,6 +133,9 @@ class MemoryTracer(TorchDispatchMode):
     `host_ops` are ops whose outputs the emulated run keeps on the host, not the device.
     `device` restricts counting to tensors on that device type (None counts all).
     `watch` names module paths whose own highest point per (step, phase) is kept in `watched`.
+    `allocator` (a `compiler.memory.allocator.Allocator`) is handed every storage's
+    allocation and free in their order, and each kernel scratch for the duration of its op,
+    so that it can tell the segments the caching allocator reserves.
     """
 
     def __init__(
@@ -145,6 +148,7 @@ class MemoryTracer(TorchDispatchMode):
         device: str | None = None,
         timeline: bool = False,
         watch: frozenset = frozenset(),
+        allocator=None,
     ) -> None:
         super().__init__()
         self.granularity = granularity
@@ -153,6 +157,7 @@ class MemoryTracer(TorchDispatchMode):
         self.host_ops = host_ops
         self.device = device
         self.keep_timeline = timeline
+        self.allocator = allocator
         self.live: dict[int, Allocation] = {}
         # Storages the host ops made: an in-place op on one (a for-loop optimizer's
         # `step_t += 1` on its host step counter) returns it, and it stays on the host.
@@ -192,6 +197,8 @@ class MemoryTracer(TorchDispatchMode):
             shape=tuple(tensor.shape),
         )
         self.live[key] = record
+        if self.allocator is not None and storage.nbytes():
+            self.allocator.malloc(key, storage.nbytes())
         self.total += record.nbytes
         self.by_category[category] += record.nbytes
         weakref.finalize(storage, self._free, key)
@@ -209,6 +216,8 @@ class MemoryTracer(TorchDispatchMode):
         if record is None:
             return
         record.alive = False
+        if self.allocator is not None and key in self.allocator:
+            self.allocator.free(key)
         self.total -= record.nbytes
         self.by_category[record.category] -= record.nbytes
 
@@ -225,6 +234,12 @@ class MemoryTracer(TorchDispatchMode):
             return
         module, _ = self.context()
         record.alive = False
+        if self.allocator is not None:
+            # NB: resize_ to 0 frees the block; to a new size allocates a new one
+            if storage._cdata in self.allocator:
+                self.allocator.free(storage._cdata)
+            if nbytes:
+                self.allocator.malloc(storage._cdata, nbytes)
         self.total += nbytes - record.nbytes
         self.by_category[record.category] += nbytes - record.nbytes
         self.live[storage._cdata] = Allocation(
@@ -285,6 +300,13 @@ class MemoryTracer(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._track(t, category, module, name)
         scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
+        if self.allocator is not None:
+            for i, (name, nbytes) in enumerate(scratch):
+                if nbytes:
+                    self.allocator.malloc(("scratch", name, i), nbytes)
+            for i, (name, nbytes) in enumerate(scratch):
+                if nbytes:
+                    self.allocator.free(("scratch", name, i))
         self._observe(func.__name__, module, scratch)
         return out
 

@@ -1,0 +1,1 @@
+"""Models of what holds device memory beside the step's tensors: the CUDA caching allocator."""
