@@ -195,6 +195,9 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--activation-offloading", action=argparse.BooleanOptionalAction, default=None, dest="activation_offloading",
         help="torch.autograd.graph.save_on_cpu around the forward: saved tensors wait in host memory (not with checkpointing)")
     add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+    add("--alloc-conf", metavar="CONF", dest="alloc_conf",
+        help="PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
+             "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True")
     add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
     add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
     add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
@@ -231,7 +234,7 @@ def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
-                "offload_optimizer", "offload_param"):
+                "offload_optimizer", "offload_param", "alloc_conf"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -121,7 +121,7 @@ def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         {"key": "peak.allocated", "label": "allocated", "bytes": peak["allocated"],
          "what": "torch.cuda.max_memory_allocated()", "where": f"{steady['phase']} at {steady['layer']}"},
         {"key": "peak.reserved", "label": "reserved", "bytes": peak["reserved"],
-         "what": "torch.cuda.max_memory_reserved()", "where": "segment rounding, no fragmentation: a lower bound"},
+         "what": "torch.cuda.max_memory_reserved()", "where": "the caching allocator replayed over two steps"},
         {"key": "peak.device", "label": "device", "bytes": peak["device"],
          "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
         {"key": "peak.first_step.allocated", "label": "first step", "bytes": first["allocated"],

@@ -105,7 +105,7 @@ def text(r: Report) -> str:
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
         f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}",
-        f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); segment rounding, no fragmentation (a lower bound)",
+        f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); the caching allocator replayed over two steps",
         f"  device     {gib(r.device):>8} GiB  {r.device:>16,} B   nvidia-smi; reserved + CUDA context {gib(r.device_constants.cuda_context)} GiB"
         + (f" + NCCL {gib(r.device_constants.nccl_per_communicator)} GiB" if s.dp > 1 else ""),
         f"  first step {gib(e.first_step.total):>8} GiB  {e.first_step.total:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
@@ -115,11 +115,15 @@ def text(r: Report) -> str:
         f"'cublas' is the cuBLAS/cuBLASLt workspaces of {s.target.gemm_threads} GEMM threads on {s.target.key} ({s.target.arch})"
         + ("" if r.gpu else ", the default GPU: pass --gpu for yours"),
         *breakdown_table(e.peak),
+        "",
+        f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()}",
     ]
     if r.gpu is not None:
         headroom = r.gpu.memory - r.device
-        verdict = "fits" if headroom >= 0 else "does NOT fit"
+        verdict = "fits" if headroom >= 0 and e.oom is None else "does NOT fit"
         lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure"]
+        if e.oom is not None:
+            lines.append(f"          {e.oom.message()}")
     if e.not_modelled:
         lines += ["", "not modelled (the figures above leave these out):"] + [f"  - {x}" for x in e.not_modelled]
     return "\n".join(lines) + "\n"
@@ -176,7 +180,11 @@ def as_data(r: Report) -> dict[str, Any]:
         "activations_end_of_forward": e.activations_end_of_forward,
         "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
         "target_gpu": {"key": s.target.key, "arch": s.target.arch, "workspace_per_thread": s.target.workspace},
-        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory, "headroom": r.gpu.memory - r.device},
+        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory and e.oom is None,
+                                           "headroom": r.gpu.memory - r.device,
+                                           "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
+                                                                                       "allocated": e.oom.allocated, "reserved": e.oom.reserved}},
+        "allocator": {"PYTORCH_CUDA_ALLOC_CONF": s.alloc_conf.text},
         "not_modelled": list(e.not_modelled),
     }
 

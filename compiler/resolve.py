@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from .formula import SETUPS, Expr, Library, compile_expr
 from .load import Document, child_path, load_yaml
+from .memory.allocator import AllocConfError, AllocatorConfig
 from . import optimizers
 from .optimizers import TYPE_IMPLS, Optimizer
 
@@ -46,6 +47,7 @@ DEFAULTS: Mapping[str, Any] = {
     "loss": "cross_entropy",
     "activation_offloading": False,
     "packing": False,
+    "alloc_conf": "",
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
 EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols"})
@@ -469,6 +471,8 @@ class Setup:
     tp: int = 1
     sp: bool = False
     pp: int = 1
+    # PYTORCH_CUDA_ALLOC_CONF as the job sets it: what the allocator's replay assumes
+    alloc_conf: AllocatorConfig = AllocatorConfig()
 
     @property
     def tokens(self) -> int:
@@ -622,6 +626,11 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             if name not in module_names:
                 complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
     optimizer = _optimizer(data["optimizer"], complain)
+    try:
+        alloc_conf = AllocatorConfig.parse(data.get("alloc_conf") or "")
+    except AllocConfError as error:
+        complain("alloc_conf", "E330", f"PYTORCH_CUDA_ALLOC_CONF: {error}", error.help)
+        alloc_conf = AllocatorConfig()
     if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
         # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
         # without weight decay; other optimizers on DTensor shards are not modelled
@@ -740,6 +749,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         tp=parallel["tp"],
         sp=bool(parallel["sp"]),
         pp=parallel["pp"],
+        alloc_conf=alloc_conf,
     )
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .evaluate import Node, first_charges, trained
+from .memory import allocator
+from .memory.allocator import Allocator, OutOfMemory, OutOfMemoryError
 from .expand import forward_order
 from . import optimizers
 from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup
@@ -47,16 +49,16 @@ ZERO12_GRADS = "zero-grad-partition"  # breakdown row: ZeRO-1/2's grads_in_parti
 ZERO12_WAIT = "zero-large-grad"  # breakdown row: a gradient too large for ZeRO-1/2's bucket, whole until it is reduced
 FSDP_GATHER = "fsdp-gather"  # breakdown row: FSDP2's gathered parameters and all-gather outputs
 FSDP_REDUCE = "fsdp-reduce"  # breakdown row: FSDP2's reduce-scatter inputs
+PROBE = ("probe",)  # replay event: an allocation freed at once (Allocator.probe)
 PIPELINE = "pipeline"  # the breakdown row of the other in-flight micro-batches' activations (1F1B)
-# c10/cuda/CUDACachingAllocator.cpp
-ALLOCATOR_GRANULE = 512  # kMinBlockSize: every request rounds up to it
-LARGE_SEGMENT_FROM = 10 << 20  # kMinLargeAlloc: requests of 10 MiB and more get their own segment...
-LARGE_SEGMENT_ROUND = 2 << 20  # kRoundLarge: ...rounded up to a multiple of 2 MiB
+ALLOCATOR_GRANULE = allocator.MIN_BLOCK  # kMinBlockSize: every request rounds up to it
 _ALLOCATOR = "c10/cuda/CUDACachingAllocator.cpp"
 ALLOCATOR_CONSTANTS = (
-    Constant("kMinBlockSize", ALLOCATOR_GRANULE, "B", f"{_ALLOCATOR}: every request rounds up to it (allocated)"),
-    Constant("kMinLargeAlloc", LARGE_SEGMENT_FROM, "B", f"{_ALLOCATOR}: requests of this size and more get their own segment (reserved)"),
-    Constant("kRoundLarge", LARGE_SEGMENT_ROUND, "B", f"{_ALLOCATOR}: such a segment rounds up to a multiple of it (reserved)"),
+    Constant("kMinBlockSize", allocator.MIN_BLOCK, "B", f"{_ALLOCATOR}: every request rounds up to it (allocated)"),
+    Constant("kSmallSize", allocator.SMALL_SIZE, "B", f"{_ALLOCATOR}: requests up to it come from the small pool's 2 MiB segments (reserved)"),
+    Constant("kLargeBuffer", allocator.LARGE_BUFFER, "B", f"{_ALLOCATOR}: the segment of a request under kMinLargeAlloc (reserved)"),
+    Constant("kMinLargeAlloc", allocator.MIN_LARGE_ALLOC, "B", f"{_ALLOCATOR}: requests of this size and more get their own segment (reserved)"),
+    Constant("kRoundLarge", allocator.ROUND_LARGE, "B", f"{_ALLOCATOR}: such a segment rounds up to a multiple of it (reserved)"),
 )
 
 
@@ -75,7 +77,7 @@ class Point:
 @dataclass(frozen=True)
 class Estimate:
     peak: Point  # steady state
-    reserved: int  # the caching allocator's segments at the peak, a lower bound (see segment_slack)
+    reserved: int  # the caching allocator's segments, highest over two steps replayed (see _replay)
     first_step: Point
     timeline: tuple[tuple[str, str, int], ...]  # (phase, path, allocated) per event, steady state
     resident: Mapping[str, Mapping[str, int]]  # module -> parameters/gradients/optimizer_states/buffers, per GPU
@@ -83,6 +85,7 @@ class Estimate:
     seed_sum: int  # parameters + gradients + optimizer states + activations, summed (seed paper Eq. 1)
     not_modelled: tuple[str, ...]
     trainable_params: int  # elements, all ranks
+    oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
 
 
 @dataclass
@@ -95,9 +98,7 @@ class _State:
     live_by_module: dict = field(default_factory=dict)
     kept: set = field(default_factory=set)  # names saved for backward (not only held)
     buffers: dict = field(default_factory=dict)  # system buffers (DeepSpeed buckets) -> bytes
-    resident_slack: int = 0
     best: Point | None = None
-    best_slack: int = 0
     best_first: tuple | None = None
     timeline: list = field(default_factory=list)
 
@@ -106,6 +107,42 @@ class _State:
     first_forward_workspace: int = 0  # step 1's forward has run GEMMs on one thread only
     optim_resident: int = 0  # optimizer bytes that appear only at the first step()
     first_optim: dict = field(default_factory=dict)  # module -> optimizer bytes already there in step 1
+    # The step's allocations and frees in order, (key, bytes) and (key, None), for the
+    # caching allocator's replay (compiler.memory.allocator); see `replay_events`
+    events: list = field(default_factory=list)
+    buffer_keys: dict = field(default_factory=dict)  # buffer name -> [(key, bytes)] live, oldest first
+    grad_keys: dict = field(default_factory=dict)  # layer path -> [(key, bytes)] live
+    serial: int = 0
+
+    def _new_key(self, kind: str, name: str) -> tuple:
+        self.serial += 1
+        return (kind, name, self.serial)
+
+    def add_grad(self, module: str, path: str, size: int) -> None:
+        """A layer's gradients appear (one allocation)."""
+        if size:
+            key = self._new_key("grad", path)
+            self.events.append((key, size))
+            self.grad_keys.setdefault(path, []).append((key, size))
+            self.grads[module] = self.grads.get(module, 0) + size
+            self.level += size
+
+    def drop_grad(self, module: str, path: str, size: int) -> None:
+        if size:
+            for key, _ in self.grad_keys.pop(path, ()):
+                self.events.append((key, None))
+            self.grads[module] -= size
+            self.level -= size
+
+    def drop_grads(self) -> None:
+        """Every gradient goes (zero_grad(set_to_none=True), or ZeRO-1's reduction)."""
+        for keys in self.grad_keys.values():
+            for key, _ in keys:
+                self.events.append((key, None))
+        self.grad_keys.clear()
+        for m in list(self.grads):
+            self.level -= self.grads[m]
+            self.grads[m] = 0
 
     def charge(self, module: str, tensors, kept: bool = False) -> None:
         for name, size in tensors:
@@ -113,6 +150,8 @@ class _State:
                 self.kept.add(name)
             if name not in self.live:
                 size = round_up(size, ALLOCATOR_GRANULE)
+                if size:
+                    self.events.append((("tensor", name), size))
                 self.live[name] = (module, size)
                 self.live_by_module[module] = self.live_by_module.get(module, 0) + size
                 self.level += size
@@ -120,18 +159,37 @@ class _State:
     def add_buffer(self, name: str, size: int) -> None:
         """A system buffer (not a module's) alive from now on, shown in its own breakdown row."""
         if size:
+            key = self._new_key("buffer", name)
+            self.events.append((key, size))
+            self.buffer_keys.setdefault(name, []).append((key, size))
             self.buffers[name] = self.buffers.get(name, 0) + size
             self.level += size
 
     def drop_buffer(self, name: str, size: int) -> None:
         if size:
+            self._free_buffer(name, size)
             self.buffers[name] -= size
             self.level -= size
             if not self.buffers[name] and name in (DEEPSPEED_RS, ZERO3_KEPT, ZERO12_WAIT):
                 del self.buffers[name]  # NB: a transient row shows only while it holds bytes
 
+    def _free_buffer(self, name: str, size: int) -> None:
+        """Free the allocation of buffer `name` made with `size` (the latest such), or the
+        latest ones until `size` is freed."""
+        keys = self.buffer_keys.get(name, [])
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i][1] == size:
+                self.events.append((keys.pop(i)[0], None))
+                return
+        while size > 0 and keys:
+            key, nbytes = keys.pop()
+            self.events.append((key, None))
+            size -= nbytes
+
     def _drop(self, name: str) -> None:
         module, size = self.live.pop(name)
+        if size:
+            self.events.append((("tensor", name), None))
         self.live_by_module[module] -= size
         self.level -= size
 
@@ -153,11 +211,18 @@ class _State:
                 self._drop(name)
 
     def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> None:
+        # NB: a transient is allocated for the moment observed and freed after it: the
+        # workspace of the layers running, one allocation per module of the stack
+        keys = [(self._new_key("transient", m), size) for m, size in transient.items() if size]
+        if len(keys) == 1:
+            self.events.append((PROBE, keys[0][1]))
+        else:
+            self.events.extend(keys)
+            self.events.extend((key, None) for key, _ in keys)
         total = self.level + sum(transient.values())
         self.timeline.append((phase, path, total))
         if self.best is None or total > self.best.total:
             self.best = self._point(phase, path, total, transient)
-            self.best_slack = sum(segment_slack(size) for _, size in self.live.values()) + self.resident_slack
         first = total - self.optim_resident - (self.workspace - self.first_forward_workspace if phase == "forward" else 0)
         if phase != "optimizer" and (self.best_first is None or first > self.best_first[2]):
             # NB: a snapshot, made into a Point once at the end: this branch runs on most
@@ -195,19 +260,6 @@ class _State:
             category = "parameters" if name in (FSDP_GATHER, ZERO3_KEPT) else "activations" if name == PIPELINE else "gradients"
             out[name] = {**_ZERO, category: size}
         return out
-
-
-def segment_slack(size: int) -> int:
-    """Bytes a live block of `size` adds to reserved memory beyond itself.
-
-    Blocks of 10 MiB and more sit in segments rounded up to 2 MiB. Smaller blocks share
-    2 MiB (<= 1 MiB requests) or 20 MiB segments and are taken as packed without waste.
-    NB: this makes `reserved` a lower bound: fragmentation and blocks cached after an
-    earlier, differently shaped phase are not modelled.
-    """
-    if size < LARGE_SEGMENT_FROM:
-        return 0
-    return round_up(size, LARGE_SEGMENT_ROUND) - size
 
 
 def _blocks(node: Node, setup: Setup, p_div: int, g_div: int, o_div: int) -> tuple[int, int, int]:
@@ -358,16 +410,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     bucket12 = _Zero12Bucket(setup) if zero12 else None
     if grads_resident:
         for root in nodes:
-            g = sum(blocks[id(n)][1] for n in root.walk())
-            state.grads[root.inst.module] = g
-            state.level += g
-    state.resident_slack = sum(
-        segment_slack(blocks[id(n)][0] if setup.zero == 3 and _params_offloaded(setup) else _div(n.cost.parameters, p_div))
-        + segment_slack(0 if setup.zero == 3 and _offloaded(setup) else _div(n.cost.optimizer_states, o_div))
-        for root in nodes
-        for n in root.walk()
-        if not n.children
-    ) if plan is None else 0  # NB: FSDP2's shards: slack not modelled (reserved stays a lower bound)
+            state.add_grad(root.inst.module, f"{root.inst.module} (gradient partition)", sum(blocks[id(n)][1] for n in root.walk()))
     fs = _FsdpWalk(plan, state, blocks) if plan is not None else None
 
     offload_param = setup.zero == 3 and _params_offloaded(setup)
@@ -482,9 +525,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
             if zero12_hooked:
                 zero12_join(node, t)
             elif not grads_resident:
-                grad = blocks[id(node)][1]
-                state.grads[inst.module] = state.grads.get(inst.module, 0) + grad
-                state.level += grad
+                state.add_grad(inst.module, inst.path, blocks[id(node)][1])
             if zero3 and not node.children:
                 for size in ipg.add(node.cost):
                     # the bucket is reduced while this layer's gradient waits to join it
@@ -542,6 +583,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         state.add_buffer(PIPELINE, (setup.pp - 1) * _saved_per_microbatch(nodes))
     held: list = []  # tensors the model's outputs keep until the forward ends
     ipg = _IpgBucket(setup) if zero3 else None
+    walk_start = len(state.events)
     if fs is not None:
         fs.root_pre_forward()
     order = forward_order(tuple(n.inst for n in nodes))
@@ -577,9 +619,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
                 bucket12.join(t.elements)
             worst = max(worst, bucket12.flush(0)[0])
             reducing(worst + zero12_part, "deepspeed.reduce_gradients", {})
-            for m in list(state.grads):
-                state.level -= state.grads[m]
-                state.grads[m] = 0
+            state.drop_grads()
             state.add_buffer(ZERO12_GRADS, zero12_part)
         elif zero12:
             # independent_gradient_partition_epilogue -> reduce_ipg_grads reduces the rest
@@ -613,6 +653,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
                 step_transient = {modules[-1]: phases["after_partition"]}
             else:
                 step_transient = {modules[-1]: phases["with_partition"]}
+    step_start = len(state.events)
     state.observe("optimizer", "optimizer.step", step_transient)
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
     first_step_point = step
@@ -629,9 +670,14 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     }
     # The seed paper's Eq. 1: the four factors summed, per GPU, activations as kept for backward.
     seed_sum = sum(sum(c.values()) for c in per_gpu_totals.values()) + sum(end_of_forward.values())
+    resident_blocks = [b for r in nodes for n in r.walk() for b in _resident_blocks(n, setup, blocks, plan, p_div)]
+    states = [b for r in nodes for n in r.walk() for b in _state_blocks(n, setup, blocks, plan, o_div)]
+    states += [round_up(b, ALLOCATOR_GRANULE) for b in once]
+    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start)
     return Estimate(
         peak=state.best,
-        reserved=state.best.total + state.best_slack,
+        reserved=reserved,
+        oom=oom,
         # Step 1 has no optimizer states before step() creates them; its step() makes
         # them as it goes (see _first_step_optimizer).
         first_step=max(state.first_point(), first_step_point, key=lambda p: p.total),
@@ -660,6 +706,121 @@ def _saved_per_microbatch(nodes) -> int:
     for root in nodes:
         walk(root)
     return sum(seen.values())
+
+
+def _resident_blocks(node: Node, setup: Setup, blocks: dict, plan, p_div: int) -> list[int]:
+    """A layer's weights and buffers as allocations: each tensor its own where whole, one
+    flat partition where ZeRO-3 or FSDP2 shards them."""
+    c = node.cost
+    out = [round_up(b, ALLOCATOR_GRANULE) for b in c.buffer_tensors]
+    if plan is not None:
+        return out + [plan.resident(node, setup)[0]]
+    if p_div == 1 and not (setup.zero == 3 and _offloaded(setup)):
+        return out + [round_up(t, ALLOCATOR_GRANULE) for t in c.param_tensors]
+    return out + [blocks[id(node)][0]]
+
+
+def _state_blocks(node: Node, setup: Setup, blocks: dict, plan, o_div: int) -> list[int]:
+    """A layer's optimizer states (fp32 master copies included) as allocations: each state
+    of each tensor its own, or the layer's share of a flat partition when sharded."""
+    if plan is not None:
+        return [plan.resident(node, setup)[1]]
+    c = node.cost
+    if not c.optimizer_states or o_div > 1 or _offloaded(setup):
+        return [blocks[id(node)][2]]
+    mine, shapes = trained(node.inst, c.param_tensors, c.param_shapes, c.param_names)
+    out = []
+    for t, shape in zip(mine, shapes):
+        e = t // setup.bytes["param"]
+        if setup.master_bytes:
+            out.append(round_up(e * setup.master_bytes, ALLOCATOR_GRANULE))
+        out += [round_up(x.nbytes, ALLOCATOR_GRANULE) for x in _states(setup, e, shape) if not x.paged]
+    return out
+
+
+def _replay(setup: Setup, state: _State, resident: list[int], states: list[int], walk_start: int,
+            step_start: int) -> tuple[int, OutOfMemory | None]:
+    """The caching allocator's reserved bytes over two training steps, and the allocation
+    that fails on `setup.gpu` if one does.
+
+    The replay runs what a job allocates in its order: the weights and buffers, the
+    cuBLAS workspaces, the allocations made before the walk (ZeRO-3's gradient partition,
+    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, the
+    optimizer states made at its step(), the step's temporaries) and step 2 (the same with
+    the states in place); whatever a step made and still holds goes at its end
+    (zero_grad(set_to_none=True)). Step 1's pattern of frees leaves cached blocks that step
+    2 is served from, which is why two steps are replayed.
+    NB: a transient is one allocation per module of the stack, and a layer's gradients one
+    allocation: finer in the real step, so fragmentation is modelled at that grain.
+    """
+    capacity = None
+    if setup.gpu is not None:
+        capacity = setup.gpu.memory - _device_overhead(setup)
+    walk, step = state.events[walk_start:step_start], state.events[step_start:]
+
+    def run(allocator: Allocator) -> int:
+        for i, size in enumerate(resident):
+            if size:
+                allocator.malloc(("weight", i), size)
+        for thread in range(setup.target.gemm_threads):
+            allocator.malloc(("workspace", thread), setup.target.workspace)
+        for key, size in state.events[:walk_start]:
+            _apply(allocator, key, size)
+        live, probe, malloc, free = allocator._live, allocator.probe, allocator.malloc, allocator.free
+        for number in (1, 2):
+            made = []
+            for key, size in walk:  # NB: _apply, inlined: the replay's hot loop
+                if key is PROBE:
+                    probe(size)
+                elif size is None:
+                    if key in live:
+                        free(key)
+                elif key not in live:
+                    malloc(key, size)
+                    made.append(key)
+            if number == 1:
+                for i, size in enumerate(states):
+                    if size:
+                        allocator.malloc(("state", i), size)
+            for key, size in step:
+                if _apply(allocator, key, size):
+                    made.append(key)
+            for key in made:
+                if key in allocator:
+                    allocator.free(key)
+        return allocator.peak_reserved
+
+    try:
+        return run(Allocator(setup.alloc_conf, capacity)), None
+    except OutOfMemoryError as error:
+        # NB: the figure is then what the step would need: the same replay on a device
+        # without a limit
+        return run(Allocator(setup.alloc_conf)), error.oom
+
+
+def _apply(allocator: Allocator, key, size: int | None) -> bool:
+    """One event; True when it allocated. NB: an allocation still live from the step before
+    (a buffer DeepSpeed keeps) is kept, not made again."""
+    if key is PROBE:
+        allocator.probe(size)
+        return False
+    if size is None:
+        if key in allocator:
+            allocator.free(key)
+        return False
+    if key in allocator:
+        return False
+    allocator.malloc(key, size)
+    return True
+
+
+def _device_overhead(setup: Setup) -> int:
+    """What the device holds beside the allocator's segments: the CUDA context, and NCCL's
+    buffers when data-parallel (specs/gpus.yaml)."""
+    from .resolve import gpu_catalog
+
+    consts = gpu_catalog()[1]
+    return consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
 
 
 def _push(stack: Mapping[str, int], module: str, extra: int) -> Mapping[str, int]:
@@ -1611,13 +1772,9 @@ class _FsdpWalk:
         state.add_buffer(FSDP_REDUCE, unit.rs_in)
         state.observe("backward", f"{unit.path} (FSDP reduce-scatter)", stack)
         for n in unit.nodes:
-            g = self.blocks[id(n)][1] if n.cost.gradients else 0
-            if g:
-                state.grads[n.inst.module] -= g
-                state.level -= g
+            state.drop_grad(n.inst.module, n.inst.path, self.blocks[id(n)][1] if n.cost.gradients else 0)
         state.add_buffer(FSDP_REDUCE, unit.cast)
-        state.grads[unit.module] = state.grads.get(unit.module, 0) + unit.rs_out
-        state.level += unit.rs_out
+        state.add_grad(unit.module, f"{unit.path} (sharded gradients)", unit.rs_out)
         state.observe("backward", f"{unit.path} (FSDP reduce-scatter)", stack)
         state.drop_buffer(FSDP_REDUCE, unit.cast)
         self.rs_kept = unit.rs_in

@@ -165,9 +165,10 @@ def render(comparisons: list[Comparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None, max_under: int | None = None) -> list[str]:
-    """Failures of the allocated gate, as sentences."""
-    s = summarise(comparisons, "allocated")
+def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None, max_under: int | None = None,
+         measure: str = "allocated") -> list[str]:
+    """Failures of the gate on `measure`, as sentences."""
+    s = summarise(comparisons, measure)
     out = []
     if s is None:
         asked = (max_mape, max_worst, max_under) != (None, None, None)
@@ -175,9 +176,9 @@ def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float
     if max_under is not None and s.under > max_under:
         out.append(f"{s.under} estimate(s) below the measurement (at most {max_under} allowed)")
     if max_mape is not None and s.mape > max_mape:
-        out.append(f"allocated MAPE {s.mape:.2f}% exceeds {max_mape}%")
+        out.append(f"{measure} MAPE {s.mape:.2f}% exceeds {max_mape}%")
     if max_worst is not None and abs(s.worst) > max_worst:
-        out.append(f"worst allocated error {s.worst:+.2f}% ({s.worst_name}) exceeds {max_worst}%")
+        out.append(f"worst {measure} error {s.worst:+.2f}% ({s.worst_name}) exceeds {max_worst}%")
     return out
 
 

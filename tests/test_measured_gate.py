@@ -15,8 +15,18 @@ MEASURED = ROOT / "tests" / "measured"
 
 
 @pytest.fixture(scope="module")
-def comparisons():
+def everything():
     return validate_records([MEASURED])
+
+
+@pytest.fixture(scope="module")
+def comparisons(everything):
+    return [c for c in everything if c.source != "gpu"]
+
+
+@pytest.fixture(scope="module")
+def gpu(everything):
+    return [c for c in everything if c.source == "gpu"]
 
 
 def test_records_exist_and_are_estimated(comparisons):
@@ -28,3 +38,11 @@ def test_gate(comparisons):
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["allocated"]
     failures = gate(comparisons, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"])
     assert failures == [], render(comparisons)
+
+
+@pytest.mark.parametrize("measure", ["allocated", "reserved", "device"])
+def test_gpu_gate(gpu, measure):
+    assert len(gpu) >= 9
+    limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"][measure]
+    failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure)
+    assert failures == [], render(gpu)

@@ -62,6 +62,9 @@ ROUNDUP_INTERVALS = 16
 SOURCE = "c10/cuda/CUDACachingAllocator.cpp and c10/cuda/CUDAAllocatorConfig.cpp (torch 2.13)"
 
 
+_NO_DIVISIONS = (0,) * ROUNDUP_INTERVALS
+
+
 class AllocConfError(ValueError):
     """A PYTORCH_CUDA_ALLOC_CONF key or value the native allocator refuses; `key` names it."""
 
@@ -78,7 +81,7 @@ class AllocatorConfig:
 
     max_split_size: int | None = None  # bytes; None: blocks of any size split
     max_non_split_rounding: int = LARGE_BUFFER
-    roundup_power2_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
+    roundup_power2_divisions: tuple[int, ...] = _NO_DIVISIONS
     garbage_collection_threshold: float = 0.0
     per_process_memory_fraction: float = 1.0
     expandable_segments: bool = False
@@ -186,7 +189,8 @@ def _division(key: str, text: str) -> int:
 
 def _roundup(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
     if not value.startswith("["):
-        return replace(config, roundup_power2_divisions=(_division(key, value),) * ROUNDUP_INTERVALS)
+        n = _division(key, value)
+        return replace(config, roundup_power2_divisions=(n,) * ROUNDUP_INTERVALS if n else _NO_DIVISIONS)
     if not value.endswith("]"):
         raise AllocConfError(key, f"{key}:{value}: the list has no closing ']'")
     # [256:1,512:2,>:8]: sizes from 256 MiB get 1 division, from 512 MiB 2, above 8;
@@ -214,7 +218,7 @@ def _roundup(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
         for i in range(first, index + 1):
             table[i] = n
         last = index
-    return replace(config, roundup_power2_divisions=tuple(table))
+    return replace(config, roundup_power2_divisions=tuple(table) if any(table) else _NO_DIVISIONS)
 
 
 _KEYS = {
@@ -236,6 +240,8 @@ def round_size(nbytes: int, config: AllocatorConfig) -> int:
     """`round_size`: the bytes a request of `nbytes` is given."""
     if nbytes < MIN_BLOCK:
         return MIN_BLOCK
+    if config.roundup_power2_divisions is _NO_DIVISIONS:
+        return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
     divisions = config.divisions(nbytes)
     if divisions > 1 and nbytes > MIN_BLOCK * divisions:
         return _next_division(nbytes, divisions)
@@ -261,6 +267,9 @@ def allocation_size(size: int) -> int:
     if size < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+_PROBE = ("probe",)
 
 
 class _Block:
@@ -368,7 +377,7 @@ class Allocator:
             block = (self._new_block(pool, size)
                      or (self._release_oversize(pool, size) and self._new_block(pool, size))
                      or (self.empty_cache() and self._new_block(pool, size)))
-            if block is None:
+            if not block:
                 raise OutOfMemoryError(OutOfMemory(self.mallocs - 1, key, nbytes, self.allocated, self.reserved, self.limit))
         block = self._split(block, size)
         block.allocated = True
@@ -376,6 +385,21 @@ class Allocator:
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block.size
+
+    def probe(self, nbytes: int) -> None:
+        """An allocation freed at once, nothing allocated between: the same as `malloc` then
+        `free`, cheaper. A cached block that fits would be split and merged back unchanged;
+        only a new segment (kept, free) or an out-of-memory changes anything."""
+        size = round_size(nbytes, self.config)
+        pool = self._small if size <= SMALL_SIZE else self._large
+        self.mallocs += 1
+        block = self._cached(pool, size)
+        if block is not None:
+            pool.insert(block)
+            return
+        self.mallocs -= 1  # NB: malloc counts it
+        self.malloc(_PROBE, nbytes)
+        self.free(_PROBE)
 
     def _cached(self, pool: _Pool, size: int) -> _Block | None:
         """`get_free_block`: the smallest cached block that fits, unless it is oversize."""
