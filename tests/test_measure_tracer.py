@@ -26,6 +26,20 @@ def test_round_up_to_the_allocator_block():
     assert round_up(513, 512) == 1024
 
 
+def test_the_allocator_sees_every_storage_in_order():
+    from compiler.memory.allocator import MIB, Allocator
+
+    allocator = Allocator()
+    with FakeTensorMode(), MemoryTracer(allocator=allocator):
+        a = torch.empty(100 * MIB // 4, dtype=torch.float32)  # a 100 MiB segment
+        del a
+        b = torch.empty(60 * MIB // 2, dtype=torch.bfloat16)  # a's segment, split: 40 MiB cached
+        c = torch.empty(50 * MIB, dtype=torch.uint8)  # 40 MiB is too small: a new segment
+        assert (allocator.allocated, allocator.reserved) == (110 * MIB, 150 * MIB)
+        del b, c
+    assert allocator.allocated == 0 and allocator.peak_reserved == 150 * MIB
+
+
 def test_views_share_a_storage_and_frees_are_seen():
     with FakeTensorMode(), MemoryTracer() as tracer:
         a = torch.empty(1000, dtype=torch.float32)  # 4000 B -> 4096
