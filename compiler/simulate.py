@@ -34,7 +34,7 @@ from typing import Mapping
 
 from .evaluate import Node, first_charges, trained
 from .memory import allocator
-from .memory.allocator import Allocator, OutOfMemory, OutOfMemoryError
+from .memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
 from .expand import forward_order
 from . import optimizers
 from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup
@@ -794,8 +794,9 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
         return run(Allocator(setup.alloc_conf, capacity)), None
     except OutOfMemoryError as error:
         # NB: the figure is then what the step would need: the same replay on a device
-        # without a limit
-        return run(Allocator(setup.alloc_conf)), error.oom
+        # without a limit, and at least what the failed request would have made it
+        oom = error.oom
+        return max(run(Allocator(setup.alloc_conf)), oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
 
 
 def _apply(allocator: Allocator, key, size: int | None) -> bool:
