@@ -655,6 +655,10 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
                 step_transient = {modules[-1]: phases["with_partition"]}
     step_start = len(state.events)
     state.observe("optimizer", "optimizer.step", step_transient)
+    if plan is None and o_div == 1 and not _offloaded(setup) and trainable and not zero3 and not zero12:
+        # the replay sees the step tensor by tensor, as torch's optimizer allocates it
+        del state.events[step_start:]
+        state.events.extend(_step_events(setup, stepped, largest))
     step = state._point("optimizer", "optimizer.step", state.level + sum(step_transient.values()), step_transient)
     first_step_point = step
     # NB: sharded (ZeRO, FSDP2), offloaded, ZeRO-3 (stepped sub-group by sub-group) or ZeRO-1/2
@@ -1044,6 +1048,30 @@ def group_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div:
             temp = max((_adafactor_temporaries(setup, t.elements, t.shape) for t in members), default=0)
         out.append((g, temp))
     return out
+
+
+def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
+    """An unsharded step()'s allocations in order, for the allocator's replay: the fp32
+    gradients of the master weights (each tensor's, made before the step, alive through it),
+    then group by group the foreach temporaries, one per tensor (`_foreach_sqrt`'s results,
+    `_foreach_add`'s gradient copies: made together, freed after the group's update), or a
+    for-loop optimizer's temporaries of its largest tensor (see step_temporaries)."""
+    opt = setup.optimizer
+    events: list = []
+    masters = []
+    if setup.master_bytes:
+        for i, t in enumerate(tensors):
+            masters.append(("master-grad", i))
+            events.append((masters[-1], round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)))
+    temporaries = dict(group_temporaries(setup, tensors, largest))
+    for g, members in param_groups(tensors):
+        foreach = opt.impl == "foreach" and ((opt.type in ("adamw", "adam") and not opt.bnb) or (opt.type == "sgd" and opt.group_decay(g) > 0))
+        sizes = [round_up(t.elements * setup.state_bytes, ALLOCATOR_GRANULE) for t in members] if foreach else [temporaries[g]]
+        keys = [(("step", g, i), size) for i, size in enumerate(sizes) if size]
+        events += keys
+        events += [(key, None) for key, _ in keys]
+    events += [(key, None) for key in masters]
+    return events
 
 
 def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] | None) -> int:
