@@ -763,17 +763,12 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
 
     def run(allocator: Allocator) -> int:
-        for i, size in enumerate(resident):
-            if size:
-                allocator.malloc(("weight", i), size)
-        for thread in range(setup.target.gemm_threads):
-            allocator.malloc(("workspace", thread), setup.target.workspace)
-        for key, size in state.events[:walk_start]:
-            _apply(allocator, key, size)
-        live, probe, malloc, free = allocator._live, allocator.probe, allocator.malloc, allocator.free
-        for number in (1, 2):
-            made = []
-            for key, size in walk:  # NB: _apply, inlined: the replay's hot loop
+        live, probe, malloc, free = allocator.live, allocator.probe, allocator.malloc, allocator.free
+
+        def play(events, made: list) -> None:
+            """NB: an allocation still live from the step before (a buffer DeepSpeed keeps)
+            is kept, not made again; `made` collects what this step allocated."""
+            for key, size in events:
                 if key is PROBE:
                     probe(size)
                 elif size is None:
@@ -782,16 +777,24 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
                 elif key not in live:
                     malloc(key, size)
                     made.append(key)
+
+        for i, size in enumerate(resident):
+            if size:
+                malloc(("weight", i), size)
+        for thread in range(setup.target.gemm_threads):
+            malloc(("workspace", thread), setup.target.workspace)
+        play(state.events[:walk_start], [])
+        for number in (1, 2):
+            made: list = []
+            play(walk, made)
             if number == 1:
                 for i, size in enumerate(states):
                     if size:
-                        allocator.malloc(("state", i), size)
-            for key, size in step:
-                if _apply(allocator, key, size):
-                    made.append(key)
+                        malloc(("state", i), size)
+            play(step, made)
             for key in made:
-                if key in allocator:
-                    allocator.free(key)
+                if key in live:
+                    free(key)
         return allocator.peak_reserved
 
     try:
@@ -801,22 +804,6 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
         # without a limit, and at least what the failed request would have made it
         oom = error.oom
         return max(run(Allocator(setup.alloc_conf)), oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
-
-
-def _apply(allocator: Allocator, key, size: int | None) -> bool:
-    """One event; True when it allocated. NB: an allocation still live from the step before
-    (a buffer DeepSpeed keeps) is kept, not made again."""
-    if key is PROBE:
-        allocator.probe(size)
-        return False
-    if size is None:
-        if key in allocator:
-            allocator.free(key)
-        return False
-    if key in allocator:
-        return False
-    allocator.malloc(key, size)
-    return True
 
 
 def _device_overhead(setup: Setup) -> int:

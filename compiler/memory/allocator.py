@@ -505,6 +505,11 @@ class Allocator:
     def __contains__(self, key: object) -> bool:
         return key in self._live
 
+    @property
+    def live(self):
+        """The keys allocated now (a read-only view, for a replay's hot loop)."""
+        return self._live.keys()
+
     # -- giving memory back -----------------------------------------------------------------
 
     def empty_cache(self) -> bool:
