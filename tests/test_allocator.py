@@ -168,3 +168,12 @@ def test_roundup_power2_divisions_round_to_equal_steps():
     assert round_size(1200 * MIB, config) == 1280 * MIB
     assert round_size(1024 * MIB, config) == 1024 * MIB  # a power of two stays
     assert round_size(1500, config) == 1536  # under 512 x 4 B: plain 512 B rounding
+
+
+def test_roundup_list_sets_intervals_as_torch_parses_it():
+    # intervals from 1 MiB by powers of two: index 8 is 256 MiB, 10 is 1 GiB
+    table = AllocatorConfig.parse("roundup_power2_divisions:[256:1,1024:2]").roundup_power2_divisions
+    assert table[:9] == (1,) * 9  # the first entry also sets every interval below it
+    assert (table[9], table[10], table[11]) == (0, 2, 0)  # a later entry sets its own only
+    table = AllocatorConfig.parse("roundup_power2_divisions:[256:1,512:2,>:8]").roundup_power2_divisions
+    assert table[9:] == (2,) + (8,) * 6  # '>' sets every interval after the last entry

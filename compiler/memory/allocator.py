@@ -180,24 +180,26 @@ def _expandable(config: AllocatorConfig, key: str, value: str) -> AllocatorConfi
     return replace(config, expandable_segments=_bool(key, value))
 
 
-def _division(key: str, text: str) -> int:
+def _division(key: str, text: str, zero: bool = True) -> int:
     n = _number(key, text)
-    if n != 0 and n & (n - 1):
-        raise AllocConfError(key, f"{key}: {n} divisions is not a power of 2")
+    if n < 0 or (n & (n - 1)) or (n == 0 and not zero):
+        raise AllocConfError(key, f"{key}: {n} divisions is not a power of 2" + (" or 0" if zero else ""))
     return n
 
 
 def _roundup(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
+    """c10/core/AllocatorConfig.cpp, parseRoundUpPower2Divisions: one number (a power of two)
+    for every size, or a list `[256:1,512:2,>:8]` of interval starts in MiB (powers of two)
+    with their divisions (a power of two, 0 for none): the first entry also sets every
+    interval below it, each later one only its own, and '>' every interval after the last."""
     if not value.startswith("["):
-        n = _division(key, value)
-        return replace(config, roundup_power2_divisions=(n,) * ROUNDUP_INTERVALS if n else _NO_DIVISIONS)
+        n = _division(key, value, zero=False)
+        return replace(config, roundup_power2_divisions=(n,) * ROUNDUP_INTERVALS)
     if not value.endswith("]"):
         raise AllocConfError(key, f"{key}:{value}: the list has no closing ']'")
-    # [256:1,512:2,>:8]: sizes from 256 MiB get 1 division, from 512 MiB 2, above 8;
-    # CUDAAllocatorConfig::parseRoundUpPower2Divisions: an entry applies from its interval
-    # up to the next entry's, '>' to every interval after the last entry.
     table = [0] * ROUNDUP_INTERVALS
-    last = None
+    last = 0
+    first = True
     for item in value[1:-1].split(","):
         size, sep, divisions = item.partition(":")
         size = size.strip()
@@ -205,18 +207,18 @@ def _roundup(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
             raise AllocConfError(key, f"{key}: '{item}' is not SIZE_MB:DIVISIONS")
         n = _division(key, divisions.strip())
         if size == ">":
-            start = 0 if last is None else last + 1
-            for i in range(start, ROUNDUP_INTERVALS):
+            for i in range(last + 1, ROUNDUP_INTERVALS):
                 table[i] = n
             continue
         mb = _number(key, size)
         if mb <= 0 or mb & (mb - 1):
             raise AllocConfError(key, f"{key}: size {size} MiB is not a power of 2")
-        index = max((mb * MIB).bit_length() - ROUNDUP_START.bit_length(), 0)
-        index = min(index, ROUNDUP_INTERVALS - 1)
-        first = 0 if last is None else last + 1
-        for i in range(first, index + 1):
-            table[i] = n
+        index = min(mb.bit_length() - 1, ROUNDUP_INTERVALS - 1)
+        if first:
+            for i in range(index):
+                table[i] = n
+            first = False
+        table[index] = n
         last = index
     return replace(config, roundup_power2_divisions=tuple(table) if any(table) else _NO_DIVISIONS)
 
