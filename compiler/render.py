@@ -351,7 +351,8 @@ def sweep_text(s) -> str:
     if s.gpu is not None:
         title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB)"
     lines = [title, "", line(head), *(line(c) for c in body), "",
-             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"]
+             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares",
+             f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}"]
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]
     return "\n".join(lines) + "\n"
