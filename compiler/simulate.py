@@ -210,10 +210,16 @@ class _State:
             if name in self.live:
                 self._drop(name)
 
-    def observe(self, phase: str, path: str, transient: Mapping[str, int]) -> None:
-        # NB: a transient is allocated for the moment observed and freed after it: the
-        # workspace of the layers running, one allocation per module of the stack
-        keys = [(self._new_key("transient", m), size) for m, size in transient.items() if size]
+    def observe(self, phase: str, path: str, transient: Mapping[str, int], own: tuple[str, int] = ("", 0)) -> None:
+        """`own`: the running leaf's module and its own transient bytes (inside that module's
+        entry of `transient`, with the transients of the composites around it)."""
+        # NB: a transient is allocated for the moment observed and freed after it: the running
+        # leaf's own as one allocation, the rest of each module's stack as another
+        module, mine = own
+        keys = []
+        for m, size in transient.items():
+            parts = (size - mine, mine) if m == module else (size,)
+            keys += [(self._new_key("transient", m), b) for b in parts if b > 0]
         if len(keys) == 1:
             self.events.append((PROBE, keys[0][1]))
         else:
@@ -491,7 +497,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         t = _push(stack, inst.module, node.cost.transient_forward + gather(node))
         if not node.children:
             unkept = 0 if keep else sum(b for _, b in node.cost.saved)
-            state.observe(phase, inst.path, _push(t, inst.module, unkept))
+            state.observe(phase, inst.path, _push(t, inst.module, unkept), (inst.module, node.cost.transient_forward))
             released(node)
         for c in node.children[lo:hi]:
             forward(c, t, keep, phase)
@@ -531,7 +537,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
                     # the bucket is reduced while this layer's gradient waits to join it
                     reducing(size, inst.path, t)
         if not node.children:
-            state.observe("backward", inst.path, t)
+            state.observe("backward", inst.path, t, (inst.module, node.cost.transient_backward))
             released(node)
         state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         if fs is not None and inst.shard_unit:

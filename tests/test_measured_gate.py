@@ -34,9 +34,10 @@ def test_records_exist_and_are_estimated(comparisons):
     assert any(c.estimated is not None for c in comparisons)
 
 
-def test_gate(comparisons):
-    limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["allocated"]
-    failures = gate(comparisons, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"])
+@pytest.mark.parametrize("measure", ["allocated", "reserved"])
+def test_gate(comparisons, measure):
+    limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())[measure]
+    failures = gate(comparisons, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure)
     assert failures == [], render(comparisons)
 
 
