@@ -26,7 +26,7 @@ from .resolve import (
     Constant, DeviceConstants, Gpu, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
     resolve_spec,
 )
-from .simulate import ALLOCATOR_CONSTANTS, Estimate, simulate
+from .simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
 
 @dataclass(frozen=True)
 class Report:
@@ -144,7 +144,7 @@ def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool =
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)
     _, consts = gpu_catalog()
-    device = est.reserved + consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
+    device = est.reserved + device_overhead(setup)
     params = {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
     return Report(spec, setup, nodes, rows, est, est.peak.total, est.reserved, device, consts, setup.gpu, params)
 

@@ -37,7 +37,7 @@ from .memory import allocator
 from .memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
 from .expand import forward_order
 from . import optimizers
-from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup
+from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup, gpu_catalog
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")
 WORKSPACE = "cublas"  # the breakdown row of the cuBLAS/cuBLASLt workspaces
@@ -760,12 +760,13 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
     the states in place); whatever a step made and still holds goes at its end
     (zero_grad(set_to_none=True)). Step 1's pattern of frees leaves cached blocks that step
     2 is served from, which is why two steps are replayed.
-    NB: a transient is one allocation per module of the stack, and a layer's gradients one
-    allocation: finer in the real step, so fragmentation is modelled at that grain.
+    NB: a formula's transient is one allocation (the running layer's, beside the rest of its
+    module's stack), and so are a layer's gradients: finer in the real step, so fragmentation
+    is modelled at that grain.
     """
     capacity = None
     if setup.gpu is not None:
-        capacity = setup.gpu.memory - _device_overhead(setup)
+        capacity = setup.gpu.memory - device_overhead(setup)
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
 
     def run(allocator: Allocator) -> int:
@@ -812,11 +813,9 @@ def _replay(setup: Setup, state: _State, resident: list[int], states: list[int],
         return max(run(Allocator(setup.alloc_conf)), oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
 
 
-def _device_overhead(setup: Setup) -> int:
+def device_overhead(setup: Setup) -> int:
     """What the device holds beside the allocator's segments: the CUDA context, and NCCL's
     buffers when data-parallel (specs/gpus.yaml)."""
-    from .resolve import gpu_catalog
-
     consts = gpu_catalog()[1]
     return consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
 
