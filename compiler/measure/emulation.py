@@ -114,13 +114,17 @@ def kernel_scratch(func, args, kwargs, out):
     return ()
 
 
+def _cublas_workspace(sm90: bool) -> int:
+    return CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80
+
+
 def persistent_scratch(threads_with_gemms: int, sm90: bool = True) -> dict[str, int]:
     """cuBLAS + cuBLASLt workspaces once `threads_with_gemms` threads have run a GEMM.
 
     NB: the forward runs on the Python thread, CUDA backward on the autograd engine's device
     thread; each has its own cuBLAS handle, hence its own cached workspaces.
     """
-    per_thread = (CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80) + CUBLASLT_WORKSPACE_BYTES
+    per_thread = _cublas_workspace(sm90) + CUBLASLT_WORKSPACE_BYTES
     return {CUBLAS_WORKSPACE: threads_with_gemms * per_thread} if threads_with_gemms else {}
 
 
@@ -129,7 +133,7 @@ def allocate_workspaces(allocator, threads_with_gemms: int, sm90: bool = True) -
     thread one cuBLAS workspace and one cuBLASLt workspace, each cached for good."""
     if allocator is None:
         return
-    cublas = CUBLAS_WORKSPACE_BYTES_SM90 if sm90 else CUBLAS_WORKSPACE_BYTES_SM80
+    cublas = _cublas_workspace(sm90)
     for thread in range(threads_with_gemms):
         for name, nbytes in (("cublas", cublas), ("cublaslt", CUBLASLT_WORKSPACE_BYTES)):
             if (name, thread) not in allocator:

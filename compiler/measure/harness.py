@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..memory.allocator import Allocator, AllocatorConfig
+from ..memory.allocator import Allocator
 from . import emulation, fsdp, tricks
 from .experiment import check_measurable
 from .families import family_for
@@ -404,8 +404,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
 
 
 def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
-            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None,
-            alloc_conf: AllocatorConfig | None = None) -> Measurement:
+            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None) -> Measurement:
     """Trace `steps` training steps of `exp`; see the module docstring.
 
     `fake=False` runs on real CPU tensors; `emulate=False` turns the CUDA emulation off and
@@ -446,7 +445,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         # of its own in some setups; the estimate's timeline is checked against it
         watch=_input_embeddings(model, scope),
         **({"granularity": granularity} if granularity else {}),
-        allocator=Allocator(alloc_conf or AllocatorConfig()) if emulate else None,
+        allocator=Allocator() if emulate else None,
     )
     tracer.register(model.parameters(), PARAMETERS)
     tracer.register(model.buffers(), BUFFERS)

@@ -59,7 +59,6 @@ ROUND_LARGE = 2 * MIB  # kRoundLarge
 # sizes below the first use its entry, sizes above the last its entry.
 ROUNDUP_START = 1 * MIB
 ROUNDUP_INTERVALS = 16
-SOURCE = "c10/cuda/CUDACachingAllocator.cpp and c10/cuda/CUDAAllocatorConfig.cpp (torch 2.13)"
 
 
 _NO_DIVISIONS = (0,) * ROUNDUP_INTERVALS
@@ -290,6 +289,7 @@ class _Pool:
 
     def __init__(self, small: bool):
         self.small = small
+        self.page = SMALL_BUFFER if small else LARGE_BUFFER  # expandable segments: what one mapping adds
         self.order: list[tuple[int, int]] = []
         self.free: dict[int, _Block] = {}
         self.tail: _Block | None = None  # expandable segments: the block at the segment's end
@@ -351,7 +351,6 @@ class Allocator:
         self._small, self._large = _Pool(True), _Pool(False)
         self._live: dict[object, _Block] = {}
         self._next_address = 1 << 40
-        self._segments = 0
         if self.config.expandable_segments:
             for pool in (self._small, self._large):
                 pool.base = self._next_address
@@ -370,8 +369,7 @@ class Allocator:
         """Allocate `nbytes` for `key` (each key live once); the block's size is returned."""
         if key in self._live:
             raise KeyError(f"{key!r} is already allocated")
-        size = round_size(nbytes, self.config)
-        pool = self._small if size <= SMALL_SIZE else self._large
+        size, pool = self._request(nbytes)
         self.mallocs += 1
         block = self._cached(pool, size)
         if block is None:
@@ -392,8 +390,7 @@ class Allocator:
         """An allocation freed at once, nothing allocated between: the same as `malloc` then
         `free`, cheaper. A cached block that fits would be split and merged back unchanged;
         only a new segment (kept, free) or an out-of-memory changes anything."""
-        size = round_size(nbytes, self.config)
-        pool = self._small if size <= SMALL_SIZE else self._large
+        size, pool = self._request(nbytes)
         self.mallocs += 1
         block = self._cached(pool, size)
         if block is not None:
@@ -402,6 +399,11 @@ class Allocator:
         self.mallocs -= 1  # NB: malloc counts it
         self.malloc(_PROBE, nbytes)
         self.free(_PROBE)
+
+    def _request(self, nbytes: int) -> tuple[int, _Pool]:
+        """`round_size` and `get_pool`: the rounded size and the pool it comes from."""
+        size = round_size(nbytes, self.config)
+        return size, (self._small if size <= SMALL_SIZE else self._large)
 
     def _cached(self, pool: _Pool, size: int) -> _Block | None:
         """`get_free_block`: the smallest cached block that fits, unless it is oversize."""
@@ -426,12 +428,11 @@ class Allocator:
             return None
         block = _Block(self._next_address, grow, pool)
         self._next_address += grow
-        self._segments += 1
         self._grow(grow)
         return block
 
     def _expand(self, pool: _Pool, size: int) -> _Block | None:
-        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
+        page = pool.page
         tail = pool.tail
         have = tail.size if tail is not None and not tail.allocated else 0
         grow = -(-(size - have) // page) * page
@@ -529,13 +530,12 @@ class Allocator:
     def _release(self, block: _Block) -> None:
         block.pool.remove(block)
         self.reserved -= block.size
-        self._segments -= 1
 
     def _unmap_tail(self, pool: _Pool) -> None:
         tail = pool.tail
         if tail is None or tail.allocated:
             return
-        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
+        page = pool.page
         keep = -(-(tail.ptr - pool.base) // page) * page - (tail.ptr - pool.base)
         gone = tail.size - keep
         if gone <= 0:
