@@ -5,6 +5,9 @@ Contract: `validate_records(paths)` reads measured records (JSON files whose `sc
 `Comparison` per record; `summarise` gives MAPE, median, worst and the count of
 under-estimates (an OOM the estimate would have let through) per measure. Records whose
 setup the estimator does not support yet are kept as `not estimated`, with the reason.
+A GPU record that names its GPU also checks the verdict: a run that went out of memory
+(`out_of_memory`; its figures are only what it reached, so they are left out of the errors)
+must be answered "does not fit", and `verdicts` counts the misses both ways.
 This module never imports the measuring code.
 """
 
@@ -31,11 +34,13 @@ class Comparison:
     measured: dict[str, int | None]
     estimated: dict[str, int] | None  # None: not estimated
     reason: str | None = None  # why not estimated
+    out_of_memory: bool = False  # the measured run raised an OOM: its figures are lower bounds
+    fits: bool | None = None  # the estimate's verdict on the record's GPU; None: no GPU named
 
     def error(self, measure: str) -> float | None:
         """Signed error in percent of the measurement; negative = under-estimate."""
         m = self.measured.get(measure)
-        if self.estimated is None or not m:
+        if self.estimated is None or not m or self.out_of_memory:
             return None
         return 100.0 * (self.estimated[measure] - m) / m
 
@@ -108,16 +113,35 @@ def compare(path: Path) -> Comparison:
     record = json.loads(path.read_text())
     measured = {m: record.get(m) for m in MEASURES}
     name = record.get("name", path.stem)
+    oom = "out_of_memory" in record
     report, reason = record_report(path, record)
     if report is None:
-        return Comparison(name, str(path), record.get("source", ""), measured, None, reason)
+        return Comparison(name, str(path), record.get("source", ""), measured, None, reason, oom)
     estimated = {
         "allocated": report.allocated,
         "allocated_first_step": report.estimate.first_step.total,
         "reserved": report.reserved,
         "device": report.device,
     }
-    return Comparison(name, str(path), record.get("source", ""), measured, estimated)
+    fits = None
+    if record.get("source") == "gpu" and report.gpu is not None:
+        fits = report.device <= report.gpu.memory and report.estimate.oom is None
+    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    count: int  # GPU records with a GPU named and an estimate
+    missed: tuple[str, ...]  # ran out of memory, estimated "fits": the failure memspec exists to prevent
+    false_alarms: tuple[str, ...]  # ran, estimated "does not fit"
+
+
+def verdicts(comparisons: list[Comparison]) -> Verdicts | None:
+    judged = [c for c in comparisons if c.fits is not None]
+    if not judged:
+        return None
+    return Verdicts(len(judged), tuple(c.name for c in judged if c.out_of_memory and c.fits),
+                    tuple(c.name for c in judged if not c.out_of_memory and not c.fits))
 
 
 def validate_records(paths: list[Path]) -> list[Comparison]:
@@ -145,6 +169,10 @@ def render(comparisons: list[Comparison]) -> str:
         if c.estimated is None:
             lines.append(f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {'not estimated':>13}  ({c.reason})")
             continue
+        if c.out_of_memory:
+            said = {True: "estimated: fits (MISSED)", False: "estimated: does not fit", None: "no GPU named"}[c.fits]
+            lines.append(f"{c.name:<{width}}  {'OOM':>12}  {_gib(c.estimated['allocated']):>13}  {'':>8}  ({said})")
+            continue
         e, f = c.error("allocated"), c.error("allocated_first_step")
         lines.append(
             f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {_gib(c.estimated['allocated']):>13}  "
@@ -159,6 +187,11 @@ def render(comparisons: list[Comparison]) -> str:
             f"{measure:<21} n={s.count:<4} MAPE {s.mape:.2f}%  median {s.median:.2f}%  worst {s.worst:+.2f}% ({s.worst_name})  "
             f"under-estimates {s.under}"
         )
+    v = verdicts(comparisons)
+    if v is not None:
+        lines.append(f"{'verdicts':<21} n={v.count:<4} missed OOMs {len(v.missed)}"
+                     + (f" ({', '.join(v.missed)})" if v.missed else "")
+                     + f"  false alarms {len(v.false_alarms)}" + (f" ({', '.join(v.false_alarms)})" if v.false_alarms else ""))
     skipped = sum(1 for c in comparisons if c.estimated is None)
     if skipped:
         lines.append(f"not estimated: {skipped} record(s), kept until their setup is supported")
@@ -186,10 +219,11 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
     return {
         "records": [
             {"name": c.name, "file": c.file, "measured": c.measured, "estimated": c.estimated, "reason": c.reason,
-             "error_pct": {m: c.error(m) for m in MEASURES}}
+             "error_pct": {m: c.error(m) for m in MEASURES}, "out_of_memory": c.out_of_memory, "fits": c.fits}
             for c in comparisons
         ],
         "summary": {m: (s.__dict__ if (s := summarise(comparisons, m)) else None) for m in MEASURES},
+        "verdicts": (v.__dict__ if (v := verdicts(comparisons)) else None),
     }
 
 
@@ -200,6 +234,9 @@ def main(args) -> int:
     else:
         sys.stdout.write(render(comparisons))
     failures = gate(comparisons, args.max_mape, args.max_worst, args.max_under)
+    v = verdicts(comparisons)
+    if v is not None and v.missed:
+        failures.append(f"{len(v.missed)} run(s) went out of memory where the estimate says fits: {', '.join(v.missed)}")
     for f in failures:
         sys.stderr.write(f"validate: {f}\n")
     return 1 if failures else 0

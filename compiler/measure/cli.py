@@ -19,18 +19,26 @@ from .experiment import (
     ATTENTIONS, PRECISIONS, ExperimentError, expand_matrix, label, load_experiment, with_overrides,
 )
 
-DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors "
-               "(needs torch and transformers).")
+DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors, or by running "
+               "them on a CUDA device with --device cuda (needs torch and transformers).")
 EXAMPLES = """examples:
   memspec measure tests/measured/tiny/tiny-finetune.yaml --steps 2                    # the record on stdout
   memspec measure tests/measured/tiny/tiny-pretrain.yaml --micro-batch 1 --seq-len 32 --format text
   memspec measure specs/experiments/llava-1.5-7b-finetune.yaml --no-parallel -o out.json --timeline out.jsonl
   memspec measure --matrix specs/matrices/llava-1.5.yaml -o tests/measured/cpu-trace --only 7b_proj
+  memspec measure --matrix specs/matrices/gpu-h100.yaml -o tests/measured/gpu --device cuda   # on a GPU machine
 
 Traces the step on fake tensors (real sizes, no GPU, no weights) with CUDA's allocation
 behaviour emulated; `memspec validate` compares the records with the estimates. Needs the
 [measure] extra (torch, transformers, peft). --format text prints the one-line summary on
 stdout instead of the record (which still goes to -o when given).
+
+--device cuda (or cuda:N) runs the same steps on that GPU with random weights and writes
+source "gpu" records: torch.cuda's max_memory_allocated and max_memory_reserved per phase,
+and NVML's used bytes less the idle baseline (`device`, what nvidia-smi shows). A step
+that runs out of memory is recorded with where it failed (`out_of_memory`), which is how
+fit's answers are checked at their boundary. Run one measurement per process on an
+otherwise idle GPU: the baseline is read before the process touches the device.
 """
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 GIB = 2 ** 30
@@ -60,8 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inventory", metavar="FILE",
                         help="write the live activations at the end of the last forward")
     parser.add_argument("--only", metavar="TEXT", help="with --matrix: entries whose name contains TEXT")
+    parser.add_argument("--device", type=_cuda_device, metavar="cuda[:N]",
+                        help="run the steps on this CUDA device instead of tracing them on fake tensors")
     parser.add_argument("--format", choices=["json", "text"], default="json",
                         help="json: the record (default); text: a one-line summary per record")
+
+
+def _cuda_device(text: str) -> str:
+    index = text[len("cuda:"):] if text.startswith("cuda:") else None
+    if text != "cuda" and not (index and index.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CUDA device: give cuda or cuda:N (N a device index)")
+    return text
 
 
 OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "trainable", "gradient_checkpointing")
@@ -72,14 +89,31 @@ def _say(message: str) -> None:
 
 
 def _summary(record: dict) -> str:
+    if record["source"] == "gpu":
+        return _gpu_summary(record)
     peak = max(record["steps"][1:], key=lambda s: s["allocated"])
     return (f"{record['allocated'] / GIB:8.2f} GiB steady, {record['allocated_first_step'] / GIB:8.2f} GiB step 1; "
             f"peak in {peak['phase']} at {peak['op']} ({peak['module'] or '<root>'})")
 
 
+def _gpu_summary(record: dict) -> str:
+    device = "-" if record["device"] is None else f"{record['device'] / GIB:.2f}"
+    figures = (f"allocated {record['allocated'] / GIB:.2f} GiB, reserved {(record['reserved'] or 0) / GIB:.2f} GiB, "
+               f"device {device} GiB")
+    oom = record.get("out_of_memory")
+    if oom is None:
+        return figures + f" (steady); {record['machine']['accelerator']}"
+    return f"OUT OF MEMORY at step {oom['step']} {oom['phase']}; before it {figures}"
+
+
 def _measure_one(name: str, exp: dict, args) -> dict:
     from . import harness, record
 
+    if getattr(args, "device", None):
+        from . import cuda
+
+        return record.build_gpu_record(name, exp, cuda.measure(exp, steps=args.steps, device=args.device),
+                                       harness.config_sha256(exp["config"]))
     measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline))
     if args.timeline:
         with open(args.timeline, "w", encoding="utf-8") as handle:
@@ -130,6 +164,7 @@ def _run_matrix(args) -> int:
     entries.sort(key=lambda item: _cost(item[1]))
     started = time.perf_counter()
     done = skipped = 0
+    failed: list[str] = []
     for i, (name, exp) in enumerate(entries, 1):
         path = out_dir / f"{name}.json"
         if path.exists():
@@ -137,16 +172,55 @@ def _run_matrix(args) -> int:
             _say(f"[{i}/{len(entries)}] {name}: present, skipped")
             continue
         t0 = time.perf_counter()
-        rec = _measure_one(name, exp, args)
-        record.write_record(rec, path)
+        if args.device:
+            rec = _in_fresh_process(name, exp, args, path)
+            if rec is None:
+                failed.append(name)
+                continue
+        else:
+            rec = _measure_one(name, exp, args)
+            record.write_record(rec, path)
         done += 1
         _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, "
              f"{time.perf_counter() - started:.0f} s total]")
-    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix")
-    return EXIT_OK
+    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix"
+         + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+    return EXIT_INPUT if failed else EXIT_OK
+
+
+def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
+    """One GPU measurement in a process of its own (spawned, so this one never touches the
+    device): each starts from an empty caching allocator and reads the idle baseline before
+    its CUDA context exists. None when the child failed (it has said why on stderr)."""
+    import multiprocessing
+
+    from . import record
+
+    child = multiprocessing.get_context("spawn").Process(
+        target=_measure_child, args=(name, exp, args.steps, args.device, str(path)))
+    child.start()
+    child.join()
+    if child.exitcode != 0 or not path.exists():
+        _say(f"{name}: the measuring process failed (exit code {child.exitcode})")
+        return None
+    return record.read_record(path)
+
+
+def _measure_child(name: str, exp: dict, steps: int, device: str, path: str) -> None:
+    from . import cuda, harness, record
+
+    try:
+        measurement = cuda.measure(exp, steps=steps, device=device)
+    except ExperimentError as exc:
+        _say(f"error: {exc}")
+        raise SystemExit(EXIT_INPUT) from None
+    record.write_record(record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"])), path)
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "device", None) and (args.timeline or args.inventory):
+        _say("memspec measure: --timeline and --inventory come from the trace; they cannot be taken with --device")
+        return EXIT_USAGE
     if bool(args.experiment) == bool(args.matrix):
         _say("memspec measure: give either an EXPERIMENT file or --matrix FILE")
         return EXIT_USAGE

@@ -2,7 +2,9 @@
 
 Contract: `build_record(name, exp, measurement)` returns the record mapping (bytes as
 integers, the experiment with its defaults, the software versions and the machine);
-`write_record` writes it as stable, indented JSON; `validate(record)` returns the schema
+`build_gpu_record(name, exp, measurement, sha)` the same for a run on a real GPU
+(`cuda.GpuMeasurement`: allocated, reserved and device per phase, an out-of-memory with where
+it happened); `write_record` writes it as stable, indented JSON; `validate(record)` returns the schema
 violations as `$.path: message` strings (empty when valid). Only `build_record` needs the
 measurement's torch-free dataclasses; nothing here imports torch.
 """
@@ -22,6 +24,7 @@ from .experiment import to_record
 SCHEMA_ID = "memspec/measured/v1"
 SCHEMA_PATH = schema_path("measured")
 SOURCE_CPU_TRACE = "cpu-trace"
+SOURCE_GPU = "gpu"
 PACKAGES = ("torch", "transformers", "peft")
 
 
@@ -81,6 +84,66 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
         "reserved": measurement.reserved,
         "device": None,
     }
+
+
+def gpu_key(accelerator: str, total_memory: int) -> str | None:
+    """The specs/gpus.yaml key of the device torch names, matched by name and memory (MiB)."""
+    from ..resolve import gpu_catalog
+
+    gpus, _ = gpu_catalog()
+    for key, gpu in gpus.items():
+        if gpu.name == accelerator and gpu.memory == total_memory // 2 ** 20 * 2 ** 20:
+            return key
+    return None
+
+
+def _gpu_step(step) -> dict[str, Any]:
+    return {
+        "step": step.step,
+        "allocated": step.allocated,
+        "reserved": step.reserved,
+        "device": step.device,
+        "phase": step.peak_phase,
+        "phases": {name: {"allocated": p.allocated, "reserved": p.reserved, "device": p.device}
+                   for name, p in step.phases.items()},
+    }
+
+
+def build_gpu_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[str, Any]:
+    """The steady-state figures are the highest over steps >= 2 (as `steady_state`); a run cut
+    short by an out-of-memory keeps the highest it reached (a lower bound of what it needed)."""
+    from .cuda import machine
+
+    steps = [_gpu_step(s) for s in measurement.steps]
+    steady = steps[1:] or steps
+    experiment = to_record(exp)
+    key = gpu_key(measurement.accelerator, measurement.total_memory)
+    if key is not None:
+        experiment["gpu"] = key
+
+    def highest(measure: str) -> int | None:
+        seen = [s[measure] for s in steady if s[measure] is not None]
+        return max(seen) if seen else None
+
+    record = {
+        "schema": SCHEMA_ID,
+        "name": name,
+        "experiment": experiment,
+        "model_config_sha256": config_sha256,
+        "source": SOURCE_GPU,
+        "versions": versions(),
+        "machine": machine(measurement),
+        "emulation": list(measurement.applied),
+        "steps": steps,
+        "allocated": highest("allocated") or 0,
+        "allocated_first_step": steps[0]["allocated"] if steps and (len(steps) > 1 or measurement.out_of_memory is None) else None,
+        "reserved": highest("reserved"),
+        "device": highest("device"),
+    }
+    oom = measurement.out_of_memory
+    if oom is not None:
+        record["out_of_memory"] = {"step": oom.step, "phase": oom.phase, "message": oom.message}
+    return record
 
 
 def write_record(record: dict, path: str | Path) -> None:

@@ -1,0 +1,176 @@
+"""`memspec measure --device`: the step loop, the phase readings and the record, checked on the
+CPU with counters that give scripted figures (the real ones come from torch.cuda and NVML)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="measuring needs torch")
+pytest.importorskip("transformers", reason="measuring needs transformers")
+
+from compiler.measure import cuda, harness, record  # noqa: E402
+from compiler.measure.__main__ import run  # noqa: E402
+from compiler.measure.experiment import ExperimentError, load_experiment, with_overrides  # noqa: E402
+from compiler.validation import compare, verdicts  # noqa: E402
+
+TINY = Path(__file__).parent / "measured" / "tiny"
+MIB = 2 ** 20
+H100 = ("NVIDIA H100 80GB HBM3", 81559 * MIB)  # torch's name and total_memory for specs/gpus.yaml h100-80gb
+BASELINE = 503_316_480  # NVML used on the idle card
+CONTEXT = 800_000_000  # what the process adds beyond the caching allocator
+
+
+class Scripted:
+    """Reading n (1, 2, ...) reports allocated n * 1000, reserved n * 1000 + 512 and NVML used
+    baseline + context + reserved; entering `oom_at` (step, phase) raises the OOM there."""
+
+    oom_error = torch.cuda.OutOfMemoryError
+
+    def __init__(self, oom_at=None, accelerator=H100):
+        self.n = 0
+        self.oom_at = oom_at
+        self.log = None
+        self._accelerator = accelerator
+
+    def accelerator(self):
+        return self._accelerator
+
+    def baseline(self):
+        return BASELINE
+
+    def reset(self):
+        if self.oom_at is not None and self.log is not None and (self.log.step, self.log.phase) == self.oom_at:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
+
+    def read(self):
+        self.n += 1
+        reserved = self.n * 1000 + 512
+        return cuda.PhasePeak(self.n * 1000, reserved, BASELINE + CONTEXT + reserved - BASELINE)
+
+
+@pytest.fixture
+def attach(monkeypatch):
+    """Lets the scripted counters see the step log, so they can raise inside a phase."""
+    made = []
+    real = cuda._StepLog.__init__
+
+    def init(self, counters):
+        real(self, counters)
+        counters.log = self
+        made.append(self)
+
+    monkeypatch.setattr(cuda._StepLog, "__init__", init)
+    return made
+
+
+def tiny(name="tiny-finetune", **overrides):
+    return with_overrides(load_experiment(TINY / f"{name}.yaml"), **overrides)
+
+
+def test_each_phase_gets_its_own_reading_and_the_record_takes_steps_2_on(attach):
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Scripted())
+    assert [s.step for s in m.steps] == [1, 2, 3]
+    assert [list(s.phases) for s in m.steps] == [["forward", "loss", "backward", "optimizer"]] * 3
+    # readings 1..4 are step 1's phases in order, 5..8 step 2's, 9..12 step 3's
+    assert [p.allocated for s in m.steps for p in s.phases.values()] == [n * 1000 for n in range(1, 13)]
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    assert rec["source"] == "gpu" and "out_of_memory" not in rec
+    assert rec["experiment"]["gpu"] == "h100-80gb"  # matched by name and total memory
+    assert (rec["allocated"], rec["allocated_first_step"]) == (12_000, 4_000)
+    assert rec["reserved"] == 12_512
+    assert rec["device"] == 12_512 + CONTEXT
+    assert rec["steps"][1]["phase"] == "optimizer"
+    assert rec["steps"][1]["phases"]["loss"] == {"allocated": 6000, "reserved": 6512, "device": 6512 + CONTEXT}
+    assert f"{BASELINE:,} B" in rec["machine"]["note"] and rec["machine"]["accelerator"] == H100[0]
+
+
+def test_an_unknown_card_is_recorded_without_a_catalog_key(attach):
+    exp = tiny()
+    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted(accelerator=("NVIDIA H100 80GB HBM3", 80 * 2 ** 30)))
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert "gpu" not in rec["experiment"] and record.validate(rec) == []
+
+
+def test_an_out_of_memory_ends_the_run_and_says_where(attach):
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Scripted(oom_at=(2, "backward")))
+    assert m.out_of_memory == cuda.OutOfMemory(2, "backward", "CUDA out of memory. Tried to allocate 2.00 GiB.")
+    # step 1 whole (readings 1-4); step 2: forward 5, loss 6, and backward read when it failed (7)
+    assert [list(s.phases) for s in m.steps] == [["forward", "loss", "backward", "optimizer"], ["forward", "loss", "backward"]]
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    assert rec["out_of_memory"] == {"step": 2, "phase": "backward", "message": "CUDA out of memory. Tried to allocate 2.00 GiB."}
+    assert (rec["allocated"], rec["allocated_first_step"], rec["reserved"]) == (7_000, 4_000, 7_512)
+
+
+def test_an_out_of_memory_in_the_first_step_leaves_no_first_step_figure(attach):
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Scripted(oom_at=(1, "loss")))
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    assert (rec["allocated"], rec["allocated_first_step"]) == (2_000, None)
+
+
+def test_weights_that_do_not_fit_are_an_out_of_memory_at_setup(attach, monkeypatch):
+    def no_room(config, exp):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 500.00 MiB.")
+
+    monkeypatch.setattr(harness, "build_model", no_room)
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Scripted())
+    assert m.out_of_memory == cuda.OutOfMemory(0, "setup", "CUDA out of memory. Tried to allocate 500.00 MiB.")
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    assert rec["steps"][0]["phase"] == "setup" and rec["allocated"] == 1000
+
+
+def test_fsdp_is_refused_with_the_reason():
+    exp = tiny()
+    exp = {**exp, "parallel": {"dp": 1, "zero": 0, "fsdp": {"reshard_after_forward": True}}}
+    with pytest.raises(ExperimentError, match="FSDP needs one process per GPU"):
+        cuda.check_runnable(exp)
+
+
+def test_validate_checks_the_verdict_of_an_out_of_memory_record(tmp_path):
+    """A GPU record that ran out of memory is left out of the errors; an estimate that says
+    "fits" for it is a missed OOM. LLaVA-1.5-7B finetune, all of it trained, unsharded, on
+    one H100: the weights, gradients and Adam states alone are 16 B a parameter, ~113 GB."""
+    base = json.loads((Path("tests/measured/gpu/llava-1.5-7b-pretrain_unsharded.json")).read_text())
+    oom = dict(base, name="oom", out_of_memory={"step": 1, "phase": "optimizer", "message": "CUDA out of memory."})
+    oom["experiment"] = dict(base["experiment"], trainable=["projector", "language"], experiment="oom")
+    (tmp_path / "oom.json").write_text(json.dumps(oom))
+    c = compare(tmp_path / "oom.json")
+    assert c.out_of_memory and c.fits is False and c.error("allocated") is None
+    assert verdicts([c]).missed == ()
+    # the same OOM on a setup the estimate says fits (the pretrain step, 75 GB on 80) is a miss
+    missed = dict(base, name="missed", out_of_memory={"step": 2, "phase": "backward", "message": "CUDA out of memory."})
+    (tmp_path / "missed.json").write_text(json.dumps(missed))
+    m = compare(tmp_path / "missed.json")
+    assert m.fits is True and verdicts([c, m]).missed == ("missed",)
+
+
+def test_cli_device_errors_are_clear(capsys, tmp_path):
+    with pytest.raises(SystemExit) as bad:
+        run([str(TINY / "tiny-finetune.yaml"), "--device", "gpu0"])
+    assert bad.value.code == 2 and "give cuda or cuda:N" in capsys.readouterr().err
+    assert run([str(TINY / "tiny-finetune.yaml"), "--device", "cuda", "--timeline", str(tmp_path / "t")]) == 2
+    assert "come from the trace" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert run([str(TINY / "tiny-finetune.yaml"), "--device", "cuda"]) == 1
+        assert "sees no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path of a machine without a GPU")
+def test_a_matrix_on_the_device_measures_each_entry_in_its_own_process(tmp_path, capsys):
+    """Each entry runs in a spawned process (a fresh allocator and NVML baseline); one that
+    fails is named and the run exits 1, with no record written for it."""
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\n"
+                      "axes: {micro_batch: [1, 2]}\n")
+    assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "2 failed: m_b1, m_b2" in err
+    assert not list((tmp_path / "out").glob("*.json"))
