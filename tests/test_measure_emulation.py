@@ -111,6 +111,19 @@ def test_eager_attention_keeps_the_s_squared_probabilities():
     assert _activations_at_end_of_forward(eager) - _activations_at_end_of_forward(sdpa) == layers * per_layer
 
 
+def test_softmax_backward_holds_cudas_grad_times_output():
+    """SoftMax.cu softmax_backward_cuda_out allocates `tmp = grad * output` beside grad_input:
+    eager attention's softmax(dtype=float32) of bf16 scores, [2, 4, 256, 256], gives an fp32
+    gradient and output, so the scratch is 2 * 4 * 256 * 256 * 4 = 2_097_152 B."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True):
+        scores = torch.empty(B, HEADS, S, S, dtype=torch.bfloat16, requires_grad=True)
+        with MemoryTracer(scratch=emulation.kernel_scratch) as tracer:
+            F.softmax(scores, dim=-1, dtype=torch.float32).to(torch.bfloat16).sum().backward()
+    peak = tracer.peaks[(tracer.step, tracer.phase)]  # the saved output, the gradient, grad_input and tmp
+    assert peak.op == "_softmax_backward_data.default"
+    assert dict(peak.scratch)[emulation.SOFTMAX_BACKWARD_SCRATCH] == 2 * 4 * 256 * 256 * 4 == 2_097_152
+
+
 def _trainable_fp32_bytes(exp: dict) -> int:
     config = harness.load_config(exp["config"])
     with torch.device("meta"):

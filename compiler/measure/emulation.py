@@ -51,6 +51,7 @@ FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
 MASKED_SELECT_SCRATCH = "masked-scatter-backward-nonzero-indices"
 CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
+SOFTMAX_BACKWARD_SCRATCH = "softmax-backward-grad-times-output"
 HOST_VALUES = "host-read-inputs-keep-values"
 # Elements up to which FakeTensorMode keeps a tensor computed from constants as a constant
 # (torch/_subclasses/fake_tensor.py CONSTANT_NUMEL_LIMIT is 1: only scalars). Raised while a
@@ -100,6 +101,14 @@ def kernel_scratch(func, args, kwargs, out):
     if func is torch.ops.aten._scaled_dot_product_flash_attention_backward.default:
         # args: grad_out, query, key, value, out, logsumexp, ...
         return ((FLASH_BACKWARD_SCRATCH, _flash_backward_scratch(args[1])),)
+    if func is torch.ops.aten._softmax_backward_data.default:
+        # ATen/native/cuda/SoftMax.cu `softmax_backward_cuda_out`: `Tensor tmp = grad * output;`
+        # before the kernel, after grad_input (the structured op's output) exists; the CPU
+        # kernel computes the same sum without it. Eager attention's fp32 probabilities make it
+        # a [b, heads, s, s] fp32 tensor: the 8 GiB by which an H100 step of LLaVA-1.5-7B at
+        # batch 16, seq 2048 exceeded the trace (tests/measured/gpu).
+        grad, output = args[0], args[1]
+        return ((SOFTMAX_BACKWARD_SCRATCH, grad.numel() * torch.promote_types(grad.dtype, output.dtype).itemsize),)
     if func in (torch.ops.aten.masked_scatter.default, torch.ops.aten.masked_scatter_.default):
         # ATen/native/cuda/IndexKernel.cpp `masked_scatter__cuda`:
         # maskPrefixSum = at::empty(self.sizes(), kLong). The out-of-place op (what LLaVA

@@ -372,7 +372,7 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
         names.append(FA2_AS_SDPA)
     return tuple(names + [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH,
                           emulation.MASKED_SCATTER_SCRATCH, emulation.MASKED_SELECT_SCRATCH,
-                          emulation.CUBLAS_WORKSPACE])
+                          emulation.CUBLAS_WORKSPACE, emulation.SOFTMAX_BACKWARD_SCRATCH])
 
 
 def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: MemoryTracer,
