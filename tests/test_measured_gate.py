@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compiler.validation import gate, render, validate_records
+from compiler.validation import gate, render, validate_records, verdicts
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "tests" / "measured"
@@ -47,3 +47,11 @@ def test_gpu_gate(gpu, measure):
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"][measure]
     failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure)
     assert failures == [], render(gpu)
+
+
+def test_no_gpu_run_that_ran_out_of_memory_is_answered_fits(gpu):
+    """The verdict on each GPU record's own card: an OOM the estimate calls "fits" is the
+    failure memspec exists to prevent (the records of fit's boundary are checked this way)."""
+    v = verdicts(gpu)
+    assert v is not None and v.count == len(gpu)
+    assert v.missed == (), render(gpu)
