@@ -30,7 +30,7 @@ def cold_cli(runs: int = 5) -> float:
 
 
 def import_time(runs: int = 5) -> float:
-    code = "import time; t = time.perf_counter(); import compiler.api, compiler.render, compiler.cli; print(time.perf_counter() - t)"
+    code = "import time; t = time.perf_counter(); import compiler.api, compiler.pipeline.render, compiler.cli; print(time.perf_counter() - t)"
     out = [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout) for _ in range(runs)]
     return statistics.median(out)
 
@@ -55,8 +55,8 @@ def in_process(seconds: float = 3.0) -> tuple[float, float]:
 def fit_time() -> list[tuple[int, float, int]]:
     """Seconds for `fit` on LLaVA-1.5-7B finetune, 8 x H100-80GB, ZeRO-2 and ZeRO-3."""
     from compiler.api import library, load_inputs
-    from compiler.fit import fit
-    from compiler.resolve import gpu_catalog
+    from compiler.commands.fit import fit
+    from compiler.pipeline.resolve import gpu_catalog
 
     library()
     gpu = gpu_catalog()[0]["h100-80gb"]
@@ -74,7 +74,7 @@ def sweep_time() -> tuple[int, float]:
     """(points, seconds) of a sweep on LLaVA-1.5-7B finetune: micro-batch 1,2,4,8 x
     seq 1024..8192 doubling x ZeRO 2,3 on 8 x H100-80GB, the spec and formulas loaded once."""
     from compiler.api import library, load_sources
-    from compiler.sweep import sweep
+    from compiler.commands.sweep import sweep
 
     library()
     start = time.perf_counter()

@@ -5,7 +5,7 @@
     report.allocated, report.reserved, report.device     # bytes, per GPU
     report.estimate.peak.phase, report.estimate.peak.path
 
-The stages live one per module (see compiler/README.md); this package imports them lazily so
+The stages live in `compiler/pipeline/` (see compiler/README.md); this package imports them lazily so
 that `import compiler` stays cheap.
 """
 

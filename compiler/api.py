@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import Diagnostic, MemspecError
-from .evaluate import Node, Row, evaluate, layer_table
-from .expand import expand, image_merge
-from .formula import Library, load_library
-from .load import Document, load_yaml
+from .pipeline.evaluate import Node, Row, evaluate, layer_table
+from .pipeline.expand import expand, image_merge
+from .library.formula import Library, load_library
+from .pipeline.load import Document, load_yaml
 from .paths import display, formulas_dir
-from .resolve import (
+from .pipeline.resolve import (
     Constant, DeviceConstants, Gpu, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
     resolve_spec,
 )
-from .simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
+from .pipeline.simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
 
 @dataclass(frozen=True)
 class Report:
@@ -52,7 +52,7 @@ class Report:
 
 
 def _validated(path: str | Path, kind: str) -> Document:
-    from .validate import load_schema, validate
+    from .pipeline.validate import load_schema, validate
 
     doc = load_yaml(path)
     problems = validate(doc, load_schema(kind))

@@ -1,4 +1,4 @@
-"""The `memspec` command: a thin layer over `compiler.api` and `compiler.render`.
+"""The `memspec` command: a thin layer over `compiler.api` and `compiler.pipeline.render`.
 
 Exit codes: 0 ok; 1 the input is wrong (diagnostics on stderr); 2 usage; 3 a bug in memspec
 (the only case that prints a traceback).
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import Diagnostic, MemspecError, UsageError
-from .optimizers import HF_OPTIM, IMPLS, TYPES
+from .memory.optimizers import HF_OPTIM, IMPLS, TYPES
 
 MAIN_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb
@@ -220,7 +220,7 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
 
 def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
     """The swept knobs' flags, each taking a value list; returns the flags it added."""
-    from .sweep import KNOBS
+    from .commands.sweep import KNOBS
 
     g = p.add_argument_group("swept knobs (value lists; each overrides the experiment file)")
     added: set[str] = set()
@@ -351,8 +351,8 @@ def parser() -> argparse.ArgumentParser:
 def _spec(args):
     """The model spec of the file argument (for reading a launch command against it)."""
     from . import api
-    from .importer import import_spec, is_source
-    from .load import load_yaml
+    from .inputs.importer import import_spec, is_source
+    from .pipeline.load import load_yaml
 
     if is_source(args.file):
         return import_spec(args.file, getattr(args, "revision", None)).spec
@@ -367,7 +367,7 @@ def _spec(args):
 
 def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     """Overrides and notes from --from-command and --deepspeed; memspec's own flags win."""
-    from . import launch
+    from .inputs import launch
 
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -415,11 +415,11 @@ def _inputs(args):
 def _inputs_and_notes(args):
     """`_inputs`, and the notes on reading the launch files (also printed on stderr)."""
     from . import api
-    from .importer import is_source
+    from .inputs.importer import is_source
 
     knobs, notes = _read_launch(args)
     if is_source(args.file):
-        from .importer import source_inputs
+        from .inputs.importer import source_inputs
 
         inputs = source_inputs(args.file, knobs, getattr(args, "revision", None))
     else:
@@ -439,7 +439,7 @@ def _report(args):
 
 
 def _estimate(args) -> int:
-    from . import render
+    from .pipeline import render
 
     report = _report(args)
     sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
@@ -449,8 +449,9 @@ def _estimate(args) -> int:
 def _html_report(args) -> int:
     import json
 
-    from . import api, render
-    from .html_report import html
+    from . import api
+    from .pipeline import render
+    from .commands.html_report import html
 
     if args.output == "-" and args.format == "json":
         raise UsageError(Diagnostic("E902", "", 0, 0, "-o", "'-o -' writes the page to stdout, where --format json would go too",
@@ -495,7 +496,7 @@ def _write_page(output: str, page: str) -> int:
 
 
 def _table(args) -> int:
-    from . import render
+    from .pipeline import render
 
     report = _report(args)
     if args.format == "tsv":
@@ -512,7 +513,7 @@ def _table(args) -> int:
 def _import(args) -> int:
     import json
 
-    from .importer import import_spec, write_spec
+    from .inputs.importer import import_spec, write_spec
 
     imported = import_spec(args.source, args.revision, args.model)
     text = json.dumps(imported.data, indent=2) + "\n" if args.format == "json" else imported.text
@@ -528,8 +529,8 @@ def _import(args) -> int:
 
 
 def _fit(args) -> int:
-    from . import render
-    from .fit import fit
+    from .pipeline import render
+    from .commands.fit import fit
 
     spec, setup = _inputs(args)
     if setup.gpu is None:
@@ -540,16 +541,17 @@ def _fit(args) -> int:
 
 
 def _sweep(args) -> int:
-    from . import api, render
-    from .chart import sweep_svg, x_knob
-    from .importer import is_source
-    from .sweep import KNOBS, ProgressBar, parse_values, sweep
+    from . import api
+    from .pipeline import render
+    from .commands.chart import sweep_svg, x_knob
+    from .inputs.importer import is_source
+    from .commands.sweep import KNOBS, ProgressBar, parse_values, sweep
 
     grid = {k.name: parse_values(k, getattr(args, "sweep_" + k.name)) for k in KNOBS if getattr(args, "sweep_" + k.name) is not None}
     fmt = args.format or {".csv": "csv", ".json": "json"}.get(Path(args.output or "").suffix.lower(), "text")
     base, notes = _read_launch(args)
     if is_source(args.file):
-        from .importer import import_spec
+        from .inputs.importer import import_spec
 
         spec, doc = import_spec(args.file, args.revision).spec, None
     else:
@@ -573,7 +575,7 @@ def _sweep(args) -> int:
 
 
 def _diff(args) -> int:
-    from . import diff
+    from .commands import diff
 
     report = diff.diff(args.base)
     sys.stdout.write({"text": diff.render_text, "markdown": diff.render_markdown, "json": diff.render_json}[args.format](report))
@@ -581,7 +583,7 @@ def _diff(args) -> int:
 
 
 def _check(args) -> int:
-    from .check import check_paths
+    from .commands.check import check_paths
 
     checked, problems = check_paths([Path(p) for p in args.paths])
     if args.format == "json":
@@ -606,7 +608,7 @@ def _measure(args) -> int:
 
 
 def _validate(args) -> int:
-    from .validation import main as validate_main
+    from .commands.validation import main as validate_main
 
     return validate_main(args)
 

@@ -5,7 +5,7 @@ error at its line."""
 
 import pytest
 
-from compiler import launch
+from compiler.inputs import launch
 from compiler.api import estimate
 from compiler.cli import _report, main, parser
 from compiler.errors import MemspecError

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from compiler.api import estimate
-from compiler.expand import forward_order
-from compiler.validation import record_report
+from compiler.pipeline.expand import forward_order
+from compiler.commands.validation import record_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "measured" / "cpu-trace"

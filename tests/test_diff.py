@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
-from compiler.diff import diff, render_json, render_markdown, render_text
+from compiler.commands.diff import diff, render_json, render_markdown, render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [

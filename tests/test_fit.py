@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from compiler.api import load_inputs, run
-from compiler.fit import fit
-from compiler.resolve import gpu_catalog
+from compiler.commands.fit import fit
+from compiler.pipeline.resolve import gpu_catalog
 
 EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
 

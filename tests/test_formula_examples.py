@@ -3,7 +3,7 @@
 import pytest
 
 from compiler.api import library
-from compiler.examples import evaluate_example
+from compiler.library.examples import evaluate_example
 
 LIB = library()
 CASES = [(f, e) for f in LIB.formulas.values() for e in f.examples]
@@ -25,7 +25,7 @@ def test_linear_relations():
     """Relations between results, not just values: a trainable linear's optimizer bytes are
     6x its gradient bytes in bf16 mixed AdamW (12 / 2), and activations grow linearly in tokens."""
     f = LIB["linear"]
-    from compiler.formula import Example
+    from compiler.library.formula import Example
 
     def run(batch, trainable):
         ex = Example("x", {"d_in": 64, "d_out": 32}, {"batch": batch, "seq": 8, "trainable": trainable}, {}, "$")

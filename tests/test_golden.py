@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from compiler.api import estimate
-from compiler.load import load_yaml
-from compiler.render import table_tsv, text
+from compiler.pipeline.load import load_yaml
+from compiler.pipeline.render import table_tsv, text
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted(p.parent for p in (ROOT / "tests" / "cases").glob("*/case.yaml"))

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler import api, importer
-from compiler.resolve import resolve_setup
+from compiler import api
+from compiler.inputs import importer
+from compiler.pipeline.resolve import resolve_setup
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 import hubfixtures as hf
-from compiler import api, hub, importer
+from compiler import api
+from compiler.inputs import hub, importer
 from compiler.cli import main
 from compiler.errors import MemspecError
 from compiler.paths import display, specs_dir
-from compiler.resolve import resolve_setup
+from compiler.pipeline.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where the family files are, as messages show them: relative in a checkout, the installed
@@ -236,8 +237,8 @@ def test_llava_import_reproduces_the_hand_written_spec():
 
 @pytest.mark.parametrize("experiment", ["llava-1.5-7b-finetune", "llava-1.5-7b-pretrain", "llava-1.5-7b-seed-s2048-b8-dp4"])
 def test_llava_import_estimates_exactly_like_the_hand_written_spec(experiment):
-    from compiler.load import load_yaml
-    from compiler.render import table_tsv
+    from compiler.pipeline.load import load_yaml
+    from compiler.pipeline.render import table_tsv
 
     spec, setup = api.load_inputs(f"specs/experiments/{experiment}.yaml")
     mine = importer.import_spec(str(FIX / "llava-1.5-7b-hf")).spec
@@ -541,7 +542,7 @@ def test_estimating_a_spec_never_imports_huggingface_hub():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert "HUB=False" in out.stderr
-    out = subprocess.run([sys.executable, "-c", "import compiler, compiler.hub, compiler.importer, sys; print('huggingface_hub' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", "import compiler, compiler.inputs.hub, compiler.inputs.importer, sys; print('huggingface_hub' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 
 

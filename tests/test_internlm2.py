@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import hubfixtures as hf
-from compiler import api, importer
+from compiler import api
+from compiler.inputs import importer
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml"

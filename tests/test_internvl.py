@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import hubfixtures as hf
-from compiler import api, importer
+from compiler import api
+from compiler.inputs import importer
 from compiler.errors import MemspecError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from compiler import launch
+from compiler.inputs import launch
 from compiler.cli import _report, main, parser
 from compiler.errors import MemspecError
 

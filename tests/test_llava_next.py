@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from compiler import api
-from compiler.resolve import Anyres
+from compiler.pipeline.resolve import Anyres
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "llava_next" / "llava-v1.6-vicuna-7b.yaml"
@@ -74,7 +74,7 @@ def test_against_transformers_select_best_resolution_and_pack_image_features():
 # --------------------------------------------------------------------------- import
 
 def _import(fixture: str):
-    from compiler import importer
+    from compiler.inputs import importer
 
     return importer.import_spec(str(ROOT / "tests" / "fixtures" / "hub" / fixture))
 
@@ -103,7 +103,7 @@ def test_pinpoints_that_are_not_pairs_are_refused(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["image_grid_pinpoints"] = [[336, 672], [672]]
     (folder / "config.json").write_text(json.dumps(config))
-    from compiler import importer
+    from compiler.inputs import importer
 
     with pytest.raises(MemspecError) as exc:
         importer.import_spec(str(folder))

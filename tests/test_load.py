@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from compiler.errors import MemspecError
-from compiler.load import Document, child_path, load_yaml, load_yaml_text
+from compiler.pipeline.load import Document, child_path, load_yaml, load_yaml_text
 
 LIBYAML = getattr(yaml, "__with_libyaml__", False)
 

@@ -7,8 +7,8 @@ f = 11008; bf16 (2 bytes), rank r = 16.
 import pytest
 
 from compiler.api import estimate
-from compiler.expand import lora_target
-from compiler.resolve import Lora
+from compiler.pipeline.expand import lora_target
+from compiler.pipeline.resolve import Lora
 
 T, H, F, R = 2 * 1024, 4096, 11008, 16
 ATTN = "language.layers[0:32].self_attn"

@@ -12,7 +12,7 @@ pytest.importorskip("transformers", reason="measuring needs transformers")
 from compiler.measure import cuda, harness, record  # noqa: E402
 from compiler.measure.__main__ import run  # noqa: E402
 from compiler.measure.experiment import ExperimentError, load_experiment, with_overrides  # noqa: E402
-from compiler.validation import compare, verdicts  # noqa: E402
+from compiler.commands.validation import compare, verdicts  # noqa: E402
 
 TINY = Path(__file__).parent / "measured" / "tiny"
 MIB = 2 ** 20

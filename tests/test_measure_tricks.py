@@ -8,7 +8,7 @@ pytest.importorskip("transformers", reason="measuring needs transformers")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from compiler.formula import FUNCTIONS  # noqa: E402
+from compiler.library.formula import FUNCTIONS  # noqa: E402
 from compiler.measure import tricks  # noqa: E402
 from compiler.measure.tracer import MemoryTracer  # noqa: E402
 

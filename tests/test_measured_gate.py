@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compiler.validation import gate, render, validate_records, verdicts
+from compiler.commands.validation import gate, render, validate_records, verdicts
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "tests" / "measured"

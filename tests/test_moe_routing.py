@@ -110,7 +110,7 @@ def test_the_eager_experts_loop_allocates_by_the_routing(tiny, monkeypatch):
 
 
 def test_the_families_refuse_the_eager_experts_loop(tmp_path):
-    from compiler import importer
+    from compiler.inputs import importer
     from compiler.errors import MemspecError
 
     fixture = Path(__file__).parent / "fixtures" / "hub" / "Mixtral-8x7B-v0.1"

@@ -20,7 +20,7 @@ norms), the final norm, lm_head)."""
 
 import pytest
 
-from compiler import launch
+from compiler.inputs import launch
 from compiler.api import estimate
 from compiler.errors import MemspecError
 
@@ -202,7 +202,7 @@ def test_nvme_offload_is_the_cpu_offload_on_the_gpu():
 
 
 def test_zero3_offload_in_the_setup_line_and_json():
-    from compiler.render import as_data, setup_line
+    from compiler.pipeline.render import as_data, setup_line
 
     both = _z3(offload_optimizer="cpu", offload_param="nvme")
     assert "ZeRO-3, optimizer offloaded to cpu, parameters offloaded to nvme" in setup_line(both)

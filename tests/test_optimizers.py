@@ -1,13 +1,13 @@
 """Optimizer states and step temporaries: worked examples with the arithmetic beside them,
-pinned to the sources named in compiler/optimizers.py (bitsandbytes cannot run on fake
+pinned to the sources named in compiler/memory/optimizers.py (bitsandbytes cannot run on fake
 tensors, so its numbers are checked here rather than against measured records)."""
 
 import pytest
 
 from compiler.api import estimate
 from compiler.cli import main
-from compiler.launch import OPTIM
-from compiler.optimizers import HF_OPTIM, Optimizer, State, once, states
+from compiler.inputs.launch import OPTIM
+from compiler.memory.optimizers import HF_OPTIM, Optimizer, State, once, states
 
 ADAMW_8BIT = Optimizer("adamw", "bitsandbytes", bits=8)
 PAGED_8BIT = Optimizer("adamw", "bitsandbytes", bits=8, paged=True)
@@ -98,7 +98,7 @@ def test_an_option_of_another_optimizer_is_an_error(capsys):
 @pytest.mark.parametrize("precision, upcasts", [("bf16-mixed", 0), ("bf16", 2)])
 def test_adafactor_step_temporaries_of_the_largest_matrix(precision, upcasts):
     # Qwen2.5-0.5B's largest tensor is the 151_936 x 896 (tied) embedding: 136_134_656 elements
-    from compiler.simulate import _adafactor_temporaries
+    from compiler.pipeline.simulate import _adafactor_temporaries
     from compiler.api import load_inputs
 
     _, setup = load_inputs(QWEN, {**SMALL, "precision": precision, "optimizer": {"type": "adafactor"}})
@@ -145,7 +145,7 @@ def test_quantized_trainable_module_is_an_error(capsys):
 
 
 def test_llava_bits_flag_reads_as_qlora(tmp_path):
-    from compiler.launch import command_overrides, read_command
+    from compiler.inputs.launch import command_overrides, read_command
 
     script = tmp_path / "finetune_qlora.sh"
     script.write_text("deepspeed llava/train/train_mem.py --lora_enable True --bits 4 --bf16 True "

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import api, importer
+from compiler import api
+from compiler.inputs import importer
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB = ROOT / "tests" / "fixtures" / "hub"

@@ -12,8 +12,8 @@ import pytest
 
 from compiler import api
 from compiler.cli import _inputs, parser
-from compiler.html_report import MIN_PHASE_SHARE, _axis, html, size
-from compiler.resolve import gpu_catalog
+from compiler.commands.html_report import MIN_PHASE_SHARE, _axis, html, size
+from compiler.pipeline.resolve import gpu_catalog
 from reportpage import Page, cli, estimate_json, exact_bytes, keyed_values, layer_rows, required_keys, table_json, typed_cell
 
 GIB = 1 << 30

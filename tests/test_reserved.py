@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from compiler import api
-from compiler.render import as_data, text
+from compiler.pipeline.render import as_data, text
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ROOT / "specs" / "experiments" / "llava-1.5-7b-pretrain.yaml"

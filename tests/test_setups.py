@@ -2,7 +2,7 @@
 
 An estimate refuses packing, activation offloading, the fused linear cross-entropy loss and
 tensor / sequence / pipeline parallelism unless every formula its spec instantiates lists the
-setup (compiler/resolve.py, setup_refusals). The table below is what the shipped formulas
+setup (compiler/pipeline/resolve.py, setup_refusals). The table below is what the shipped formulas
 allow per spec; a change to a formula's `setups:` shows up here as a diff."""
 
 import shutil
@@ -12,8 +12,8 @@ import pytest
 
 from compiler import api
 from compiler.errors import MemspecError
-from compiler.formula import load_library
-from compiler.resolve import resolve_setup
+from compiler.library.formula import load_library
+from compiler.pipeline.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMULAS = ROOT / "formulas"

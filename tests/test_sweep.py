@@ -15,7 +15,7 @@ import pytest
 
 from compiler.api import estimate
 from compiler.cli import main
-from compiler.sweep import ProgressBar, parse_values
+from compiler.commands.sweep import ProgressBar, parse_values
 
 ROOT = Path(__file__).resolve().parent.parent
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"  # gradient_checkpointing: [language], dp 8, ZeRO-3
@@ -100,7 +100,7 @@ def test_bare_spec_and_model_folder(capsys):
         want = _expected(SPEC, micro_batch=row["micro_batch"], seq_len=512, dp=row["dp"], zero=2)
         assert {k: row[k] for k in want} == want
     rows = list(csv.DictReader(io.StringIO(_run(capsys, str(HUB), "--micro-batch", "1,2", "--seq-len", "1024", "--format", "csv"))))
-    from compiler.importer import source_inputs
+    from compiler.inputs.importer import source_inputs
     from compiler.api import run
 
     for row in rows:
@@ -194,8 +194,8 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
 
 
 def test_choices_are_the_estimators():
-    from compiler.resolve import ATTENTION, PRECISIONS
-    from compiler.sweep import BY_NAME
+    from compiler.pipeline.resolve import ATTENTION, PRECISIONS
+    from compiler.commands.sweep import BY_NAME
 
     assert BY_NAME["attention"].choices == tuple(ATTENTION)
     assert sorted(BY_NAME["precision"].choices) == sorted(PRECISIONS)

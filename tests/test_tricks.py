@@ -11,7 +11,7 @@ import pytest
 
 from compiler.api import estimate
 from compiler.errors import MemspecError
-from compiler.formula import FUNCTIONS
+from compiler.library.formula import FUNCTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = ROOT / "specs" / "qwen2" / "qwen2.5-0.5b.yaml"

@@ -11,8 +11,8 @@ import pytest
 
 import compiler
 from compiler import paths
-from compiler.load import load_yaml_text
-from compiler.validate import load_schema, validate
+from compiler.pipeline.load import load_yaml_text
+from compiler.pipeline.validate import load_schema, validate
 
 MODULE = {
     "type": "object",
@@ -276,7 +276,7 @@ def test_data_root_is_the_checkout_without_a_bundled_copy():
 
 
 def test_jsonschema_is_imported_only_when_validating():
-    code = ("import sys, compiler.load, compiler.validate, compiler.errors, compiler.paths; "
+    code = ("import sys, compiler.pipeline.load, compiler.pipeline.validate, compiler.errors, compiler.paths; "
             "print('jsonschema' in sys.modules, 'referencing' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": str(Path(compiler.__file__).parent.parent)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)

@@ -13,7 +13,7 @@ overlap_comm (two ipg buffers).
 import pytest
 
 from compiler.api import estimate, load_inputs, run
-from compiler.simulate import (DEEPSPEED, ZERO12_GRADS, _Zero12Bucket, stepped_tensors, zero12_grads_in_partition,
+from compiler.pipeline.simulate import (DEEPSPEED, ZERO12_GRADS, _Zero12Bucket, stepped_tensors, zero12_grads_in_partition,
                                zero12_partition_sizes, zero12_step_temporaries)
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"

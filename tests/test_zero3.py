@@ -17,8 +17,8 @@ import pytest
 
 from compiler.api import estimate
 from compiler.cli import main
-from compiler.resolve import DEEPSPEED_STATES_AT_INIT, with_overrides
-from compiler.simulate import Stepped, _IpgBucket, _reuse_kept, stepped_tensors, zero3_step_temporaries, zero3_sub_groups
+from compiler.pipeline.resolve import DEEPSPEED_STATES_AT_INIT, with_overrides
+from compiler.pipeline.simulate import Stepped, _IpgBucket, _reuse_kept, stepped_tensors, zero3_step_temporaries, zero3_sub_groups
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
 ZERO3 = {"zero": 3, "reduce_bucket_size": "auto", "prefetch_bucket_size": "auto", "param_persistence_threshold": "auto",
@@ -247,7 +247,7 @@ def test_offload_flags_are_checked_at_the_flag(argv, code, capsys):
 
 
 def test_deepspeed_json_sizes_are_read(tmp_path):
-    from compiler import launch
+    from compiler.inputs import launch
 
     path = tmp_path / "ds.json"
     path.write_text('{"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto", '

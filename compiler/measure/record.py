@@ -88,7 +88,7 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
 
 def gpu_key(accelerator: str, total_memory: int) -> str | None:
     """The specs/gpus.yaml key of the device torch names, matched by name and memory (MiB)."""
-    from ..resolve import gpu_catalog
+    from ..pipeline.resolve import gpu_catalog
 
     gpus, _ = gpu_catalog()
     for key, gpu in gpus.items():

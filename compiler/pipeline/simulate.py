@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .evaluate import Node, first_charges, trained
-from .memory import allocator
-from .memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
+from ..memory import allocator
+from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
 from .expand import forward_order
-from . import optimizers
+from ..memory import optimizers
 from .resolve import DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, Constant, Setup, gpu_catalog
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "transient")

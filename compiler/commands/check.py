@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import Diagnostic, MemspecError
-from .load import load_yaml
-from .paths import display, formulas_dir
+from ..errors import Diagnostic, MemspecError
+from ..pipeline.load import load_yaml
+from ..paths import display, formulas_dir
 
 
 def _yaml_files(paths: list[Path]) -> list[Path]:
@@ -27,8 +27,8 @@ def _yaml_files(paths: list[Path]) -> list[Path]:
 
 
 def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
-    from . import api
-    from .examples import run_examples
+    from .. import api
+    from ..library.examples import run_examples
 
     problems: list[Diagnostic] = []
     checked: list[str] = []
@@ -47,7 +47,7 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
         try:
             kind = api.file_kind(load_yaml(name))
             if kind == "formula":
-                from .formula import load_library
+                from ..library.formula import load_library
 
                 problems.extend(run_examples(load_library(path.parent)))  # a formula folder other than the built-in one
             elif kind == "gpus":
@@ -66,7 +66,7 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
 
 def _check_family(name: str) -> None:
     """An import mapping: its schema, and every expression compiled against its config names."""
-    from .family import load_family
+    from ..inputs.family import load_family
 
     load_family(name)
 
@@ -77,7 +77,7 @@ PROBE_SEQ = 1 << 20
 
 
 def _compile(name: str, kind: str, library) -> None:
-    from . import api
+    from .. import api
 
     if kind == "experiment":
         spec, setup = api.load_inputs(name)

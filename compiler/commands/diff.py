@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, MemspecError, UsageError
+from ..errors import Diagnostic, MemspecError, UsageError
 
 FIGURES = ("allocated", "reserved", "device", "first_step")
 REFERENCE_MICRO_BATCH = 1
@@ -51,7 +51,7 @@ if Path("compiler/api.py").is_file():
     sys.path.insert(0, ".")
 from compiler import api
 from compiler.errors import MemspecError
-from compiler.load import load_yaml
+load_yaml = api.load_yaml  # NB: compiler.api names it in every revision; the module moved
 
 REF_B, REF_S = int(sys.argv[1]), int(sys.argv[2])
 cases = []

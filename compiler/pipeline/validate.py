@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from compiler import paths
 from compiler.errors import Diagnostic, did_you_mean
-from compiler.load import Document, child_path
+from compiler.pipeline.load import Document, child_path
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError

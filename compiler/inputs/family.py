@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError, did_you_mean
-from .formula import Expr, _env, compile_expr
-from .load import Document, child_path, load_yaml
-from .paths import display
+from ..errors import Diagnostic, MemspecError, did_you_mean
+from ..library.formula import Expr, _env, compile_expr
+from ..pipeline.load import Document, child_path, load_yaml
+from ..paths import display
 
 _MISSING = object()  # a key absent from config.json (or null there)
 
@@ -271,7 +271,7 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
 
 def load_family(path: str | Path) -> Family:
     """One family file, validated and compiled."""
-    from .validate import load_schema, validate
+    from ..pipeline.validate import load_schema, validate
 
     doc = load_yaml(path)
     problems = validate(doc, load_schema("family"))

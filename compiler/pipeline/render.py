@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
-from .api import Report, image_tokens_per_sample
+from ..api import Report, image_tokens_per_sample
 from .evaluate import Row
 from .simulate import CATEGORIES, Point
 

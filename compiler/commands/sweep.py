@@ -12,7 +12,7 @@ through `resolve_setup` exactly as the estimate's do.
 The knob `gradient_checkpointing` takes `on`, `off` or modules joined by `+`
 (`language+vision`). `on` is the experiment's checkpointed modules when it names any, else
 `language` when the model has that module (what Hugging Face's `--gradient_checkpointing
-True` reaches in LLaVA, see `compiler/launch.py`), else every module. `lora_rank` takes
+True` reaches in LLaVA, see `compiler/inputs/launch.py`), else every module. `lora_rank` takes
 ranks and `off` (no LoRA); a rank keeps the rest of the experiment's `lora` block and the
 `--lora-*` flags.
 """
@@ -23,12 +23,12 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TextIO
 
-from .errors import Diagnostic, MemspecError, UsageError
+from ..errors import Diagnostic, MemspecError, UsageError
 
 if TYPE_CHECKING:  # NB: the CLI builds its flags from KNOBS; estimating imports stay lazy
-    from .api import Report
-    from .load import Document
-    from .resolve import Gpu, Setup, Spec
+    from ..api import Report
+    from ..pipeline.load import Document
+    from ..pipeline.resolve import Gpu, Setup, Spec
 
 # Most points one sweep may have: beyond this it is a typo in a range, not a question.
 MAX_POINTS = 10_000
@@ -114,7 +114,7 @@ def parse_values(knob: Knob | str, text: str) -> list[Any]:
             values.append("off")
         elif knob.kind == "choice":
             if item not in knob.choices:
-                from .errors import did_you_mean
+                from ..errors import did_you_mean
 
                 raise _bad(knob, "E913", f"'{item}' is not one of {', '.join(knob.choices)}", did_you_mean(item, knob.choices) or f"e.g. {knob.flag} {knob.example}")
             values.append(int(item) if knob.name == "zero" else item)
@@ -203,7 +203,7 @@ class SweepReport:
 def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], points: Iterable[Mapping[str, Any]]) -> list[Setup]:
     """Every point's setup; the diagnostics of bad points are raised together, each message
     ending with the point it belongs to."""
-    from .resolve import resolve_setup
+    from ..pipeline.resolve import resolve_setup
 
     on = checkpointing_on(spec, doc)
     setups: list[Setup] = []
@@ -224,7 +224,7 @@ def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], po
 
 def sweep(spec: Spec, doc: Document | None, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]],
           progress: Callable[[int, int, Mapping[str, Any]], None] | None = None) -> SweepReport:
-    from .api import run, spec_library
+    from ..api import run, spec_library
 
     points = grid_points(grid)
     setups = resolve_points(spec, doc, base, points)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping
 
-from . import optimizers
-from .errors import Diagnostic, MemspecError
+from ..memory import optimizers
+from ..errors import Diagnostic, MemspecError
 from .expand import Instance
-from .optimizers import Optimizer
-from .formula import FACTOR_NAMES, Formula, integer
+from ..memory.optimizers import Optimizer
+from ..library.formula import FACTOR_NAMES, Formula, integer
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
 def _optimizer_states(inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int],
                       optimizer: Optimizer, state_bytes: int, master_bytes: int) -> int:
     """A layer's optimizer bytes from its tensors: the fp32 master copy plus every state
-    tensor the optimizer makes for each (compiler/optimizers.py)."""
+    tensor the optimizer makes for each (compiler/memory/optimizers.py)."""
     total = 0
     for nbytes, shape in zip(tensors, shapes):
         elements = nbytes // b["param"]

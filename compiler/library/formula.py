@@ -21,9 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import Diagnostic, MemspecError, did_you_mean
-from .load import Document, child_path, load_yaml
-from .paths import display
+from ..errors import Diagnostic, MemspecError, did_you_mean
+from ..pipeline.load import Document, child_path, load_yaml
+from ..paths import display
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
@@ -608,7 +608,7 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     With `types`, only those layer types and what they reach (children, SUBSTITUTES) are
     loaded: an estimate reads the files its spec uses, not the whole folder. `memspec check`
     loads everything."""
-    from .validate import load_schema, validate
+    from ..pipeline.validate import load_schema, validate
 
     schema = load_schema("formula")
     problems: list[Diagnostic] = []

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError
-from .evaluate import evaluate
-from .expand import _MEMO, _instance
+from ..errors import Diagnostic, MemspecError
+from ..pipeline.evaluate import evaluate
+from ..pipeline.expand import _MEMO, _instance
 from .formula import Example, Formula, Library
-from .load import child_path
-from .resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
+from ..pipeline.load import child_path
+from ..pipeline.resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, MemspecError
+from ..errors import Diagnostic, MemspecError
 
 RECORD_SCHEMA = "memspec/measured/v1"
 MEASURES = ("allocated", "allocated_first_step", "reserved", "device")
@@ -73,16 +73,16 @@ def record_files(paths: list[Path]) -> list[Path]:
 
 
 def _root() -> Path:
-    from .paths import data_root
+    from ..paths import data_root
 
     return data_root()
 
 
 def record_report(path: Path, record: dict | None = None):
     """The estimate of a measured record's experiment: (report, None), or (None, why not)."""
-    from . import api
-    from .load import load_yaml_text
-    from .validate import load_schema, validate
+    from .. import api
+    from ..pipeline.load import load_yaml_text
+    from ..pipeline.validate import load_schema, validate
 
     import yaml
 

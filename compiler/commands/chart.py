@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
-from .errors import Diagnostic, UsageError
+from ..errors import Diagnostic, UsageError
 from .sweep import BY_NAME, SweepReport, describe
 
 GIB = 1 << 30

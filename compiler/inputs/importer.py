@@ -31,12 +31,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError
+from ..errors import Diagnostic, MemspecError
 from .family import Families, Family, Values, load_families
 from .hub import FLOAT_DTYPES, QUANTIZED_SUFFIXES, Checkpoint, Tensor, open_checkpoint
-from .load import load_yaml_text
-from .paths import families_dir
-from .resolve import Setup, Spec, resolve_setup, resolve_spec
+from ..pipeline.load import load_yaml_text
+from ..paths import families_dir
+from ..pipeline.resolve import Setup, Spec, resolve_setup, resolve_spec
 
 _MODEL_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _SHOWN_TENSORS = 8  # tensor groups named in one error
@@ -170,9 +170,9 @@ def _reconcile(formula: Mapping[str, int], header: Header, ckpt: Checkpoint, fam
 
 def formula_counts(spec: Spec) -> dict[str, int]:
     """The formulas' parameter count per module (elements), as `api.run` reconciles them."""
-    from .api import spec_library
-    from .evaluate import evaluate
-    from .expand import expand
+    from ..api import spec_library
+    from ..pipeline.evaluate import evaluate
+    from ..pipeline.expand import expand
 
     # NB: parameters do not depend on the sequence; one of COUNTING_SEQ positions holds the
     # image tokens of any default image (a tiled one has more than spec.image_tokens)
@@ -246,7 +246,7 @@ def _anyres_data(ckpt: Checkpoint, family: Family, scope: Mapping[str, Any]) -> 
 
 
 def _resolve(draft: Mapping[str, Any], ckpt: Checkpoint) -> Spec:
-    from .validate import load_schema, validate
+    from ..pipeline.validate import load_schema, validate
 
     text = json.dumps(draft["data"], indent=1)
     doc = load_yaml_text(text, f"imported from {ckpt.source}")

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError
-from .load import Document, child_path, load_yaml
-from .optimizers import HF_OPTIM
+from ..errors import Diagnostic, MemspecError
+from ..pipeline.load import Document, child_path, load_yaml
+from ..memory.optimizers import HF_OPTIM
 
 
 @dataclass(frozen=True)
@@ -498,7 +498,7 @@ NO_MEMORY_EFFECT = frozenset({
 # The training entry points whose attention implementation is fixed in code (LLaVA's
 # train_mem.py calls train(attn_implementation="flash_attention_2")).
 ENTRY_ATTENTION = {"train_mem.py": "flash_attention_2"}
-# HF --optim names -> memspec's optimizer: compiler/optimizers.py, HF_OPTIM.
+# HF --optim names -> memspec's optimizer: compiler/memory/optimizers.py, HF_OPTIM.
 OPTIM = HF_OPTIM
 # LLaVA's TrainingArguments defaults (llava/train/train.py).
 LLAVA_LORA_DEFAULTS = {"r": 64, "alpha": 16, "dropout": 0.05, "bias": "none"}

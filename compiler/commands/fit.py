@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .api import Report, image_tokens_per_sample, run
-from .resolve import Gpu, Setup, Spec
+from ..api import Report, image_tokens_per_sample, run
+from ..pipeline.resolve import Gpu, Setup, Spec
 
 # Search bounds: beyond these the question is not one of a single GPU type.
 MAX_MICRO_BATCH = 4096

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
-from .formula import SETUPS, Expr, Library, compile_expr
+from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
+from ..library.formula import SETUPS, Expr, Library, compile_expr
 from .load import Document, child_path, load_yaml
-from .memory.allocator import AllocConfError, AllocatorConfig
-from . import optimizers
-from .optimizers import TYPE_IMPLS, Optimizer
+from ..memory.allocator import AllocConfError, AllocatorConfig
+from ..memory import optimizers
+from ..memory.optimizers import TYPE_IMPLS, Optimizer
 
 # Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
 FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
@@ -86,7 +86,7 @@ class Constant:
 @lru_cache(maxsize=1)
 def _catalog() -> Document:
     """specs/gpus.yaml, validated."""
-    from .paths import specs_dir
+    from ..paths import specs_dir
     from .validate import load_schema, validate
 
     doc = load_yaml(specs_dir() / "gpus.yaml")
@@ -355,7 +355,7 @@ def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]
         ]
     out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
                         "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
-                        "initialization, so its first step equals the steady state (compiler/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
+                        "initialization, so its first step equals the steady state (compiler/pipeline/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
     return tuple(out)
 
 
@@ -502,7 +502,7 @@ def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], 
     bytes.optim is the optimizer's bytes per trainable element where its states are
     element-wise; Adafactor's and bitsandbytes' are not (factored moments, 8-bit blocks,
     fp32 states whatever the weight's dtype), and the evaluator computes those per tensor
-    (compiler/optimizers.py); their bytes.optim counts the master copy only.
+    (compiler/memory/optimizers.py); their bytes.optim counts the master copy only.
     """
     param, grad, act, master = PRECISIONS[precision]
     state = 4 if master else param
@@ -920,7 +920,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     wanted = tuple(w for w in wanted_setups(data, parallel) if w not in skip)
     if not wanted or "micro_batch" not in data or "seq_len" not in data:
         return set()
-    from .api import spec_library
+    from ..api import spec_library
 
     library = formulas if formulas is not None else spec_library(spec)
     names = {m.name for m in spec.modules}

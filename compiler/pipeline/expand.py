@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .errors import Diagnostic, MemspecError, UsageError, did_you_mean
-from .formula import Child, Formula, Library, bind, integer
+from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
+from ..library.formula import Child, Formula, Library, bind, integer
 from .resolve import Setup, Spec
 
 
@@ -123,7 +123,7 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     experiment = experiment_scope(setup)
     for m in spec.modules:
         if m.type not in library:
-            from .errors import did_you_mean
+            from ..errors import did_you_mean
 
             line, col = spec.doc.where(m.path + ".type")
             problems.append(

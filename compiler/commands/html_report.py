@@ -17,10 +17,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping
 
-from . import api
-from .api import Report, StepTimeline
-from .render import GIB, TABLE_COLUMNS, as_data, gib, setup_line, table_data
-from .simulate import CATEGORIES
+from .. import api
+from ..api import Report, StepTimeline
+from ..pipeline.render import GIB, TABLE_COLUMNS, as_data, gib, setup_line, table_data
+from ..pipeline.simulate import CATEGORIES
 
 MIB = 1 << 20
 

@@ -24,7 +24,7 @@ from math import prod
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import Diagnostic, MemspecError
+from ..errors import Diagnostic, MemspecError
 
 CONFIG_FILE = "config.json"
 PROCESSOR_FILE = "preprocessor_config.json"

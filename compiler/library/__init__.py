@@ -1,0 +1,1 @@
+"""The formula files: their loader, compiler and worked examples."""
