@@ -7,6 +7,7 @@ Exit codes: 0 ok; 1 the input is wrong (diagnostics on stderr); 2 usage; 3 a bug
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -476,22 +477,32 @@ def _html_report(args) -> int:
 
 
 def _write_page(output: str, page: str) -> int:
-    """Write the page; a path that cannot take it is the user's error (E901), not a bug."""
+    return _write_output("-o", output, page.encode("utf-8"), "the report", "report.html")
+
+
+def _check_output(flag: str, output: str, what: str, example: str) -> None:
+    """A path that cannot take the output is the user's error (E901), found before any work."""
     path = Path(output)
-    data = page.encode("utf-8")
-    problem = None
-    if path.is_dir():
-        problem = "is a folder"
-    elif not path.parent.is_dir():
-        problem = f"its folder '{path.parent}' does not exist"
-    else:
-        try:
-            path.write_bytes(data)
-        except OSError as exc:
-            problem = exc.strerror or str(exc)
+    problem = ("is a folder" if path.is_dir() else
+               f"its folder '{path.parent}' does not exist" if not path.parent.is_dir() else None)
     if problem:
-        raise MemspecError(Diagnostic("E901", "", 0, 0, "-o", f"cannot write the report to '{output}': {problem}",
-                                      "give a file path in an existing folder, e.g. -o report.html"))
+        raise MemspecError(Diagnostic("E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {problem}",
+                                      f"give a file path in an existing folder, e.g. {flag} {example}"))
+
+
+def _write_output(flag: str, output: str, data: bytes, what: str, example: str) -> int:
+    """Write `data` whole or not at all: a temporary file beside the target, then a rename, so
+    an interrupted run or a parallel one never leaves half a file."""
+    _check_output(flag, output, what, example)
+    path = Path(output)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MemspecError(Diagnostic("E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {exc.strerror or exc}",
+                                      f"give a file path in an existing folder, e.g. {flag} {example}")) from None
     return len(data)
 
 
@@ -563,14 +574,19 @@ def _sweep(args) -> int:
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     if args.svg or args.x:
         x_knob(grid, args.x)  # NB: a chart that cannot be drawn is refused before the sweep runs
+    # NB: an output that cannot be written is refused before the sweep runs, too
+    outputs = [("-o", args.output, "the sweep", "sweep.csv"), ("--svg", args.svg, "the chart", "sweep.svg")]
+    for flag, output, what, example in outputs:
+        if output:
+            _check_output(flag, output, what, example)
     report = sweep(spec, doc, base, grid, progress)
     text = {"csv": render.sweep_csv, "json": render.sweep_json, "text": render.sweep_text}[fmt](report)
     if args.output:
-        Path(args.output).write_text(text)
+        _write_output("-o", args.output, text.encode("utf-8"), "the sweep", "sweep.csv")
     else:
         sys.stdout.write(text)
     if args.svg:
-        Path(args.svg).write_text(sweep_svg(report, args.x))
+        _write_output("--svg", args.svg, sweep_svg(report, args.x).encode("utf-8"), "the chart", "sweep.svg")
     return 0
 
 

@@ -63,3 +63,28 @@ def test_unknown_modules_are_refused(tmp_path):
                    .replace("../llava/", str(ROOT / "specs" / "llava") + "/"))
     with pytest.raises(ExperimentError, match="unknown module"):
         expand_matrix(bad)
+
+
+def test_defaults_follow_the_models_modules(tmp_path):
+    """As the estimator: every module of the spec trains by default, and a model without a
+    vision tower gets no images (a text-only experiment once failed with KeyError 'projector')."""
+    from compiler.measure.experiment import load_experiment
+
+    exp = tmp_path / "t.yaml"
+    exp.write_text(f"experiment: t\nmodel: {ROOT / 'specs' / 'qwen2' / 'qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n")
+    loaded = load_experiment(exp)
+    assert (loaded["trainable"], loaded["images_per_sample"]) == (["language"], 0)
+    llava = tmp_path / "l.yaml"
+    llava.write_text(f"experiment: l\nmodel: {ROOT / 'specs' / 'llava' / 'llava-1.5-7b.yaml'}\nmicro_batch: 1\nseq_len: 64\n")
+    loaded = load_experiment(llava)
+    assert (loaded["trainable"], loaded["images_per_sample"]) == (["vision", "projector", "language"], 1)
+
+
+def test_a_module_the_model_lacks_is_refused(tmp_path):
+    from compiler.measure.experiment import load_experiment
+
+    exp = tmp_path / "t.yaml"
+    exp.write_text(f"experiment: t\nmodel: {ROOT / 'specs' / 'qwen2' / 'qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
+                   "trainable: [projector, language]\n")
+    with pytest.raises(ExperimentError, match=r"has no module\(s\) \['projector'\]; it has \['language'\]"):
+        load_experiment(exp)

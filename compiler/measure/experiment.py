@@ -94,6 +94,11 @@ def _check(exp: dict, where: str) -> None:
         unknown = sorted(set(exp[key]) - set(MODULES))
         if unknown:
             fail(f"{key}: unknown module(s) {unknown}; known: {list(MODULES)}")
+    has = _spec_modules(Path(exp["model"]))
+    for key in ("trainable", "gradient_checkpointing"):
+        absent = [m for m in exp[key] if m in MODULES and m not in has]
+        if has and absent:
+            fail(f"{key}: the model ({Path(exp['model']).name}) has no module(s) {absent}; it has {list(has)}")
     if exp["precision"] not in PRECISIONS:
         fail(f"precision {exp['precision']!r} is not one of {list(PRECISIONS)}")
     if exp["attention"] not in ATTENTIONS:
@@ -197,14 +202,17 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     missing = [k for k in ("experiment", "model", "micro_batch", "seq_len") if k not in raw]
     if missing:
         raise ExperimentError(f"{where}: missing required key(s) {missing}")
-    exp = {**DEFAULTS, **raw}
+    spec_path = (base_dir / raw["model"]).resolve()
+    modules = _spec_modules(spec_path)
+    # NB: as the estimator defaults them: every module of the spec trains; images only where
+    # the model has a vision tower
+    exp = {**DEFAULTS, "trainable": list(modules), "images_per_sample": 1 if "vision" in modules else 0, **raw}
     exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}),
                         **exp["optimizer"]}
     exp["parallel"] = normalise_parallel(exp["parallel"])
     exp["trainable"] = list(exp["trainable"])
     exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
     exp["lora"] = normalise_lora(exp.get("lora"))
-    spec_path = (base_dir / exp["model"]).resolve()
     exp["model"] = spec_path
     exp["config"] = model_config_path(spec_path)
     if exp.get("image_size") is None:
@@ -212,6 +220,13 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
         exp["image_size"] = (_read_yaml(spec_path) or {}).get("image_size")
     _check(exp, where)
     return exp
+
+
+def _spec_modules(spec_path: Path) -> tuple[str, ...]:
+    """The modules (vision, projector, language) the model spec declares, in forward order."""
+    spec = _read_yaml(spec_path) if spec_path.is_file() else None
+    declared = (spec or {}).get("modules") or {}
+    return tuple(m for m in MODULES if m in declared)
 
 
 def load_experiment(path: str | Path) -> dict:
