@@ -126,6 +126,14 @@ def test_a_config_replaces_the_experiments_deepspeed_keys(tmp_path):
     assert (r.setup.zero, ds.reduce_bucket, ds.overlap_comm) == (2, 500_000_000, False)
 
 
+def test_an_empty_config_takes_deepspeeds_stage_0(tmp_path):
+    """{} replaces the experiment's ZeRO-3 too: DeepSpeedZeroConfig.stage defaults to 0."""
+    path = tmp_path / "ds.json"
+    path.write_text("{}")
+    r = _report_of(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--deepspeed", str(path)])
+    assert r.setup.zero == 0
+
+
 def test_precision_and_micro_batch_numbers(tmp_path):
     r = _ds(tmp_path, '{"fp16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4}')
     assert (r.overrides["precision"], r.overrides["micro_batch"]) == ("fp16-mixed", 4)
@@ -152,7 +160,7 @@ def test_offload_deepspeed_lacks_is_refused_not_ignored(tmp_path):
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}')
     assert "offloading optimizer states to nvme under ZeRO-2 is not modelled: DeepSpeed offloads to NVMe only with ZeRO-3" in err.value.render()
-    assert _ds(tmp_path, '{"zero_optimization": {"offload_param": {"device": "none"}}}').overrides["deepspeed"] == {}
+    assert _ds(tmp_path, '{"zero_optimization": {"offload_param": {"device": "none"}}}').overrides["deepspeed"] == {"zero": 0}  # no offload; the default stage
     # ZeRO-3 takes both, to either device
     both = '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "cpu"}}}'
     assert _ds(tmp_path, both).overrides["deepspeed"] == {"zero": 3, "offload_optimizer": "nvme", "offload_param": "cpu"}

@@ -23,6 +23,8 @@ prints.
 
 from __future__ import annotations
 
+import json
+
 import math
 import re
 import shlex
@@ -110,10 +112,26 @@ def _elements(value: Any) -> int | None:
     return None
 
 
+def _strict_json(path: str) -> None:
+    """DeepSpeed reads its config with json.load (deepspeed/runtime/config.py,
+    DeepSpeedConfig.__init__), which refuses what YAML would accept (a trailing comma,
+    comments, single quotes): such a file is an error here too, at its line and column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return  # NB: load_yaml reports an unreadable file with its own code
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MemspecError(Diagnostic("E801", path, exc.lineno, exc.colno, "", f"not valid JSON: {exc.msg}",
+                                      "DeepSpeed reads the config with json.load: no trailing commas, comments or single quotes")) from None
+
+
 def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Reading:
     """A DeepSpeed config as overrides. `explicit` holds the training arguments a launch
     command gave (micro_batch, precision): a number in the config that disagrees with one is
     an error, as HF Trainer refuses the mismatch."""
+    _strict_json(path)
     doc = load_yaml(path)
     if not isinstance(doc.data, dict):
         raise MemspecError(doc.diag("E801", "$", "a DeepSpeed config is a JSON object", "see https://www.deepspeed.ai/docs/config-json/"))
@@ -126,7 +144,10 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         problems.append(doc.diag(code, _json_path(key), message, help))
 
     used = set()
+    # NB: the config replaces the experiment's DeepSpeed keys as a whole; without a stage,
+    # DeepSpeed's default, 0 (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig.stage)
     stage = flat.get("zero_optimization.stage", 0)
+    ds["zero"] = 0
     if "zero_optimization.stage" in flat:
         used.add("zero_optimization.stage")
         if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
