@@ -653,6 +653,10 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if parallel["zero"] > 0 and parallel["dp"] == 1:
         pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+    if not spec.image_tokens and data["images_per_sample"]:
+        complain("images_per_sample", "E324",
+                 f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
+                 "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
     if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
         complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
                  "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
