@@ -274,8 +274,16 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a short error: the reason and where the options are, not the verb's whole
+    usage (some 30 lines that buried the one that matters). Subcommands inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\nsee '{self.prog} --help' for the options and examples\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
+    p = _Parser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
                                 epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 

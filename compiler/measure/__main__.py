@@ -3,11 +3,12 @@
 import argparse
 import sys
 
+from ..cli import _Parser
 from . import cli
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="memspec measure", description=cli.DESCRIPTION, epilog=cli.EXAMPLES,
+    parser = _Parser(prog="memspec measure", description=cli.DESCRIPTION, epilog=cli.EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_arguments(parser)
     return cli.main(parser.parse_args(argv))
