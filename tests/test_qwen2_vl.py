@@ -53,6 +53,20 @@ def test_image_size_sets_the_image_tokens(size, tokens):
     assert (report.allocated > base.allocated) == (tokens > 256) or tokens == 256
 
 
+@pytest.mark.parametrize("size, seen", [
+    ((4000, 4000), (3584, 3584)),  # rounded 4004^2 > max_pixels 12_845_056: beta = sqrt(16e6 / 12_845_056), floor to 28s -> 128 x 128 = 16_384 tokens
+    ((14, 14), (56, 56)),          # rounded 0 x 0 < min_pixels 3136: beta = sqrt(3136 / 196) = 4, ceil to 28s -> 2 x 2 = 4 tokens
+    ((1024, 768), (1036, 756)),    # within the bounds: each side to the nearest multiple of 28
+])
+def test_the_processors_resize_bounds_the_image_tokens(size, seen):
+    """Qwen2.5-VL's preprocessor_config.json: min_pixels 3136, max_pixels 12_845_056. Outside them
+    smart_resize rescales the image; a 4000 x 4000 image was counted as 143 x 143 = 20_449 tokens."""
+    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2.5-vl-7b-instruct.yaml"), micro_batch=1, seq_len=32768,
+                          image_size=list(size))
+    assert report.setup.image_size == size and report.setup.image_hw == seen
+    assert api.image_tokens_per_sample(report.nodes) == (seen[0] // 28) * (seen[1] // 28)
+
+
 def test_text_only_batch_runs_no_vision_kernel():
     # images_per_sample 0: the tower's batch is 0 images, so its attention makes no kernel call
     # (calls 0) and saves nothing, even with the tower trainable (the refusal E206 'calls >= 1'

@@ -85,6 +85,15 @@ class AnyresMapping:
 
 
 @dataclass(frozen=True)
+class ImageResizeMapping:
+    """The processor's smart_resize bounds, expressions over the family's config names."""
+
+    factor: Expr
+    min_pixels: Expr
+    max_pixels: Expr
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     file: str
@@ -98,6 +107,7 @@ class Family:
     notes: tuple[str, ...]
     doc: Document
     anyres: AnyresMapping | None = None
+    image_resize: ImageResizeMapping | None = None
 
     def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
         """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
@@ -260,10 +270,16 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
             compile_expr(a["tile"], doc, "$.anyres.tile", names, problems), a["grid_pinpoints"],
             tuple(compile_expr(x, doc, child_path("$.anyres.image_size", i), names, problems) for i, x in enumerate(a["image_size"])),
         )
+    image_resize = None
+    if "image_resize" in data:
+        r = data["image_resize"]
+        image_resize = ImageResizeMapping(*(compile_expr(r[k], doc, child_path("$.image_resize", k), names, problems)
+                                            for k in ("factor", "min_pixels", "max_pixels")))
     return Family(
         name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
+        image_resize=image_resize,
         attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
                    if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
     )

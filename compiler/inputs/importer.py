@@ -225,6 +225,8 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
+        **({"image_resize": {k: _integer(getattr(family.image_resize, k)(scope), f"image_resize.{k}", family, ckpt)
+                             for k in ("factor", "min_pixels", "max_pixels")}} if family.image_resize else {}),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
@@ -319,6 +321,10 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
     if "attention" in data:
         lines.append(_commented(f"attention: [{', '.join(data['attention'])}]", "what transformers accepts for this model, its default first"))
     lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.compiled else ""))
+    if "image_resize" in data:
+        r = data["image_resize"]
+        lines.append(_commented("image_resize:", "the processor's smart_resize: the bounds from preprocessor_config.json, factor patch x merge"))
+        lines += [f"  {k}: {r[k]}" for k in ("factor", "min_pixels", "max_pixels")]
     lines.append("modules:")
     for m in family.modules:
         spec_m = data["modules"][m.name]

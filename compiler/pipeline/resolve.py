@@ -10,6 +10,7 @@ print it. Problems are raised together as one `MemspecError`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
@@ -178,6 +179,31 @@ class Anyres:
 
 
 @dataclass(frozen=True)
+class ImageResize:
+    """The image processor's smart_resize (Qwen2-VL, Qwen2.5-VL): the size the vision tower sees."""
+
+    factor: int  # patch x merge
+    min_pixels: int
+    max_pixels: int
+    MAX_ASPECT = 200  # smart_resize refuses an aspect ratio above it
+
+    def apply(self, height: int, width: int) -> tuple[int, int]:
+        """transformers/models/qwen2_vl/image_processing_qwen2_vl.py `smart_resize`: each side
+        to the nearest multiple of factor (Python's round, halves to even); an image that then
+        lies outside [min_pixels, max_pixels] is rescaled by the square root of the ratio,
+        rounding down (too large) or up (too small) to multiples of factor."""
+        f = self.factor
+        h, w = round(height / f) * f, round(width / f) * f
+        if h * w > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+        elif h * w < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+        return h, w
+
+
+@dataclass(frozen=True)
 class Spec:
     model: str
     file: str
@@ -188,6 +214,7 @@ class Spec:
     doc: Document = field(compare=False, repr=False)
     image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
     anyres: Anyres | None = None  # LLaVA-NeXT's tiling
+    image_resize: ImageResize | None = None  # the processor's smart_resize (Qwen2-VL)
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -458,6 +485,7 @@ class Setup:
     # a vision tower's patch embedding) require grad, so frozen towers record autograd.
     input_require_grads: bool = False
     anyres: Anyres | None = None  # the spec's anyres tiling (LLaVA-NeXT), for grid_rows / grid_cols
+    image_resize: ImageResize | None = None  # the spec's processor resize (Qwen2-VL), for image_h / image_w
     loss: str = "cross_entropy"  # one of LOSSES
     # torch.autograd.graph.save_on_cpu around the forward: every saved tensor goes to host
     # memory as it is saved and comes back (a device copy) when its backward node runs.
@@ -485,8 +513,11 @@ class Setup:
 
     @property
     def image_hw(self) -> tuple[int, int]:
-        """(image_h, image_w) as formulas see them: 0, 0 when no size applies (fixed-size towers)."""
-        return self.image_size or (0, 0)
+        """(image_h, image_w) as formulas see them, after the processor's resize where the spec
+        has one: 0, 0 when no size applies (fixed-size towers)."""
+        if self.image_size is None:
+            return (0, 0)
+        return self.image_resize.apply(*self.image_size) if self.image_resize else self.image_size
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -542,6 +573,7 @@ def resolve_spec(doc: Document) -> Spec:
         modules=tuple(modules),
         image_size=tuple(data["image_size"]) if data.get("image_size") else None,
         anyres=Anyres(data["anyres"]["tile"], tuple(tuple(p) for p in data["anyres"]["grid_pinpoints"])) if data.get("anyres") else None,
+        image_resize=ImageResize(**data["image_resize"]) if data.get("image_resize") else None,
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
@@ -657,6 +689,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         complain("images_per_sample", "E324",
                  f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
                  "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
+    if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
+        complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
+                 "give the image size the batches really have")
     if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
         complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
                  "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
@@ -726,7 +761,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
         image_size=image_size,
-        anyres=spec.anyres,
+        anyres=spec.anyres, image_resize=spec.image_resize,
         # NB: peft freezes every base weight of the modules it adapts
         trainable=frozenset(data["trainable"]) - (lora.modules if lora else frozenset()),
         precision=data["precision"],
@@ -934,7 +969,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
     probe = Setup(
         experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
-        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres,
+        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
         trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
         optimizer=optimizer,
         gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],

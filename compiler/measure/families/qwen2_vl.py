@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from ...pipeline.resolve import ImageResize
 from ..experiment import ExperimentError
 from . import image_first_tokens, without_cache
 
@@ -102,18 +102,8 @@ def host_patches() -> Iterator[list[str]]:
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """transformers/models/qwen2_vl/image_processing_qwen2_vl.py `smart_resize`, verbatim."""
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    """transformers' `smart_resize` (image_processing_qwen2_vl.py), as the estimator applies it."""
+    return ImageResize(factor, min_pixels, max_pixels).apply(height, width)
 
 
 def image_grid(config, image_size: list[int]) -> tuple[int, int]:
