@@ -22,6 +22,19 @@ Codes (stable; never reuse a retired one):
     E109 ambiguous number (leading zero)
     E110 explicit tag
 
+    formulas and specs (layer types, expressions, examples):
+    E301 unknown layer type (a spec's module, a composite's child)
+    E302 layer_type differs from the formula file's name      E303 circular composite
+    E304 unknown module (trainable, checkpointing, LoRA, quantization name none of the spec's)
+    E401 undeclared name in an expression, or a tensor name no input declares
+    E402 expression that does not parse                       E403 expression outside the allowed arithmetic
+    E404 expression that cannot be evaluated or is not an integer
+    E405 let: name that shadows an input or context name      E407 a formula example's expectation is off
+    E501 seq_len shorter than the image tokens it must hold   E502 formulas' and spec's parameter counts differ
+    E503 unknown GPU                                          E505 DeepSpeed 'auto' sizes without the spec's hidden_size
+    E330 PYTORCH_CUDA_ALLOC_CONF option or value the caching allocator does not take
+    E601 the measuring side (torch, transformers) is not installed
+
     memspec import (a hub id or a model folder; each message names the repo and revision):
     E701 repo not found, or neither a folder nor a repo id   E708 no family covers the model_type
     E702 gated repo: access not granted or no token          E709 header tensors no module claims

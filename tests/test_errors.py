@@ -80,3 +80,22 @@ def test_did_you_mean():
     assert did_you_mean("zzz", ["hidden", "heads"]) is None
     assert did_you_mean("x", []) is None
     assert did_you_mean("lr", iter(["lr_scheduler", "lrs"])) == "did you mean 'lrs'?"
+
+
+def test_every_code_the_compiler_raises_is_listed_in_the_table_and_the_docs():
+    """A code added without a line in compiler/errors.py's table and docs/errors.md fails
+    here; a listed code nothing raises any more is a retired one left in the table."""
+    import re
+    from pathlib import Path
+
+    import compiler.errors
+
+    root = Path(__file__).resolve().parent.parent
+    raised = set()
+    for path in (root / "compiler").rglob("*.py"):
+        raised |= set(re.findall(r'"(E\d{3})"', path.read_text()))
+    table = set(re.findall(r"\b(E\d{3})\b", compiler.errors.__doc__))
+    documented = set(re.findall(r"\b(E\d{3})\b", (root / "docs" / "errors.md").read_text()))
+    assert raised - table == set(), "raised but not in compiler/errors.py's table"
+    assert table - raised - {"E001"} == set(), "in the table but raised nowhere"
+    assert table - documented == set(), "in the table but not in docs/errors.md"
