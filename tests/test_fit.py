@@ -32,9 +32,19 @@ def test_budget_is_the_gpu_less_the_margin(answer):
 def test_largest_value_fits_and_the_next_does_not(answer, knob):
     spec, setup, f = answer
     a = getattr(f, knob)
-    assert a.value is not None and a.next_value == a.value + 1
     assert _device(spec, setup, **{knob: a.value}) == a.device <= f.budget
+    if knob == "seq_len" and a.value == spec.context_length:
+        assert a.next_value is None  # the model's context length bounds the search: nothing longer is proposed
+        return
+    assert a.value is not None and a.next_value == a.value + 1
     assert _device(spec, setup, **{knob: a.next_value}) == a.next_device > f.budget
+
+
+def test_no_sequence_beyond_the_models_context_length(answer):
+    """LLaVA-1.5-7B's language model was trained for 4096 positions (config.json
+    max_position_embeddings): fit proposed 6,010 tokens before it knew."""
+    spec, _, f = answer
+    assert spec.context_length == 4096 and f.seq_len.value <= 4096 and f.context_length == 4096
 
 
 def test_smallest_dp_fits_and_one_fewer_does_not(answer):

@@ -43,6 +43,7 @@ class FitReport:
     micro_batch: Answer
     seq_len: Answer
     dp: Answer | None  # only when ZeRO shards something
+    context_length: int | None = None  # the sequence search's bound, when the spec gives one
 
 
 class _Probe:
@@ -143,10 +144,12 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     # NB: each search knows the setup as given already (the base estimate's device figure)
     probe_b.device[setup.micro_batch] = probe_s.device[setup.seq_len] = base.device
     micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH, setup.micro_batch))
-    seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, MAX_SEQ, setup.seq_len))
+    # NB: no longer sequence than the positions the model was trained for (max_position_embeddings)
+    max_seq = min(MAX_SEQ, spec.context_length) if spec.context_length else MAX_SEQ
+    seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, max(max_seq, min_seq), setup.seq_len))
     dp = None
     if setup.zero >= 1 or setup.fsdp is not None:  # NB: sharding makes more ranks need less memory each
         probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
         probe_d.device[setup.dp] = base.device
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
-    return FitReport(gpu, margin, budget, base, micro, seq, dp)
+    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length)

@@ -194,6 +194,15 @@ def trainer_hidden_size(config: Mapping[str, Any]) -> int | None:
     return None
 
 
+def context_length(config: Mapping[str, Any]) -> int | None:
+    """max_position_embeddings of the language model: the top level, text_config (VLMs in
+    transformers) or llm_config (InternVL's remote code); None when the config has none."""
+    for c in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        if isinstance(c.get("max_position_embeddings"), int) and not isinstance(c["max_position_embeddings"], bool):
+            return c["max_position_embeddings"]
+    return None
+
+
 def _number_or_text(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
@@ -224,6 +233,7 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         "summary": " ".join(family.summary.render({**scope, "repo": ckpt.source}).split()),
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
+        **({"context_length": n} if (n := context_length(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
         **({"image_resize": {k: _integer(getattr(family.image_resize, k)(scope), f"image_resize.{k}", family, ckpt)
                              for k in ("factor", "min_pixels", "max_pixels")}} if family.image_resize else {}),
@@ -312,6 +322,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         lines.append(f"  revision: {_scalar(data['source']['revision'])}")
     if "hidden_size" in data:
         lines.append(_commented(f"hidden_size: {data['hidden_size']}", "what HF Trainer's DeepSpeed \"auto\" bucket sizes use"))
+    if "context_length" in data:
+        lines.append(_commented(f"context_length: {data['context_length']}", "config.json max_position_embeddings: the longest sequence fit proposes"))
     if "anyres" in data:
         a = data["anyres"]
         lines.append(_commented(f"image_size: [{', '.join(map(str, data['image_size']))}]", "the default input image (height, width); experiments set their own"))

@@ -233,14 +233,14 @@ def table_text(rows: tuple[Row, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _answer_line(label: str, a) -> str:
+def _answer_line(label: str, a, bound: str = "the search bound") -> str:
     if a.value is None:
         return f"  {label}: none fits" + (f" ({a.knob} {a.next_value} needs {gib(a.next_device)} GiB)" if a.next_device else "")
     line = f"  {label}: {a.value:,}  (device {gib(a.device)} GiB)"
     if a.next_value is not None:
         line += f"; {a.next_value:,} needs {gib(a.next_device)} GiB"
     else:
-        line += f"; the search bound ({a.value:,}) still fits"
+        line += f"; {bound} ({a.value:,}) still fits"
     return line
 
 
@@ -253,7 +253,8 @@ def fit_text(f) -> str:
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
         "",
         _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
-        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len),
+        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len,
+                     "the model's context length, max_position_embeddings" if f.context_length and f.seq_len.value == f.context_length else "the search bound"),
     ]
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
@@ -279,6 +280,7 @@ def fit_json(f) -> str:
         "micro_batch": answer(f.micro_batch),
         "seq_len": answer(f.seq_len),
         "dp": answer(f.dp),
+        "context_length": f.context_length,
     }
     return json.dumps(data, indent=2) + "\n"
 

@@ -215,6 +215,7 @@ class Spec:
     image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
     anyres: Anyres | None = None  # LLaVA-NeXT's tiling
     image_resize: ImageResize | None = None  # the processor's smart_resize (Qwen2-VL)
+    context_length: int | None = None  # max_position_embeddings, where the spec gives it
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -574,6 +575,7 @@ def resolve_spec(doc: Document) -> Spec:
         image_size=tuple(data["image_size"]) if data.get("image_size") else None,
         anyres=Anyres(data["anyres"]["tile"], tuple(tuple(p) for p in data["anyres"]["grid_pinpoints"])) if data.get("anyres") else None,
         image_resize=ImageResize(**data["image_resize"]) if data.get("image_resize") else None,
+        context_length=data.get("context_length"),
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
