@@ -117,6 +117,9 @@ class Expr:
 
 
 _ENV = None
+# A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
+# any byte count, and the bound keeps an expression's evaluation instant.
+MAX_POWER_BITS = 4096
 
 
 def _env():
@@ -125,7 +128,19 @@ def _env():
         from jinja2 import StrictUndefined
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+        class Arithmetic(ImmutableSandboxedEnvironment):
+            """The sandbox with `**` bounded: 10 ** (10 ** 10) would take the machine's memory
+            and hours before any check could see the number."""
+
+            intercepted_binops = frozenset({"**"})
+
+            def call_binop(self, context, operator, left, right):
+                if (operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1
+                        and right > 0 and right * abs(left).bit_length() > MAX_POWER_BITS):
+                    raise ValueError(f"{left} ** {right} has more than {MAX_POWER_BITS} bits; no memory size is that large")
+                return super().call_binop(context, operator, left, right)
+
+        _ENV = Arithmetic(undefined=StrictUndefined)
         _ENV.globals.clear()
         _ENV.globals.update(FUNCTIONS)
     return _ENV
