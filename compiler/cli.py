@@ -303,7 +303,8 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("file", help="an experiment, a model spec, or a hub id / model folder to import first")
     _knobs(h)
     h.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
-    h.add_argument("-o", "--output", required=True, metavar="FILE", help="write the page here ('-' for stdout); an existing file is replaced")
+    h.add_argument("-o", "--output", required=True, metavar="FILE", help="write the page here ('-' for stdout)")
+    h.add_argument("--force", action="store_true", help="replace an existing output file")
     h.add_argument("--format", choices=["text", "json"], default="text", help="what to print once the page is written: a line, or the estimate as JSON (as memspec estimate --format json) with the page's path and size")
 
     i = sub.add_parser("import", help="write a model spec from a Hugging Face checkpoint (hub id or local folder)", epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,6 +328,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--format", choices=["text", "csv", "json"], help="default: from the -o file's extension, else text")
     w.add_argument("-o", "--output", metavar="FILE", help="write the rows here instead of stdout")
     w.add_argument("--svg", metavar="FILE", help="also write a line chart of the device figure against a swept knob")
+    w.add_argument("--force", action="store_true", help="replace existing output files (-o, --svg)")
     w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob, in the order listed below, with two or more values)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -465,13 +467,15 @@ def _html_report(args) -> int:
     if args.output == "-" and args.format == "json":
         raise UsageError(Diagnostic("E902", "", 0, 0, "-o", "'-o -' writes the page to stdout, where --format json would go too",
                                     "write the page to a file (-o report.html), or leave out --format json"))
+    if args.output != "-":
+        _check_output("-o", args.output, "the report", "report.html", args.force)  # NB: before the estimate runs
     inputs, notes = _inputs_and_notes(args)
     report = api.run(*inputs).with_notes(notes)
     page = html(report)
     if args.output == "-":
         sys.stdout.write(page)
         return 0
-    size = _write_page(args.output, page)
+    size = _write_page(args.output, page, args.force)
     if args.format == "json":
         data = {"schema": "memspec/report/v1", "output": args.output, "bytes": size, "estimate": render.as_data(report)}
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
@@ -484,24 +488,28 @@ def _html_report(args) -> int:
     return 0
 
 
-def _write_page(output: str, page: str) -> int:
-    return _write_output("-o", output, page.encode("utf-8"), "the report", "report.html")
+def _write_page(output: str, page: str, force: bool) -> int:
+    return _write_output("-o", output, page.encode("utf-8"), "the report", "report.html", force)
 
 
-def _check_output(flag: str, output: str, what: str, example: str) -> None:
-    """A path that cannot take the output is the user's error (E901), found before any work."""
+def _check_output(flag: str, output: str, what: str, example: str, force: bool) -> None:
+    """A path that cannot take the output is the user's error (E901), and an existing file is
+    kept unless --force (E903): both found before any work."""
     path = Path(output)
     problem = ("is a folder" if path.is_dir() else
                f"its folder '{path.parent}' does not exist" if not path.parent.is_dir() else None)
     if problem:
         raise MemspecError(Diagnostic("E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {problem}",
                                       f"give a file path in an existing folder, e.g. {flag} {example}"))
+    if path.exists() and not force:
+        raise MemspecError(Diagnostic("E903", "", 0, 0, flag, f"'{output}' exists; {what} would replace it",
+                                      "add --force to replace it, or give another path"))
 
 
-def _write_output(flag: str, output: str, data: bytes, what: str, example: str) -> int:
+def _write_output(flag: str, output: str, data: bytes, what: str, example: str, force: bool) -> int:
     """Write `data` whole or not at all: a temporary file beside the target, then a rename, so
     an interrupted run or a parallel one never leaves half a file."""
-    _check_output(flag, output, what, example)
+    _check_output(flag, output, what, example, force)
     path = Path(output)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -586,15 +594,15 @@ def _sweep(args) -> int:
     outputs = [("-o", args.output, "the sweep", "sweep.csv"), ("--svg", args.svg, "the chart", "sweep.svg")]
     for flag, output, what, example in outputs:
         if output:
-            _check_output(flag, output, what, example)
+            _check_output(flag, output, what, example, args.force)
     report = sweep(spec, doc, base, grid, progress)
     text = {"csv": render.sweep_csv, "json": render.sweep_json, "text": render.sweep_text}[fmt](report)
     if args.output:
-        _write_output("-o", args.output, text.encode("utf-8"), "the sweep", "sweep.csv")
+        _write_output("-o", args.output, text.encode("utf-8"), "the sweep", "sweep.csv", args.force)
     else:
         sys.stdout.write(text)
     if args.svg:
-        _write_output("--svg", args.svg, sweep_svg(report, args.x).encode("utf-8"), "the chart", "sweep.svg")
+        _write_output("--svg", args.svg, sweep_svg(report, args.x).encode("utf-8"), "the chart", "sweep.svg", args.force)
     return 0
 
 

@@ -71,6 +71,7 @@ Codes (stable; never reuse a retired one):
     memspec report (the HTML page):
     E901 the page cannot be written to -o (a folder, no such folder, not permitted)
     E902 -o - with --format json (both would go to stdout)
+    E903 an output file (report -o, sweep -o / --svg) exists and --force is not given
 
     memspec sweep (a value list on the command line) and memspec diff (a git revision):
     E911 value list unreadable: not an integer, empty item   E916 not inside a git repository, or git not found
