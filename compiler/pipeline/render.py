@@ -36,12 +36,35 @@ def setup_line(r: Report) -> str:
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
-        + (f" | DoRA r{s.lora.r}" if s.lora is not None and s.lora.use_dora else "")
+        + (f" | {_lora_label(s.lora)}" if s.lora is not None else "")
         + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
         + (f" | peft bias {s.lora.bias}" if s.lora is not None and s.lora.bias != "none" else "")
         + (f" | {quantization_label(s.quantization)}" if s.quantization is not None else "")
         + _tricks(s)
     )
+
+
+def _parameters(r: Report, counted: int) -> str:
+    """The model's parameter count. Under bitsandbytes the count is the checkpoint's (the
+    formulas' bytes over bytes.param would count packed 4-bit codes as half a parameter)."""
+    if r.setup.quantization is None:
+        return f"{counted:,} parameters"
+    declared = sum(m.parameters for m in r.spec.modules)
+    return f"{declared:,} parameters, {quantization_label(r.setup.quantization)}"
+
+
+def _trained(s) -> str:
+    """What trains: whole modules, and the adapters LoRA adds."""
+    parts = sorted(s.trainable)
+    if s.lora is not None:
+        parts.append(f"{'DoRA' if s.lora.use_dora else 'LoRA'} adapters in {', '.join(sorted(s.lora.modules))}")
+    return ", ".join(parts) or "none"
+
+
+def _lora_label(lora) -> str:
+    """`LoRA r16 alpha 32 dropout 0.05 (q_proj,k_proj,v_proj,o_proj)`."""
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else ",".join(lora.target_modules)
+    return f"{'DoRA' if lora.use_dora else 'LoRA'} r{lora.r} alpha {lora.alpha:g} dropout {lora.dropout:g} ({targets})"
 
 
 def _sharding(s) -> str:
@@ -99,7 +122,7 @@ def text(r: Report) -> str:
     trainable = e.trainable_params
     lines = [
         f"memspec estimate: {s.experiment}  ({s.file})",
-        f"model     {r.spec.model}: {total_params:,} parameters, {trainable:,} trainable ({', '.join(sorted(s.trainable)) or 'none'})"
+        f"model     {r.spec.model}: {_parameters(r, total_params)}, {trainable:,} trainable ({_trained(s)})"
         + (f", on this GPU (tensor rank 0 of {s.tp}, pipeline stage 1 of {s.pp})" if s.tp > 1 or s.pp > 1 else ""),
         f"setup     {setup_line(r)}",
         "",
@@ -148,6 +171,10 @@ def as_data(r: Report) -> dict[str, Any]:
             "trainable": sorted(s.trainable),
             "precision": s.precision,
             "optimizer": _optimizer_json(s.optimizer),
+            **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
+                         "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),
+                         "modules": sorted(s.lora.modules), "use_dora": s.lora.use_dora,
+                         "modules_to_save": list(s.lora.modules_to_save), "bias": s.lora.bias}} if s.lora is not None else {}),
             **({"quantization": {"bits": s.quantization.bits, "quant_type": s.quantization.quant_type,
                                  "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
                                  "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
