@@ -97,6 +97,14 @@ with two or more values (--x to choose), one line per combination of the others,
 GPU's memory (--gpu, else the default GPU) as a dashed line. A progress bar goes to stderr
 when it is a terminal (--quiet turns it off).
 """
+LIST_EXAMPLES = """examples:
+  memspec list                                   # every bundled model spec and experiment
+  memspec list llava --format json
+
+Every command that takes a file takes these short names too, from any directory:
+'memspec estimate llava-1.5-7b --micro-batch 16 --seq-len 2048',
+'memspec fit llava-1.5-7b-finetune --gpu h100-80gb'. A path that exists always wins.
+"""
 DIFF_EXAMPLES = """examples:
   memspec diff                                   # against the merge-base with main
   memspec diff --base HEAD                       # only the uncommitted edits
@@ -335,6 +343,11 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("diff", help="what a change to formulas, specs or the compiler does to every checked-in case", epilog=DIFF_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--base", metavar="REV", help="the revision to compare with (default: the merge-base of HEAD and main, else origin/main, else HEAD)")
     d.add_argument("--format", choices=["text", "markdown", "json"], default="text")
+
+    ls = sub.add_parser("list", help="the model specs and experiments memspec ships, by the short names every command takes",
+                        epilog=LIST_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ls.add_argument("filter", nargs="?", help="only entries whose name, model, modules or summary contain this text")
+    ls.add_argument("--format", choices=["text", "json"], default="text")
 
     c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", help="files or folders")
@@ -645,7 +658,29 @@ def _validate(args) -> int:
     return validate_main(args)
 
 
-COMMANDS = {"estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "diff": _diff, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+def _catalog(args) -> int:
+    from .commands import catalog
+
+    return catalog.main(args)
+
+
+def _short_name(args) -> None:
+    """A bundled spec or experiment named by its short name (`memspec list`), wherever a file
+    is taken; a path that exists, a folder or a hub id (owner/name) is never a short name."""
+    name = getattr(args, "file", None)
+    if not name or "/" in name or Path(name).exists():
+        return
+    from .commands import catalog
+
+    found = catalog.find(name)
+    if found is not None:
+        args.file = str(found)
+    elif not name.endswith((".yaml", ".yml")) and (hint := catalog.suggestion(name)):
+        raise MemspecError(Diagnostic("E101", name, 0, 0, "", "is neither a file nor the short name of a bundled spec or experiment",
+                                      f"{hint} (memspec list shows them all)"))
+
+
+COMMANDS = {"list": _catalog, "estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "diff": _diff, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -654,6 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help is 0, usage errors are 2
         return int(exc.code or 0)
     try:
+        _short_name(args)
         return COMMANDS[args.command](args)
     except MemspecError as exc:  # UsageError included
         sys.stderr.write(exc.render(source=True) + "\n")

@@ -21,6 +21,7 @@ Codes (stable; never reuse a retired one):
     E108 ambiguous boolean (yes/no/on/off)           E208 other schema violation
     E109 ambiguous number (leading zero)
     E110 explicit tag
+    E111 a short name that names more than one bundled spec or experiment
 
     formulas and specs (layer types, expressions, examples):
     E301 unknown layer type (a spec's module, a composite's child)

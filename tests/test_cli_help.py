@@ -8,7 +8,7 @@ import pytest
 
 from compiler.cli import main, parser
 
-VERBS = ("estimate", "report", "table", "check", "import", "fit", "validate", "measure", "sweep", "diff")
+VERBS = ("list", "estimate", "report", "table", "check", "import", "fit", "validate", "measure", "sweep", "diff")
 
 
 def _verbs() -> list[str]:
