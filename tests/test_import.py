@@ -287,6 +287,36 @@ def test_revision_is_honoured(tmp_path):
 
 # --------------------------------------------------------------------------- errors, pinned
 
+def test_a_hub_that_cannot_be_reached_answers_at_once(monkeypatch):
+    """No network, HF_HUB_OFFLINE unset: one refused TCP connection decides, and the cache is
+    read locally (huggingface_hub's timeouts and retries took about 23 s before the same E703)."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from compiler.inputs import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for var in hub._PROXIES:
+        monkeypatch.delenv(var, raising=False)
+    probes = []
+
+    def refused(address, timeout=None):
+        probes.append((address, timeout))
+        raise ConnectionRefusedError("no network")
+
+    monkeypatch.setattr(socket, "create_connection", refused)
+    hub._unreachable.cache_clear()
+    try:
+        assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf") == (
+            "E703 repo 'meta-llama/Llama-2-7b-hf', revision 'main': config.json is not in the local cache and the hub cannot be reached\n"
+            "help: run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"
+        )
+    finally:
+        hub._unreachable.cache_clear()
+    assert probes == [(("huggingface.co", 443), hub.PROBE_TIMEOUT_S)]
+
+
 def test_offline_and_not_cached():
     assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf") == (
         "E703 repo 'meta-llama/Llama-2-7b-hf', revision 'main': config.json is not in the local cache and HF_HUB_OFFLINE is set\n"

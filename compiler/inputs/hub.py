@@ -20,6 +20,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 from pathlib import Path
 from typing import Any, Mapping
@@ -235,10 +236,42 @@ def _offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+# Seconds the reachability probe waits for a TCP connection to the hub's endpoint.
+PROBE_TIMEOUT_S = 3.0
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+@lru_cache(maxsize=1)
+def _unreachable() -> bool:
+    """The hub's endpoint refuses a TCP connection, or none comes within PROBE_TIMEOUT_S.
+
+    NB: without it a machine without network waits through huggingface_hub's timeouts and
+    retries (about 23 s) before the same error; behind a proxy the probe is skipped, since
+    only the proxy knows whether the hub is there."""
+    if any(os.environ.get(k) for k in _PROXIES):
+        return False
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        return True
+    return False
+
+
+def _local_only() -> bool:
+    """The cache only: HF_HUB_OFFLINE is set, or the hub cannot be reached."""
+    return _offline() or _unreachable()
+
+
 def _download(repo: str, filename: str, revision: str | None) -> Path:
     from huggingface_hub import hf_hub_download
 
-    return Path(hf_hub_download(repo, filename, revision=revision))
+    return Path(hf_hub_download(repo, filename, revision=revision, local_files_only=_local_only()))
 
 
 def _hub(repo: str, revision: str | None) -> Checkpoint:
@@ -272,7 +305,7 @@ def _exists(repo: str, commit: str, snapshot: Path, filename: str) -> bool:
     """Whether the repo has `filename`: the cache first, then the hub (a HEAD request)."""
     if (snapshot / filename).is_file():
         return True
-    if _offline():
+    if _local_only():
         return False
     from huggingface_hub import file_exists
 
@@ -294,7 +327,7 @@ def _hub_weight_files(repo: str, commit: str, snapshot: Path) -> list[str] | Non
             raise _hub_errors(repo, commit, exc, SAFETENSORS_INDEX) from None
     if _exists(repo, commit, snapshot, SAFETENSORS_SINGLE):
         return [SAFETENSORS_SINGLE]
-    if _offline() and not any((snapshot / f).is_file() for f in BIN_FILES):
+    if _local_only() and not any((snapshot / f).is_file() for f in BIN_FILES):
         raise MemspecError(_diag("E703", where, f"neither {SAFETENSORS_INDEX} nor {SAFETENSORS_SINGLE} is in the local cache and HF_HUB_OFFLINE is set",
                                  "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"))
     return None
@@ -312,8 +345,9 @@ def _hub_header(repo: str, commit: str, snapshot: Path, filename: str, where: st
     cached = cache_dir() / repo.replace("/", "--") / commit / (filename + ".header.json")
     if cached.is_file():
         return parse_header(cached.read_bytes(), filename, where)
-    if _offline():
-        raise MemspecError(_diag("E703", where, f"the header of {filename} is not in the local cache and HF_HUB_OFFLINE is set",
+    if _local_only():
+        reason = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
+        raise MemspecError(_diag("E703", where, f"the header of {filename} is not in the local cache and {reason}",
                                  "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"))
     body = _fetch_header(repo, commit, filename, where)
     header = parse_header(body, filename, where)
