@@ -78,7 +78,7 @@ def test_each_phase_gets_its_own_reading_and_the_record_takes_steps_2_on(attach)
     rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
     assert record.validate(rec) == []
     assert rec["source"] == "gpu" and "out_of_memory" not in rec
-    assert rec["experiment"]["gpu"] == "h100-80gb"  # matched by name and total memory
+    assert rec["experiment"]["gpu"] == "h100-80gb"  # matched by name
     assert (rec["allocated"], rec["allocated_first_step"]) == (12_000, 4_000)
     assert rec["reserved"] == 12_512
     assert rec["device"] == 12_512 + CONTEXT
@@ -89,7 +89,7 @@ def test_each_phase_gets_its_own_reading_and_the_record_takes_steps_2_on(attach)
 
 def test_an_unknown_card_is_recorded_without_a_catalog_key(attach):
     exp = tiny()
-    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted(accelerator=("NVIDIA H100 80GB HBM3", 80 * 2 ** 30)))
+    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted(accelerator=("NVIDIA GH200 480GB", 96 * 2 ** 30)))
     rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
     assert "gpu" not in rec["experiment"] and record.validate(rec) == []
 

@@ -87,14 +87,13 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
 
 
 def gpu_key(accelerator: str, total_memory: int) -> str | None:
-    """The specs/gpus.yaml key of the device torch names, matched by name and memory (MiB)."""
+    """The specs/gpus.yaml key of the device torch names. NB: by name only (each catalog name
+    is one memory size: "NVIDIA A100-SXM4-40GB"); the CUDA runtime's total_memory need not
+    equal nvidia-smi's memory.total, which the catalog holds."""
     from ..pipeline.resolve import gpu_catalog
 
     gpus, _ = gpu_catalog()
-    for key, gpu in gpus.items():
-        if gpu.name == accelerator and gpu.memory == total_memory // 2 ** 20 * 2 ** 20:
-            return key
-    return None
+    return next((key for key, gpu in gpus.items() if gpu.name == accelerator), None)
 
 
 def _gpu_step(step) -> dict[str, Any]:
