@@ -89,11 +89,14 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
 def gpu_key(accelerator: str, total_memory: int) -> str | None:
     """The specs/gpus.yaml key of the device torch names. NB: by name only (each catalog name
     is one memory size: "NVIDIA A100-SXM4-40GB"); the CUDA runtime's total_memory need not
-    equal nvidia-smi's memory.total, which the catalog holds."""
-    from ..pipeline.resolve import gpu_catalog
+    equal nvidia-smi's memory.total, which the catalog holds. Read with yaml alone, so that a
+    GPU machine with torch and transformers but no jsonschema still writes its records."""
+    import yaml
 
-    gpus, _ = gpu_catalog()
-    return next((key for key, gpu in gpus.items() if gpu.name == accelerator), None)
+    from ..paths import specs_dir
+
+    gpus = (yaml.safe_load((specs_dir() / "gpus.yaml").read_text(encoding="utf-8")) or {}).get("gpus") or {}
+    return next((key for key, gpu in gpus.items() if isinstance(gpu, dict) and gpu.get("name") == accelerator), None)
 
 
 def _gpu_step(step) -> dict[str, Any]:
