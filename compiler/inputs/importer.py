@@ -52,8 +52,13 @@ class Imported:
     header_parameters: Mapping[str, int] | None  # module -> the header's count; None without safetensors
 
 
-@lru_cache(maxsize=2)
 def families(folder: str | None = None) -> Families:
+    # Keyed by the working directory too: the family files' names in messages are relative to it.
+    return _families(folder, os.getcwd())
+
+
+@lru_cache(maxsize=4)
+def _families(folder: str | None, cwd: str) -> Families:
     return load_families(folder or families_dir())
 
 
