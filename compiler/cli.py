@@ -240,6 +240,16 @@ def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
     return frozenset(added)
 
 
+def _count_bounds() -> dict[str, tuple[int, int | None]]:
+    """The experiment schema's bounds of the counts a flag sets (--micro-batch, --dp, ...)."""
+    from .pipeline.validate import load_schema
+
+    props = load_schema("experiment")["properties"]
+    found = {k: props[k] for k in ("micro_batch", "seq_len", "images_per_sample")}
+    found.update({k: props["parallel"]["properties"][k] for k in ("dp", "tp", "pp")})
+    return {k: (v["minimum"], v.get("maximum")) for k, v in found.items()}
+
+
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
@@ -247,9 +257,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
-    for key in ("micro_batch", "seq_len", "dp", "tp", "pp"):
-        if key in out and out[key] < 1:
-            raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be >= 1, got {out[key]}"))
+    for key, (low, high) in _count_bounds().items():
+        if key in out and not low <= out[key] <= (high if high is not None else out[key]):
+            bounds = f">= {low}" if high is None else f"between {low} and {high:,}"
+            raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be {bounds}, got {out[key]:,}"))
     lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"),
                                                          ("modules_to_save", "save"), ("bias", "bias"))}
     if any(v is not None for v in lora.values()):

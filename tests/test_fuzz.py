@@ -157,3 +157,106 @@ def test_safetensors_headers(header, declared, tail, workdir, capsys):
     code, _ = _run(["import", str(folder), "-o", str(out)], capsys)
     assert code != 0 or out.is_file()
     _only(workdir, {"model", "spec.yaml"})
+
+
+accelerate = st.fixed_dictionaries({}, optional={
+    "distributed_type": st.sampled_from(["NO", "MULTI_GPU", "DEEPSPEED", "FSDP", "TPU", "deepspeed"]) | values,
+    "mixed_precision": st.sampled_from(["no", "bf16", "fp16", "fp8"]) | values,
+    "num_processes": st.integers(-2, 2 ** 40) | values,
+    "num_machines": st.integers(0, 4) | values,
+    "deepspeed_config": st.fixed_dictionaries({}, optional={
+        "zero_stage": st.integers(-1, 4) | values,
+        "offload_optimizer_device": st.sampled_from(["cpu", "nvme", "none"]) | values,
+        "deepspeed_config_file": st.sampled_from(["ds.json", "/missing.json", "../../etc/passwd"]) | values,
+        "gradient_accumulation_steps": values,
+    }) | values,
+    "fsdp_config": st.dictionaries(st.sampled_from(["fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "x"]),
+                                   values, max_size=3) | values,
+}) | values
+
+
+@FUZZ
+@given(config=accelerate)
+def test_accelerate_configs(config, workdir, capsys):
+    path = workdir / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _run(["estimate", str(EXPERIMENT), "--accelerate-config", str(path)], capsys)
+    _only(workdir, {"accelerate.yaml"})
+
+
+CONFIG = json.loads((HUB / "config.json").read_text())
+
+
+@FUZZ
+@given(changes=st.dictionaries(st.sampled_from(sorted(CONFIG) + ["model_type", "text_config", "vision_config"]),
+                               values | st.integers(-1, 2 ** 40), max_size=3))
+def test_config_json(changes, workdir, capsys):
+    """config.json with any value where a number, a name or a sub-config is expected, imported
+    with the real (header-only) safetensors of the model."""
+    folder = workdir / "model"
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(HUB, folder)
+    (folder / "config.json").write_text(json.dumps({**CONFIG, **changes}))
+    out = workdir / "spec.yaml"
+    out.unlink(missing_ok=True)
+    code, _ = _run(["import", str(folder), "-o", str(out)], capsys)
+    assert code != 0 or out.is_file()
+    _only(workdir, {"model", "spec.yaml"})
+
+
+SPEC_DATA = yaml.safe_load(SPEC.read_text())
+
+
+@FUZZ
+@given(path=st.lists(st.sampled_from(["modules", "language", "inputs", "type", "layers", "hidden", "vocab", "heads", "model", "x"]),
+                     min_size=1, max_size=4),
+       value=values | st.integers(-1, 2 ** 40))
+def test_model_specs(path, value, workdir, capsys):
+    """A bundled model spec with one value put anywhere along a path of its keys."""
+    data = json.loads(json.dumps(SPEC_DATA))
+    node = data
+    for key in path[:-1]:
+        if not isinstance(node, dict):
+            break
+        node = node.setdefault(key, {}) if not isinstance(node.get(key), dict) else node[key]
+    else:
+        if isinstance(node, dict):
+            node[path[-1]] = value
+    spec = workdir / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    _run(["estimate", str(spec), "--micro-batch", "1", "--seq-len", "128"], capsys)
+    _only(workdir, {"spec.yaml"})
+
+
+@FUZZ
+@given(name=st.text(st.sampled_from(list("abcxyz019-_./:@~ ")), min_size=1, max_size=40))
+def test_hub_ids_and_names_offline(name, workdir, capsys, monkeypatch):
+    """Anything named as the model: a short name, a path, a hub id, none in the (empty) cache:
+    a diagnostic, without reaching the network."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(workdir / "hf-cache"))
+    monkeypatch.setenv("MEMSPEC_CACHE", str(workdir / "memspec-cache"))
+    _run(["estimate", name], capsys)
+    _only(workdir, {"hf-cache", "memspec-cache"})
+
+
+# The worst cases seen, kept whatever hypothesis draws: each ends in a diagnostic.
+WORST = {
+    # billion laughs: nine levels of ten aliases would expand to 10**9 strings
+    "yaml-alias-bomb.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "experiment: *i\n",
+    "deep-nesting.yaml": "experiment: " + "[" * 5000 + "]" * 5000 + "\n",
+    "huge-integer.yaml": f"experiment: x\nmodel: {SPEC}\nmicro_batch: {10 ** 4000}\nseq_len: 128\n",
+    "binary.yaml": "\x00\xff\xfe" * 100,
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORST))
+def test_worst_cases(name, workdir, capsys):
+    path = workdir / name
+    path.write_text(WORST[name], errors="surrogateescape")
+    code, err = _run(["estimate", str(path)], capsys)
+    assert code == 1 and str(path.name) in err, err

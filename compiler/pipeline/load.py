@@ -168,6 +168,9 @@ def load_yaml_text(text: str, file: str) -> Document:
 # --------------------------------------------------------------------------- composing
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Nesting any memspec file needs is under ten levels; a deeper one is refused (E102) before
+# Python's recursion limit turns it into a crash.
+MAX_DEPTH = 100
 # NB: putting `Composer` first makes its Python `compose_node` win over the C composer of
 # `CSafeLoader`; the pure-Python `SafeLoader` has it already.
 _LOADER_BASES = (_BaseLoader,) if issubclass(_BaseLoader, yaml.composer.Composer) else (
@@ -182,6 +185,7 @@ class _StrictLoader(*_LOADER_BASES):  # type: ignore[misc]
     def __init__(self, stream: str):
         _BaseLoader.__init__(self, stream)
         self.anchors = {}
+        self.depth = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
         event = self.peek_event()
@@ -195,7 +199,13 @@ class _StrictLoader(*_LOADER_BASES):  # type: ignore[misc]
             return ScalarNode(_ALIAS, event.anchor, event.start_mark, event.end_mark)
         anchor, event.anchor = event.anchor, None  # never registered: aliases are refused
         tag = getattr(event, "tag", None)
-        node = super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"lists and mappings nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
         if anchor is not None:
             node.memspec_anchor = anchor
         if tag not in (None, "!"):
