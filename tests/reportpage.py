@@ -9,8 +9,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from typing import TYPE_CHECKING
 
 from compiler.cli import main
+
+if TYPE_CHECKING:
+    import numpy
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -180,7 +184,7 @@ def typed_cell(text: str, like):
     return text
 
 
-def png_rgb(path) -> "numpy.ndarray":
+def png_rgb(path) -> numpy.ndarray:
     """The pixels of an 8-bit RGB or RGBA PNG (what Chromium's --screenshot writes) as a
     (height, width, 3) uint8 array. No imaging library: the scanline filters of the PNG
     specification (section 9) undone row by row."""

@@ -8,7 +8,7 @@ import pytest
 
 from compiler.api import estimate, load_inputs
 from compiler.cli import main
-from compiler.memory.optimizers import LAYER_NORM_CLASS, Optimizer, trainer_decays
+from compiler.memory.optimizers import LAYER_NORM_CLASS, trainer_decays
 
 QWEN = "specs/qwen2/qwen2.5-0.5b.yaml"
 SMALL = dict(micro_batch=1, seq_len=1024, images_per_sample=0, trainable=["language"], attention="sdpa")
@@ -36,7 +36,7 @@ def test_trainer_rule_agrees_with_transformers_on_real_modules():
     """The regexes and the LayerNorm type rule give transformers' own answer on named
     parameters of a Qwen2 and a CLIP vision model (tiny configs, meta device)."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers import CLIPVisionConfig, CLIPVisionModel, Qwen2Config, Qwen2ForCausalLM, Trainer
 
     with torch.device("meta"):

@@ -103,7 +103,7 @@ def _copy_without(tmp_path: Path, layer_type: str, setup: str) -> Path:
     shutil.copytree(FORMULAS, folder)
     path = folder / f"{layer_type}.yaml"
     text = path.read_text()
-    line = next(l for l in text.splitlines() if l.startswith("setups: ["))
+    line = next(row for row in text.splitlines() if row.startswith("setups: ["))
     kept = [s for s in line[len("setups: ["):-1].split(", ") if s != setup]
     assert len(kept) == len(line.split(", ")) - 1, f"{layer_type} lists no {setup}"
     path.write_text(text.replace(line, f"setups: [{', '.join(kept)}]"))

@@ -51,12 +51,16 @@ def test_grads_in_partition_holds_whole_parameters(zero2):
 
 def test_the_ipg_buffers_do_not_reach_the_step():
     # _release_ipg_buffers frees them at the epilogue: one buffer or two (overlap_comm), the same step
-    step = lambda r: r.estimate.timeline[-1]
+    def step(r):
+        return r.estimate.timeline[-1]
+
     one, two = _ds(zero=2, overlap_comm=False), _ds(zero=2, overlap_comm=True)
     assert step(one)[:2] == step(two)[:2] == ("optimizer", "optimizer.step")
     assert step(one)[2] == step(two)[2]
     # while backward reduces, the second buffer is there: 16_777_216 x 2
-    last = lambda r: [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
+    def last(r):
+        return [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
+
     assert last(two) - last(one) == 16_777_216 * 2
 
 
@@ -119,7 +123,9 @@ def test_zero1_without_overlap_reduces_after_backward():
 def test_zero1_steps_with_the_partition_as_zero2():
     # ZeRO-1 (either way) and ZeRO-2 reach the step holding grads_in_partition, not
     # 6_759_919_616 x 2 whole gradients: the epilogue frees every .grad
-    step = lambda r: r.estimate.timeline[-1][2]
+    def step(r):
+        return r.estimate.timeline[-1][2]
+
     assert step(_ds(zero=1, overlap_comm=True)) == step(_ds(zero=1, overlap_comm=False)) == step(_ds(zero=2, overlap_comm=True))
 
 
@@ -128,7 +134,9 @@ def test_zero1_keeps_too_large_gradients_until_the_epilogue():
     # (embed_tokens and lm_head 131_334_144, 96 MLP weights 45_088_768) stays whole through
     # backward; ZeRO-2 clears each at its reduction. At the epilogue's reduction (of embed_tokens,
     # the last gradient, whole under both) the difference is lm_head's and the MLP weights'
-    last = lambda r: [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
+    def last(r):
+        return [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
+
     large = 131_334_144 * 2 + 96 * 45_088_768 * 2
     assert last(_ds(zero=1, overlap_comm=True)) - last(_ds(zero=2, overlap_comm=True)) == large == 8_919_711_744
 

@@ -998,7 +998,7 @@ def _accelerate_deepspeed(flat: Mapping[str, Any], bad, doc: Document, notes: li
     for key in ("offload_optimizer_device", "offload_param_device"):
         device = flat.get("deepspeed_config." + key, "none")
         dotted = "deepspeed_config." + key
-        found = _offload(device, dotted, lambda k, m, h, c="E801": bad(dotted, m, h, "E804" if c == "E801" else c),
+        found = _offload(device, dotted, lambda k, m, h, c="E801", d=dotted: bad(d, m, h, "E804" if c == "E801" else c),
                          stage if "deepspeed" in out else 0, key == "offload_optimizer_device")
         if found:
             out["deepspeed"][key.removesuffix("_device")] = found

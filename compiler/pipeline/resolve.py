@@ -738,7 +738,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # NB: problems only with flags are the command line's: exit 2, as argparse's own are
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     lora = _lora(data.get("lora"))
-    for i, name in enumerate(sorted(lora.modules) if lora else ()):
+    for name in sorted(lora.modules) if lora else ():
         if name not in module_names:
             complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
     if lora is not None:

@@ -1116,7 +1116,7 @@ def first_step_high_water(setup: Setup, tensors: list[Stepped], largest: int) ->
     per_tensor = setup.optimizer.type == "adafactor" or setup.optimizer.bnb
     for g, temp in group_temporaries(setup, tensors, largest):
         members = [t for t in tensors if t.group == g]
-        for i, t in enumerate(members):
+        for t in members:
             nbytes = _created_states(setup, t)
             made[t.module] = made.get(t.module, 0) + nbytes
             total += nbytes
