@@ -36,12 +36,12 @@ ESTIMATE_EXAMPLES = """examples:
       --loss fused_linear_cross_entropy --packing --activation-offloading
   memspec estimate specs/qwen3/qwen3-8b.yaml --micro-batch 1 --seq-len 4096 --tp 8 --sp --pp 4
   memspec estimate meta-llama/Llama-2-7b-hf --micro-batch 4 --seq-len 4096   # import in memory, then estimate
-  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed scripts/zero3.json
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed tests/fixtures/launch/scripts/zero3.json
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --offload-optimizer cpu --offload-param cpu   # ZeRO-3 offload
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --offload-optimizer cpu   # ZeRO-2, optimizer in host memory
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
-  memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
+  memspec estimate --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
 script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
@@ -51,13 +51,13 @@ own flags win over the script's.
 TABLE_EXAMPLES = """examples:
   memspec table specs/experiments/llava-1.5-7b-pretrain.yaml --format tsv
   memspec table specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 1024
-  memspec table --from-command scripts/v1_5/pretrain.sh specs/llava/llava-1.5-7b.yaml --format tsv
+  memspec table --from-command tests/fixtures/launch/scripts/v1_5/pretrain.sh specs/llava/llava-1.5-7b.yaml --format tsv
 """
 REPORT_EXAMPLES = """examples:
   memspec report specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb -o report.html
   memspec report specs/llava/llava-1.5-13b.yaml --micro-batch 4 --seq-len 2048 --zero 2 --dp 8 -o 13b.html
   memspec report Qwen/Qwen2.5-7B --micro-batch 4 --seq-len 4096 --gpu a100-80gb -o qwen.html --format json
-  memspec report --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 -o finetune.html
+  memspec report --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 -o finetune.html
 
 The page holds the peak per GPU (allocated, reserved, device; first step and steady state;
 the phase and layer of the peak; with --gpu the capacity, fits or not, headroom), a stacked

@@ -39,6 +39,14 @@ def families_dir() -> Path:
     return specs_dir() / "families"
 
 
+def user_cache() -> Path:
+    """memspec's own cache: `$MEMSPEC_CACHE`, else `$XDG_CACHE_HOME/memspec`, else `~/.cache/memspec`."""
+    import os
+
+    root = os.environ.get("MEMSPEC_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memspec")
+    return Path(root)
+
+
 def display(path: Path) -> str:
     """A path as messages show it: relative to the working directory when below it, else as
     given (errors and record names read better)."""

@@ -1,4 +1,4 @@
-"""Shared pytest options."""
+"""Shared pytest options and fixtures."""
 
 
 def pytest_addoption(parser):
@@ -12,3 +12,12 @@ def pytest_addoption(parser):
         action="store_true",
         help="rewrite tests/invalid/*/expected.txt from the current error output instead of comparing",
     )
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """memspec's user cache (hub headers, diff evaluations) in a folder of the test run, never the home one."""
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "memspec-cache"))

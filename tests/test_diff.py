@@ -153,3 +153,21 @@ def test_bad_base_and_no_repository(repo, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(outside)
     assert main(["diff"]) == 1
     assert "E916" in capsys.readouterr().err
+
+
+def test_a_revision_is_evaluated_once_and_a_clean_tree_serves_both_sides(repo, capsys, monkeypatch, tmp_path):
+    from compiler.commands import diff as diffmod
+
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path / "cache"))
+    started = []
+    real = diffmod._start
+    monkeypatch.setattr(diffmod, "_start", lambda tree: started.append(tree) or real(tree))
+    clean = _diff(capsys)
+    assert started == [repo]  # the working tree is the base's content: one evaluation for both sides
+    assert _diff(capsys) == clean and started == [repo]  # again: the base's cases come from the cache
+    _change_formula(repo)
+    moved = {c["case"] for c in _diff(capsys)["cases"] if c["status"] != "unchanged"}
+    assert moved == AFFECTED and started == [repo, repo]  # only the edited working tree is evaluated
+    (tmp_path / "cache" / "diff" / f"{diffmod._content_key(repo, _git(repo, 'rev-parse', 'HEAD').strip())}.json").write_text("{torn")
+    assert {c["case"] for c in _diff(capsys)["cases"] if c["status"] != "unchanged"} == AFFECTED  # a torn entry: evaluated again
+    assert len(started) == 4

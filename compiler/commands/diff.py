@@ -25,6 +25,7 @@ using an installed memspec), the installed one evaluates both sides, so only the
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Diagnostic, MemspecError, UsageError
+from ..paths import user_cache
 
 FIGURES = ("allocated", "reserved", "device", "first_step")
 REFERENCE_MICRO_BATCH = 1
@@ -194,13 +196,72 @@ def _finish(proc: subprocess.Popen, label: str) -> list[dict[str, Any]]:
 def diff(base: str | None = None, cwd: Path | None = None) -> DiffReport:
     root = repo_root(cwd)
     label, commit = resolve_base(root, base)
-    with tempfile.TemporaryDirectory(prefix="memspec-diff-") as tmp:
-        _unpack(root, commit, Path(tmp))
-        # NB: both trees at once; each is a fresh interpreter importing its own compiler
-        before_proc, after_proc = _start(Path(tmp)), _start(root)
-        before = _finish(before_proc, f"the base {commit[:12]}")
-        after = _finish(after_proc, "the working tree")
+    key = _content_key(root, commit)
+    before = _cached(key)
+    same = _same_as(root, commit)
+    if before is None and same:
+        before = _finish(_start(root), "the working tree")  # NB: one evaluation serves both sides
+    if before is not None and same:
+        after = before
+    elif before is not None:
+        after = _finish(_start(root), "the working tree")
+    else:
+        with tempfile.TemporaryDirectory(prefix="memspec-diff-") as tmp:
+            _unpack(root, commit, Path(tmp))
+            # NB: both trees at once; each is a fresh interpreter importing its own compiler
+            before_proc, after_proc = _start(Path(tmp)), _start(root)
+            before = _finish(before_proc, f"the base {commit[:12]}")
+            after = _finish(after_proc, "the working tree")
+    _store(key, before)
     return DiffReport(label, commit, compare(before, after))
+
+
+# What the evaluation of a tree reads: its compiler, its data, its golden cases.
+EVALUATED = ("compiler", "specs", "formulas", "schemas", "tests/cases")
+
+
+def _content_key(root: Path, commit: str) -> str | None:
+    """The git object ids of what a revision's evaluation reads, hashed; None for a tree
+    without its own compiler (the installed memspec, whatever its version, evaluates it)."""
+    ids = [_git(root, "rev-parse", "--verify", "--quiet", f"{commit}:{p}").stdout.strip() for p in EVALUATED]
+    if not ids[0]:
+        return None
+    return hashlib.sha256(" ".join(ids).encode()).hexdigest()
+
+
+def _same_as(root: Path, commit: str) -> bool:
+    """The working tree's evaluated files are the revision's: no change to a tracked file, no untracked one."""
+    if _git(root, "diff", "--quiet", commit, "--", *EVALUATED).returncode != 0:
+        return False
+    return not _git(root, "ls-files", "--others", "--exclude-standard", "--", *EVALUATED).stdout.strip()
+
+
+def _cache_file(key: str) -> Path:
+    return user_cache() / "diff" / f"{key}.json"
+
+
+def _cached(key: str | None) -> list[dict[str, Any]] | None:
+    """A revision's cases evaluated before: its content decides them, so they are reused."""
+    if key is None:
+        return None
+    try:
+        cases = json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError):
+        return None  # NB: absent, unreadable or torn: evaluate again
+    return cases if isinstance(cases, list) else None
+
+
+def _store(key: str | None, cases: list[dict[str, Any]]) -> None:
+    if key is None:
+        return
+    path = _cache_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+            json.dump(cases, f)
+        os.replace(f.name, path)
+    except OSError:
+        pass  # NB: a cache that cannot be written only costs the next diff its evaluation
 
 
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> tuple[Change, ...]:

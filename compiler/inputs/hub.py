@@ -335,8 +335,9 @@ def _hub_weight_files(repo: str, commit: str, snapshot: Path) -> list[str] | Non
 
 def cache_dir() -> Path:
     """memspec's cache of safetensors headers fetched from the hub, by repo and commit."""
-    root = os.environ.get("MEMSPEC_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memspec")
-    return Path(root) / "safetensors-headers"
+    from ..paths import user_cache
+
+    return user_cache() / "safetensors-headers"
 
 
 def _hub_header(repo: str, commit: str, snapshot: Path, filename: str, where: str) -> dict[str, Any]:
