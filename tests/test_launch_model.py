@@ -305,3 +305,27 @@ def test_a_llava_script_with_a_language_model_folder_is_not_composed(tmp_path):
                                 "no bundled spec is built from these parts (bundled: llava-1.5-13b: lmsys/vicuna-13b-v1.5, ")
     assert d.message.endswith("memspec does not compose a LLaVA model from a language model and a vision tower")
 
+
+# --------------------------------------------------------------------------- the documented commands
+
+def _documented():
+    from test_docs import COMMANDS
+
+    return [(page, command) for page, command in COMMANDS if "--from-command" in command]
+
+
+@pytest.mark.parametrize("page, command", _documented(), ids=[f"{p}:{c[8:60]}" for p, c in _documented()])
+def test_documented_from_command_lines_run(page, command, tmp_path, capsys):
+    """Every `--from-command` line of the guides and the README runs as written (a page -o
+    goes to tmp_path)."""
+    import shlex
+
+    words = shlex.split(command, comments=True)[1:]
+    if "-o" in words:
+        words[words.index("-o") + 1] = str(tmp_path / words[words.index("-o") + 1])
+    code, out, err = _run(words, capsys)
+    assert code == 0, f"{page}: '{command}' exits {code}: {err}"
+    if parser().parse_args(words).file is None:  # no model file: the script's model, and where it came from
+        assert "note: model from " in err
+    else:
+        assert "note: model from " not in err
