@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,12 +42,15 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-pretrain.yaml --offload-optimizer cpu   # ZeRO-2, optimizer in host memory
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
+  memspec estimate --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh --dp 8 --gpu a100-80gb   # the model: its --model_name_or_path
   memspec estimate --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
 script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
 config its --deepspeed names; unused flags and config keys are listed on stderr. memspec's
-own flags win over the script's.
+own flags win over the script's. Without a file, the model is the one its
+--model_name_or_path names (a LLaVA script's with --vision_tower and --mm_projector_type): a
+model folder, a bundled spec (memspec list) or a cached hub id; a file given wins.
 """
 TABLE_EXAMPLES = """examples:
   memspec table specs/experiments/llava-1.5-7b-pretrain.yaml --format tsv
@@ -57,7 +61,7 @@ REPORT_EXAMPLES = """examples:
   memspec report specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb -o report.html
   memspec report specs/llava/llava-1.5-13b.yaml --micro-batch 4 --seq-len 2048 --zero 2 --dp 8 -o 13b.html
   memspec report Qwen/Qwen2.5-7B --micro-batch 4 --seq-len 4096 --gpu a100-80gb -o qwen.html --format json
-  memspec report --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 -o finetune.html
+  memspec report --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh --dp 8 -o finetune.html
 
 The page holds the peak per GPU (allocated, reserved, device; first step and steady state;
 the phase and layer of the peak; with --gpu the capacity, fits or not, headroom), a stacked
@@ -81,6 +85,7 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu a100-40gb --offload-optimizer cpu --offload-param cpu
+  memspec fit --from-command tests/fixtures/launch/scripts/v1_5/pretrain.sh --dp 8 --gpu h100-80gb   # the model: its --model_name_or_path
 """
 SWEEP_EXAMPLES = """examples:
   memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
@@ -133,6 +138,11 @@ CHECK_EXAMPLES = """examples:
 Exit 1 with every problem listed (file:line:col, code, what would be right); the formula
 library and its worked examples are checked every time, since every spec depends on them.
 """
+
+
+FILE_FROM_SCRIPT = "with --from-command it may be left out: the script's --model_name_or_path names the model"
+# The verbs whose file argument may come from a launch script's --model_name_or_path.
+FILE_VERBS = ("estimate", "table", "report", "fit", "sweep")
 
 
 def _percent(text: str) -> float:
@@ -307,19 +317,19 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
     e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("file", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first")
+    e.add_argument("file", nargs="?", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
     _knobs(e)
     e.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     e.add_argument("--format", choices=["text", "json"], default="text")
 
     t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("file")
+    t.add_argument("file", nargs="?", help="an experiment, a model spec, or a hub id / model folder; " + FILE_FROM_SCRIPT)
     _knobs(t)
     t.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     t.add_argument("--format", choices=["text", "tsv", "json"], default="text")
 
     h = sub.add_parser("report", help="the estimate as one self-contained HTML page (charts, layer table, assumptions)", epilog=REPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    h.add_argument("file", help="an experiment, a model spec, or a hub id / model folder to import first")
+    h.add_argument("file", nargs="?", help="an experiment, a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
     _knobs(h)
     h.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     h.add_argument("-o", "--output", required=True, metavar="FILE", help="write the page here ('-' for stdout)")
@@ -335,13 +345,13 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--format", choices=["yaml", "json"], default="yaml")
 
     f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
+    f.add_argument("file", nargs="?", help="an experiment, a model spec, a model folder or a hub id; " + FILE_FROM_SCRIPT)
     _knobs(f)
     f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
     f.add_argument("--format", choices=["text", "json"], default="text")
 
     w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    w.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
+    w.add_argument("file", nargs="?", help="an experiment, a model spec, a model folder or a hub id; " + FILE_FROM_SCRIPT)
     _knobs(w, skip=_sweep_knobs(w))
     w.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     w.add_argument("--format", choices=["text", "csv", "json"], help="default: from the -o file's extension, else text")
@@ -404,6 +414,7 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     """Overrides and notes from --from-command and --deepspeed; memspec's own flags win."""
     from .inputs import launch
 
+    _model_from_script(args)
     out: dict[str, Any] = {}
     notes: list[str] = []
     ds_file = getattr(args, "deepspeed", None)
@@ -418,13 +429,18 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
         notes += [f"note: accelerate config {accelerate_file}", *reading.notes]
     if command is not None:
         spec = _spec(args)
-        reading = launch.command_overrides(command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model)
+        script_model = getattr(args, "script_model", None)
+        reading = launch.command_overrides(command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model,
+                                           model_from_script=script_model is not None)
         if accelerate_file and command.gpus is None:
             # NB: the config says how many processes; the command's silence is no news
             reading = launch.Reading({k: v for k, v in reading.overrides.items() if k != "dp"},
                                      tuple(n for n in reading.notes if "does not say how many GPUs" not in n))
         out.update(reading.overrides)
-        notes += [f"note: {command.file}:{command.line}: read the {command.launcher} command running {command.entry}", *reading.notes]
+        notes.append(f"note: {command.file}:{command.line}: read the {command.launcher} command running {command.entry}")
+        if script_model is not None:
+            notes += [f"note: model from {script_model.describe()}", *script_model.notes]
+        notes += reading.notes
         explicit = {k: out[k] for k in ("micro_batch", "precision") if k in out}
         if "lora" not in out:
             out["lora"] = None  # NB: the script is the whole training setup: no --lora_enable, no LoRA
@@ -463,7 +479,13 @@ def _inputs_and_notes(args):
         inputs = api.load_inputs(args.file, knobs)
     for line in notes:
         sys.stderr.write(line + "\n")
-    return inputs, tuple(notes)
+    return (_with_origin(inputs[0], args), inputs[1]), tuple(notes)
+
+
+def _with_origin(spec, args):
+    """The spec, saying where the launch script named it when no model file was given."""
+    script_model = getattr(args, "script_model", None)
+    return spec if script_model is None else replace(spec, origin=script_model.as_data())
 
 
 def _report(args):
@@ -609,6 +631,7 @@ def _sweep(args) -> int:
         if args.revision:
             raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
         spec, doc = api.load_sources(args.file)
+    spec = _with_origin(spec, args)
     for line in notes:
         sys.stderr.write(line + "\n")
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
@@ -691,6 +714,22 @@ def _short_name(args) -> None:
                                       f"{hint} (memspec list shows them all)"))
 
 
+def _model_from_script(args) -> None:
+    """No model file: the launch script's --model_name_or_path names the model (the file
+    verbs with --from-command); with neither, the command line lacks the model. Once the
+    model is found, `args.file` names it and a second call changes nothing."""
+    if getattr(args, "command", None) not in FILE_VERBS or args.file is not None:
+        return
+    if not getattr(args, "from_command", None):
+        raise UsageError(Diagnostic("E201", "", 0, 0, "", "missing the model: a spec or experiment file, a short name, a hub id or a model folder",
+                                    f"give one, e.g. memspec {args.command} llava-1.5-7b-finetune, or --from-command SCRIPT "
+                                    "to take the model from the script's --model_name_or_path"))
+    from .inputs import launch, script_model
+
+    args.script_model = script_model.resolve(launch.read_command(args.from_command), getattr(args, "revision", None))
+    args.file = args.script_model.file
+
+
 COMMANDS = {"list": _catalog, "estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "diff": _diff, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
 
 
@@ -701,6 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         _short_name(args)
+        _model_from_script(args)
         return COMMANDS[args.command](args)
     except MemspecError as exc:  # UsageError included
         sys.stderr.write(exc.render(source=True) + "\n")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import Diagnostic, MemspecError, did_you_mean
 from ..paths import display, specs_dir
@@ -30,6 +31,9 @@ class Entry:
     parameters: int | None  # a spec's total (the checkpoint's count per module, summed)
     modules: tuple[str, ...]  # a spec's modules
     summary: str
+    # a spec's `source:` (hub repo, and the parts a LLaVA script builds it from), which
+    # `--from-command SCRIPT` matches the script's --model_name_or_path against
+    source: Mapping[str, Any] = field(default_factory=dict)
 
     def as_data(self) -> dict:
         return {"name": self.name, "kind": self.kind, "path": display(self.path), "model": self.model,
@@ -60,7 +64,8 @@ def entries() -> tuple[Entry, ...]:
             modules = data["modules"]
             counts = [m.get("parameters") for m in modules.values() if isinstance(m, dict)]
             total = sum(c for c in counts if isinstance(c, int)) if counts else None
-            out.append(Entry(path.stem, "spec", path, str(data.get("model", path.stem)), total, tuple(modules), summary))
+            source = data.get("source") if isinstance(data.get("source"), dict) else {}
+            out.append(Entry(path.stem, "spec", path, str(data.get("model", path.stem)), total, tuple(modules), summary, source))
     return tuple(out)
 
 

@@ -11,6 +11,8 @@ Contract:
   LLaVA flags into a `Command` (flag values with their positions).
 - `command_overrides(command, modules)` turns a `Command` into experiment overrides for a
   model with those modules.
+- `flag_text(command, name)` is one flag's value, a script variable substituted (what
+  `script_model` reads the model from).
 - `read_accelerate(path, modules)` reads an accelerate config YAML (`accelerate config`,
   `accelerate launch --config_file`): distributed_type, num_processes, mixed_precision,
   fsdp_config (FSDP2) and deepspeed_config into experiment overrides.
@@ -610,9 +612,24 @@ class _Reader:
         return self.raw(name) if name in self.flags else None
 
 
-def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]], model: str) -> Reading:
+def flag_text(command: Command, name: str) -> tuple[Flag, str | None] | None:
+    """The command's flag `name` and its text, a script variable substituted (None for a bare
+    flag); None when the command lacks it. A variable the script does not set is E812."""
+    r = _Reader(command)
+    if name not in r.flags:
+        return None
+    value = r.raw(name)
+    if r.problems:
+        raise MemspecError(r.problems)
+    return r.flags[name], value
+
+
+def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]], model: str,
+                      model_from_script: bool = False) -> Reading:
     """Experiment overrides from a launch command, for a model whose modules (name -> type
-    and inputs) are given; `model` names the spec in notes."""
+    and inputs) are given; `model` names the spec in notes. `model_from_script`: the model is
+    the one the script's --model_name_or_path names (no file was given to memspec), so the
+    flag is read, not set aside with a warning."""
     r = _Reader(command)
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -663,7 +680,7 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         out["dp"] = dp
     else:
         notes.append(f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1")
-    if "model_name_or_path" in r.flags:
+    if "model_name_or_path" in r.flags and not model_from_script:
         notes.append(f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read")
     if r.problems:
         raise MemspecError(r.problems)

@@ -115,6 +115,11 @@ def breakdown_table(point: Point) -> list[str]:
     return lines
 
 
+def origin_lines(spec) -> list[str]:
+    """`from ...`: where a launch script named the model, when no model file was given."""
+    return [f"from      {spec.origin['description']}"] if spec.origin else []
+
+
 def text(r: Report) -> str:
     e = r.estimate
     s = r.setup
@@ -124,6 +129,7 @@ def text(r: Report) -> str:
         f"memspec estimate: {s.experiment}  ({s.file})",
         f"model     {r.spec.model}: {_parameters(r, total_params)}, {trainable:,} trainable ({_trained(s)})"
         + (f", on this GPU (tensor rank 0 of {s.tp}, pipeline stage 1 of {s.pp})" if s.tp > 1 or s.pp > 1 else ""),
+        *origin_lines(r.spec),
         f"setup     {setup_line(r)}",
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
@@ -164,6 +170,7 @@ def as_data(r: Report) -> dict[str, Any]:
         "experiment": s.experiment,
         "file": s.file,
         "model": r.spec.model,
+        **({"model_from": dict(r.spec.origin)} if r.spec.origin else {}),
         "setup": {
             "micro_batch": s.micro_batch,
             "seq_len": s.seq_len,
@@ -275,6 +282,7 @@ def fit_text(f) -> str:
     s = f.base.setup
     lines = [
         f"memspec fit: {s.experiment} on {f.gpu.key} ({f.gpu.name}, {gib(f.gpu.memory)} GiB)",
+        *origin_lines(f.base.spec),
         f"setup     {setup_line(f.base)}",
         f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
@@ -302,6 +310,7 @@ def fit_json(f) -> str:
         "margin": f.margin,
         "budget": f.budget,
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": f.base.setup.alloc_conf.text},
+        **({"model_from": dict(f.base.spec.origin)} if f.base.spec.origin else {}),
         "setup": as_data(f.base)["setup"],
         "device_as_given": f.base.device,
         "micro_batch": answer(f.micro_batch),
@@ -350,6 +359,7 @@ def sweep_json(s) -> str:
         "experiment": s.base.experiment,
         "file": s.base.file,
         "model": s.spec.model,
+        **({"model_from": dict(s.spec.origin)} if s.spec.origin else {}),
         "knobs": {k: list(v) for k, v in s.grid.items()},
         "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory},
         "rows": [_sweep_values(row) for row in s.rows],
@@ -379,7 +389,7 @@ def sweep_text(s) -> str:
     title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
     if s.gpu is not None:
         title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB)"
-    lines = [title, "", line(head), *(line(c) for c in body), "",
+    lines = [title, *origin_lines(s.spec), "", line(head), *(line(c) for c in body), "",
              "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares",
              f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}"]
     if s.rows[0].report.estimate.not_modelled:

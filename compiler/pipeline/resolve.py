@@ -219,6 +219,9 @@ class Spec:
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
+    # Where a launch script named this model (--from-command SCRIPT given no model file): the
+    # script, line and flags, and what they resolved to, for the output's `from` line.
+    origin: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def module(self, name: str) -> Module | None:
         return next((m for m in self.modules if m.name == name), None)
