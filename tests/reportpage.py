@@ -140,7 +140,8 @@ def keyed_values(page: Page, data: dict) -> dict[str, list]:
         if isinstance(expected, bool):
             shown = {"true": True, "false": False}[el.attrs["data-value"]]
         elif isinstance(expected, int):
-            shown = exact_bytes(el.text)
+            # a figure shown in GiB carries its exact bytes in data-bytes (and its title)
+            shown = int(el.attrs["data-bytes"]) if "data-bytes" in el.attrs else exact_bytes(el.text)
         else:
             shown = el.text
         out.setdefault(key, []).append((shown, expected))

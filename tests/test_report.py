@@ -58,6 +58,18 @@ def test_every_figure_equals_the_estimate_json(case):
             assert got == expected, key
 
 
+def test_breakdown_reads_in_gib_with_the_exact_bytes_beside(case):
+    """The breakdown table's cells read as the text view does (GiB, MiB below 1 GiB); the exact
+    bytes are the cell's data-bytes and its title."""
+    page, breakdown = case["page"], case["data"]["peak"]["steady_state"]["breakdown"]
+    for el in page.elements:
+        key = el.attrs.get("data-key", "")
+        if key.startswith("peak.steady_state.breakdown."):
+            module, category = key.split(".")[-2:]
+            value = breakdown[module][category]
+            assert (el.text, int(el.attrs["data-bytes"]), exact_bytes(el.attrs["title"])) == (size(value), value, value), key
+
+
 def test_headline_cards_round_as_the_text_view(case):
     """The big figure of each card is the exact one in GiB (2 decimals), as `memspec estimate` prints it."""
     page, peak = case["page"], case["data"]["peak"]
