@@ -75,6 +75,21 @@ def test_lora_freezes_the_base_and_counts_adapters_once():
     assert all(r.type == "linear" for r in full.rows if r.path == "language.lm_head")  # all-linear skips the output layer
 
 
+def test_lora_without_trainable_follows_the_models_recipe():
+    """LoRA and no trainable stated: LLaVA's recipe (its spec's lora_trainable) trains the
+    projector besides the adapters, its CLIP tower frozen; a model whose spec names none trains
+    the adapters alone, as peft's get_peft_model leaves it. A stated trainable wins."""
+    lora = {"r": R, "target_modules": "all-linear"}
+    recipe = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, attention="sdpa", lora=lora)
+    stated = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, attention="sdpa", lora=lora, trainable=["projector"])
+    assert recipe.setup.trainable == stated.setup.trainable == frozenset({"projector"})
+    assert recipe.estimate.trainable_params == stated.estimate.trainable_params  # 2-layer projector 20_979_712 + adapters
+    tower = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, attention="sdpa", lora=lora, trainable=["vision", "projector"])
+    assert tower.estimate.trainable_params - recipe.estimate.trainable_params == 303_507_456  # CLIP ViT-L/14-336
+    qwen = estimate("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", micro_batch=1, seq_len=1024, attention="sdpa", lora=lora)
+    assert qwen.setup.trainable == frozenset()
+
+
 @pytest.mark.parametrize("path, targets, hit", [
     ("language.layers[3].self_attn.q_proj", ("q_proj",), True),
     ("language.layers[3].self_attn.q_proj", ("self_attn.q_proj",), True),

@@ -216,6 +216,9 @@ class Spec:
     anyres: Anyres | None = None  # LLaVA-NeXT's tiling
     image_resize: ImageResize | None = None  # the processor's smart_resize (Qwen2-VL)
     context_length: int | None = None  # max_position_embeddings, where the spec gives it
+    # What a LoRA run trains in full besides the adapters when the experiment does not say
+    # (the model's own recipe; peft alone freezes every base weight).
+    lora_trainable: tuple[str, ...] = ()
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -566,6 +569,11 @@ def resolve_spec(doc: Document) -> Spec:
                 path=path,
             )
         )
+    names = {m.name for m in modules}
+    for i, name in enumerate(data.get("lora_trainable") or ()):
+        if name not in names:
+            problems.append(doc.diag("E304", child_path("$.lora_trainable", i), f"unknown module '{name}'",
+                                     did_you_mean(name, sorted(names)) or f"modules: {', '.join(sorted(names))}"))
     if problems:
         raise MemspecError(problems)
     return Spec(
@@ -579,6 +587,7 @@ def resolve_spec(doc: Document) -> Spec:
         anyres=Anyres(data["anyres"]["tile"], tuple(tuple(p) for p in data["anyres"]["grid_pinpoints"])) if data.get("anyres") else None,
         image_resize=ImageResize(**data["image_resize"]) if data.get("image_resize") else None,
         context_length=data.get("context_length"),
+        lora_trainable=tuple(data.get("lora_trainable") or ()),
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
@@ -634,7 +643,12 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     if spec.attention and "attention" not in overrides and (doc is None or "attention" not in doc.data):
         # NB: an experiment that names no implementation gets the one transformers picks
         data["attention"] = spec.attention[0]
+    stated = "trainable" in overrides or (doc is not None and "trainable" in doc.data)
     data.update(overrides)
+    if data.get("lora") and not stated:
+        # NB: peft's get_peft_model freezes every base weight; the spec names what the
+        # model's own LoRA recipe trains in full besides (LLaVA: the projector)
+        data["trainable"] = list(spec.lora_trainable)
     data["parallel"] = parallel
     file = doc.file if doc is not None else spec.file
 
