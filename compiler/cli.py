@@ -42,6 +42,11 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --fsdp --dp 8   # PyTorch FSDP2
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
   memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --margin 5%   # a GPU by its memory
+
+With --gpu, "fits" means the allocator's replay never runs out of the GPU's memory and the
+device figure (nvidia-smi) is within the memory less the margin (--margin, default
+specs/gpus.yaml device.margin_pct).
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
 script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
@@ -81,6 +86,11 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu a100-40gb --offload-optimizer cpu --offload-param cpu
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --dp 8 --zero 3   # a GPU by its memory
+
+A setup fits when the allocator's replay never runs out of the GPU's memory and the device
+figure (nvidia-smi) is within that memory less the margin (--margin; default specs/gpus.yaml
+device.margin_pct, the estimate's worst under-estimate measured on a GPU).
 """
 SWEEP_EXAMPLES = """examples:
   memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
@@ -133,13 +143,6 @@ CHECK_EXAMPLES = """examples:
 Exit 1 with every problem listed (file:line:col, code, what would be right); the formula
 library and its worked examples are checked every time, since every spec depends on them.
 """
-
-
-def _percent(text: str) -> float:
-    value = float(text.rstrip("%"))
-    if not 0 <= value < 100:
-        raise argparse.ArgumentTypeError(f"a margin is a percentage in [0, 100), got {text}")
-    return value / 100
 
 
 def _list(text: str) -> list[str]:
@@ -203,7 +206,10 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
         help="pack the micro-batch into one row of micro-batch x seq-len tokens (DataCollatorWithFlattening; text-only)")
     add("--activation-offloading", action=argparse.BooleanOptionalAction, default=None, dest="activation_offloading",
         help="torch.autograd.graph.save_on_cpu around the forward: saved tensors wait in host memory (not with checkpointing)")
-    add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+    add("--gpu", metavar="NAME|SIZE", help="GPU from specs/gpus.yaml, e.g. h100-80gb, or its memory as nvidia-smi's memory.total, "
+        "e.g. 24GiB (2^30 bytes) or 80GB (10^9 bytes): say whether it fits")
+    add("--margin", metavar="PCT|SIZE", help="memory a 'fits' verdict keeps free beyond the device figure: a percentage of the GPU "
+        "(5%%) or a size (2GiB); default specs/gpus.yaml device.margin_pct, the estimate's measured error; --margin 0 for none")
     add("--alloc-conf", metavar="CONF", dest="alloc_conf",
         help="PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
              "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True")
@@ -243,7 +249,7 @@ def _sweep_knobs(p: argparse.ArgumentParser) -> frozenset[str]:
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
-                "offload_optimizer", "offload_param", "alloc_conf"):
+                "offload_optimizer", "offload_param", "alloc_conf", "margin"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
@@ -326,7 +332,6 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("file", help="an experiment, a model spec, a model folder or a hub id")
     _knobs(f)
-    f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
     f.add_argument("--format", choices=["text", "json"], default="text")
 
     w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -495,7 +500,7 @@ def _html_report(args) -> int:
     else:
         verdict = ""
         if report.gpu is not None:
-            verdict = f"; {'fits' if report.device <= report.gpu.memory else 'does NOT fit'} on {report.gpu.key}"
+            verdict = f"; {'fits' if report.fits else 'does NOT fit'} on {report.gpu.key} (margin {report.margin.text})"
         sys.stdout.write(f"wrote {args.output} ({size:,} bytes): allocated {render.gib(report.allocated)} GiB, "
                          f"device {render.gib(report.device)} GiB per GPU{verdict}\n")
     return 0
@@ -574,8 +579,8 @@ def _fit(args) -> int:
 
     spec, setup = _inputs(args)
     if setup.gpu is None:
-        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml), or gpu: in the experiment"))
-    report = fit(spec, setup, setup.gpu, args.margin)
+        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
+    report = fit(spec, setup, setup.gpu)
     sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
     return 0
 

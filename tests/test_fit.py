@@ -7,7 +7,7 @@ import pytest
 
 from compiler.api import load_inputs, run
 from compiler.commands.fit import fit
-from compiler.pipeline.resolve import gpu_catalog
+from compiler.pipeline.resolve import gpu_catalog, parse_margin
 
 EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
 
@@ -16,7 +16,7 @@ EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
 def answer(request):
     gpu = gpu_catalog()[0]["h100-80gb"]
     spec, setup = load_inputs(EXPERIMENT, {"dp": 8, "zero": request.param, "gpu": "h100-80gb"})
-    return spec, setup, fit(spec, setup, gpu, margin=0.05)
+    return spec, setup, fit(spec, setup, gpu, margin=parse_margin("5%"))
 
 
 def _device(spec, setup, **change):
@@ -60,7 +60,7 @@ def test_zero3_fits_more_than_zero2():
     gpu = gpu_catalog()[0]["h100-80gb"]
     spec, s2 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 2})
     _, s3 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 3})
-    assert fit(spec, s3, gpu, 0.05).micro_batch.value > fit(spec, s2, gpu, 0.05).micro_batch.value
+    assert fit(spec, s3, gpu, parse_margin("5%")).micro_batch.value > fit(spec, s2, gpu, parse_margin("5%")).micro_batch.value
 
 
 def test_cli_prints_the_answers(capsys):
@@ -85,7 +85,43 @@ def test_longest_sequence_holds_the_images_at_the_experiment_size():
     spec, setup = load_inputs("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", {
         "micro_batch": 1, "seq_len": 4096, "image_size": [1344, 1344], "trainable": ["language"],
         "gradient_checkpointing": ["language"], "dp": 8, "zero": 3, "gpu": "h100-80gb"})
-    f = fit(spec, setup, gpu, margin=0.05)
+    f = fit(spec, setup, gpu, margin=parse_margin("5%"))
     assert f.seq_len.value is not None and f.seq_len.value > 2304
     assert _device(spec, setup, seq_len=f.seq_len.value) == f.seq_len.device <= f.budget
     assert _device(spec, setup, seq_len=f.seq_len.next_value) == f.seq_len.next_device > f.budget
+
+
+TINY = "tests/measured/tiny/tiny-finetune.yaml"
+H100 = 81_559 * 2**20  # 85,520,809,984 B
+
+
+def _fit_json(capsys, *argv: str) -> dict:
+    import json
+
+    from compiler.cli import main
+
+    assert main(["fit", *argv, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
+    """No --margin: the catalog's 0.5 % (specs/gpus.yaml device.margin_pct), the worst
+    under-estimate measured on a GPU, named in the text and the JSON."""
+    data = _fit_json(capsys, TINY, "--gpu", "h100-80gb")
+    # 0.5 % of 85,520,809,984 B = 427,604,049.92 B, rounded up: 427,604,050 B kept free
+    assert data["margin"] == {"percent": 0.5, "bytes": 427_604_050, "source": "specs/gpus.yaml device.margin_pct",
+                              "summary": "the worst under-estimate measured on a GPU"}
+    assert data["budget"] == H100 - 427_604_050 == 85_093_205_934
+    assert data["fits_as_given"] is True
+    from compiler.cli import main
+
+    assert main(["fit", TINY, "--gpu", "h100-80gb"]) == 0
+    assert ("budget    79.25 GiB for the device figure (nvidia-smi), margin 0.5 % = 0.40 GiB kept free "
+            "(specs/gpus.yaml device.margin_pct: the worst under-estimate measured on a GPU)") in capsys.readouterr().out
+
+
+def test_margin_zero_and_absolute_margins(capsys):
+    assert _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "0")["budget"] == H100  # nothing kept free
+    data = _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "2GiB")
+    assert data["margin"]["percent"] is None and data["margin"]["bytes"] == 2 * 2**30
+    assert data["budget"] == H100 - 2_147_483_648 == 83_373_326_336

@@ -26,6 +26,19 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
+def margin_line(margin, memory: int) -> str:
+    """'margin 0.5 % = 0.40 GiB kept free (specs/gpus.yaml device.margin_pct: the worst ...)'."""
+    size = "" if margin.percent is None else f" = {gib(margin.reserve(memory))} GiB"
+    why = f"{margin.source}: {margin.summary}" if margin.summary else margin.source
+    return f"margin {margin.text}{size} kept free ({why})"
+
+
+def margin_data(margin, memory: int) -> dict[str, Any]:
+    """The margin as JSON: `bytes` exact; `percent` null for a size given in bytes."""
+    return {"percent": None if margin.percent is None else float(margin.percent), "bytes": margin.reserve(memory),
+            "source": margin.source, "summary": margin.summary}
+
+
 def setup_line(r: Report) -> str:
     s = r.setup
     merged = image_tokens_per_sample(r.nodes)  # at the experiment's size (tiles, native resolution)
@@ -143,8 +156,9 @@ def text(r: Report) -> str:
     ]
     if r.gpu is not None:
         headroom = r.gpu.memory - r.device
-        verdict = "fits" if headroom >= 0 and e.oom is None else "does NOT fit"
-        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure"]
+        verdict = "fits" if r.fits else "does NOT fit"
+        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure",
+                  f"          {margin_line(r.margin, r.gpu.memory)}"]
         if e.oom is not None:
             lines.append(f"          {e.oom.message()}")
     if e.not_modelled:
@@ -207,8 +221,9 @@ def as_data(r: Report) -> dict[str, Any]:
         "activations_end_of_forward": e.activations_end_of_forward,
         "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
         "target_gpu": {"key": s.target.key, "arch": s.target.arch, "workspace_per_thread": s.target.workspace},
-        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory and e.oom is None,
+        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.fits,
                                            "headroom": r.gpu.memory - r.device,
+                                           "margin": margin_data(r.margin, r.gpu.memory), "budget": r.budget,
                                            "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
                                                                                        "allocated": e.oom.allocated, "reserved": e.oom.reserved}},
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": s.alloc_conf.text},
@@ -276,7 +291,7 @@ def fit_text(f) -> str:
     lines = [
         f"memspec fit: {s.experiment} on {f.gpu.key} ({f.gpu.name}, {gib(f.gpu.memory)} GiB)",
         f"setup     {setup_line(f.base)}",
-        f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
+        f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), {margin_line(f.margin, f.gpu.memory)}",
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
         "",
         _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
@@ -286,7 +301,7 @@ def fit_text(f) -> str:
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
-    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.base.device <= f.budget else 'does not fit'})"]
+    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
     return "\n".join(lines) + "\n"
@@ -297,13 +312,14 @@ def fit_json(f) -> str:
         return None if a is None else {k: getattr(a, k) for k in ("value", "device", "next_value", "next_device", "evaluations")}
 
     data = {
-        "schema": "memspec/fit/v1",
+        "schema": "memspec/fit/v2",
         "gpu": {"key": f.gpu.key, "memory": f.gpu.memory},
-        "margin": f.margin,
+        "margin": margin_data(f.margin, f.gpu.memory),
         "budget": f.budget,
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": f.base.setup.alloc_conf.text},
         "setup": as_data(f.base)["setup"],
         "device_as_given": f.base.device,
+        "fits_as_given": f.fits,
         "micro_batch": answer(f.micro_batch),
         "seq_len": answer(f.seq_len),
         "dp": answer(f.dp),
@@ -351,7 +367,8 @@ def sweep_json(s) -> str:
         "file": s.base.file,
         "model": s.spec.model,
         "knobs": {k: list(v) for k, v in s.grid.items()},
-        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory},
+        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory, "margin": margin_data(s.rows[0].report.margin, s.gpu.memory),
+                                           "budget": s.rows[0].report.budget},
         "rows": [_sweep_values(row) for row in s.rows],
     }
     return json.dumps(data, indent=2) + "\n"
@@ -378,9 +395,10 @@ def sweep_text(s) -> str:
 
     title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
     if s.gpu is not None:
-        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB)"
+        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB), {margin_line(s.rows[0].report.margin, s.gpu.memory)}"
     lines = [title, "", line(head), *(line(c) for c in body), "",
-             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares",
+             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
+             + (" with the GPU's memory less the margin" if s.gpu is not None else ""),
              f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}"]
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]
