@@ -86,11 +86,15 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/llava/llava-1.5-13b.yaml --micro-batch 1 --seq-len 2048 --gpu a100-80gb --format json
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu a100-40gb --offload-optimizer cpu --offload-param cpu
-  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --dp 8 --zero 3   # a GPU by its memory
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --dp 1 --zero 0   # nothing fits: the levers
 
 A setup fits when the allocator's replay never runs out of the GPU's memory and the device
 figure (nvidia-smi) is within that memory less the margin (--margin; default specs/gpus.yaml
-device.margin_pct, the estimate's worst under-estimate measured on a GPU).
+device.margin_pct, the estimate's worst under-estimate measured on a GPU). When the setup as
+given does not fit, fit tries each lever alone, cheapest first, at micro-batch 1 when not even
+that fits: gradient checkpointing on every module, a higher ZeRO stage (dp > 1), LoRA r16,
+QLoRA (4-bit nf4), ZeRO-3 with optimizer and parameters offloaded to CPU, more GPUs (dp
+doubled up to 64), each with the device figure it reaches and the flags that make it.
 """
 SWEEP_EXAMPLES = """examples:
   memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
@@ -460,6 +464,27 @@ def _inputs_and_notes(args):
     return inputs, tuple(notes)
 
 
+def _sources(args):
+    """(spec, experiment document or None, overrides) of the file argument, loaded once for
+    many setups (`resolve_setup(doc, spec, overrides)`); the launch files' notes go to stderr."""
+    from . import api
+    from .inputs.importer import is_source
+
+    knobs, notes = _read_launch(args)
+    revision = getattr(args, "revision", None)
+    if is_source(args.file):
+        from .inputs.importer import import_spec
+
+        spec, doc = import_spec(args.file, revision).spec, None
+    else:
+        if revision:
+            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
+        spec, doc = api.load_sources(args.file)
+    for line in notes:
+        sys.stderr.write(line + "\n")
+    return spec, doc, knobs
+
+
 def _report(args):
     """An estimate of a spec or experiment file, or of a hub id / model folder imported in memory."""
     from . import api
@@ -576,35 +601,25 @@ def _import(args) -> int:
 def _fit(args) -> int:
     from .pipeline import render
     from .commands.fit import fit
+    from .pipeline.resolve import resolve_setup
 
-    spec, setup = _inputs(args)
+    spec, doc, knobs = _sources(args)
+    setup = resolve_setup(doc, spec, knobs)
     if setup.gpu is None:
         raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
-    report = fit(spec, setup, setup.gpu)
+    report = fit(spec, setup, setup.gpu, resolve=lambda more: resolve_setup(doc, spec, {**knobs, **more}))
     sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
     return 0
 
 
 def _sweep(args) -> int:
-    from . import api
     from .pipeline import render
     from .commands.chart import sweep_svg, x_knob
-    from .inputs.importer import is_source
     from .commands.sweep import KNOBS, ProgressBar, parse_values, sweep
 
     grid = {k.name: parse_values(k, getattr(args, "sweep_" + k.name)) for k in KNOBS if getattr(args, "sweep_" + k.name) is not None}
     fmt = args.format or {".csv": "csv", ".json": "json"}.get(Path(args.output or "").suffix.lower(), "text")
-    base, notes = _read_launch(args)
-    if is_source(args.file):
-        from .inputs.importer import import_spec
-
-        spec, doc = import_spec(args.file, args.revision).spec, None
-    else:
-        if args.revision:
-            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
-        spec, doc = api.load_sources(args.file)
-    for line in notes:
-        sys.stderr.write(line + "\n")
+    spec, doc, base = _sources(args)
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     if args.svg or args.x:
         x_knob(grid, args.x)  # NB: a chart that cannot be drawn is refused before the sweep runs

@@ -1,7 +1,7 @@
 """`memspec fit`: the largest micro-batch, the longest sequence and the smallest data-parallel
-degree that fit a GPU.
+degree that fit a GPU, and what to change when the setup does not.
 
-Contract: `fit(spec, setup, gpu, margin)` returns a `FitReport`. A setup fits when
+Contract: `fit(spec, setup, gpu, margin, resolve)` returns a `FitReport`. A setup fits when
 the caching allocator's replay never runs out of the GPU's memory and its `device` figure
 (what nvidia-smi would show: reserved + CUDA context, + NCCL when dp > 1) is at most the
 GPU's memory less the margin (`--margin`, else the catalog's device.margin_pct, the
@@ -9,16 +9,19 @@ estimate's measured error). Each answer is found by galloping then bisecting on 
 peak grows with it (micro-batch, sequence) or shrinks with it (data-parallel degree under
 ZeRO), with a bracket narrowed by interpolation (the peak is close to linear in each knob)
 and bisection, re-running only expand -> evaluate -> simulate on the already loaded spec and
-formulas. Every answer comes with the next value, which does not fit.
+formulas. Every answer comes with the next value, which does not fit. When the setup as
+given does not fit and `resolve` is given, the levers of `levers.py` are tried one at a
+time: at micro-batch 1 when not even that fits, else at the micro-batch as given.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from ..api import Report, image_tokens_per_sample, run
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog
+from .levers import Lever, levers, within
 
 # Search bounds: beyond these the question is not one of a single GPU type.
 MAX_MICRO_BATCH = 4096
@@ -46,11 +49,13 @@ class FitReport:
     seq_len: Answer
     dp: Answer | None  # only when ZeRO shards something
     context_length: int | None = None  # the sequence search's bound, when the spec gives one
+    levers: tuple[Lever, ...] = ()  # when the setup as given does not fit
+    levers_at: int | None = None  # the micro-batch the levers were tried at
 
     @property
     def fits(self) -> bool:
         """The setup as given fits (the estimate's verdict with this margin)."""
-        return self.base.device <= self.budget and self.base.estimate.oom is None
+        return within(self.base, self.budget)
 
 
 class _Probe:
@@ -146,8 +151,10 @@ def smallest_fitting(probe: _Probe, high: int) -> tuple[int | None, int | None]:
     return _narrow(probe, x, bad)
 
 
-def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None) -> FitReport:
-    """`margin`: None for the setup's (--margin), else the catalog's."""
+def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None,
+        resolve: Callable[[Mapping[str, Any]], Setup] | None = None) -> FitReport:
+    """`margin`: None for the setup's (--margin), else the catalog's; `resolve`: the setup with
+    more overrides (see levers.py), None for no levers."""
     margin = margin or setup.margin or gpu_catalog()[1].margin
     budget = margin.budget(gpu.memory)
     setup = replace(setup, gpu=gpu, target=gpu)
@@ -169,4 +176,8 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None) -> Fit
         probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
         probe_d.know(setup.dp, base)
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
-    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length)
+    found, at = (), None
+    if resolve is not None and not within(base, budget):
+        at = 1 if micro.value is None else setup.micro_batch
+        found = levers(spec, replace(setup, micro_batch=at), budget, resolve)
+    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)

@@ -302,9 +302,23 @@ def fit_text(f) -> str:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
     lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
+    lines += _lever_lines(f)
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
     return "\n".join(lines) + "\n"
+
+
+def _lever_lines(f) -> list[str]:
+    """What to change, one lever at a time, cheapest first (empty when the setup fits)."""
+    if f.levers_at is None:
+        return []
+    s = f.base.setup
+    smaller = ("nor does micro-batch 1; each change alone at micro-batch 1" if f.micro_batch.value is None
+               else f"micro-batch {f.micro_batch.value} does; each change alone at micro-batch {f.levers_at}")
+    lines = ["", f"levers: the setup as given does not fit, {smaller}, seq {s.seq_len}, cheapest first:"]
+    width = max((len(x.lever) for x in f.levers), default=0)
+    lines += [f"  {x.lever:<{width}}  {gib(x.device):>7} GiB  {'fits' if x.fits else 'does not fit':<12}  {x.change}" for x in f.levers]
+    return lines if f.levers else lines + ["  none applies to this setup"]
 
 
 def fit_json(f) -> str:
@@ -324,6 +338,8 @@ def fit_json(f) -> str:
         "seq_len": answer(f.seq_len),
         "dp": answer(f.dp),
         "context_length": f.context_length,
+        "levers_at": None if f.levers_at is None else {"micro_batch": f.levers_at, "seq_len": f.base.setup.seq_len},
+        "levers": [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers],
     }
     return json.dumps(data, indent=2) + "\n"
 
