@@ -1,7 +1,8 @@
 """The `memspec` command: a thin layer over `compiler.api` and `compiler.pipeline.render`.
 
 Exit codes: 0 ok; 1 the input is wrong (diagnostics on stderr); 2 usage; 3 a bug in memspec
-(the only case that prints a traceback).
+(the only case that prints a traceback); 4 `estimate --fail-if-oom`: the estimate does not
+fit the GPU (with the margin), a result rather than an error, for CI and schedulers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Any, Sequence
 
 from .errors import Diagnostic, MemspecError, UsageError
 from .memory.optimizers import HF_OPTIM, IMPLS, TYPES
+
+# `memspec estimate --fail-if-oom` when the job would not fit; distinct from the error codes
+# 1 (input), 2 (usage) and 3 (bug) so that a scheduler can tell "too big" from "broken".
+EXIT_DOES_NOT_FIT = 4
 
 MAIN_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb
@@ -43,10 +48,12 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
   memspec estimate --from-command scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --margin 5%   # a GPU by its memory
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --fail-if-oom   # exit 4 if it does not fit
 
 With --gpu, "fits" means the allocator's replay never runs out of the GPU's memory and the
 device figure (nvidia-smi) is within the memory less the margin (--margin, default
-specs/gpus.yaml device.margin_pct).
+specs/gpus.yaml device.margin_pct). Exit codes: 0 ok, 1 the input is wrong, 2 the command
+line is wrong, 3 a bug in memspec, 4 with --fail-if-oom: it does not fit.
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
 script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
@@ -309,6 +316,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("file", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first")
     _knobs(e)
     e.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
+    e.add_argument("--fail-if-oom", action="store_true", dest="fail_if_oom",
+                   help=f"exit {EXIT_DOES_NOT_FIT} when the estimate does not fit the GPU (--gpu, with the margin); the estimate is printed as usual")
     e.add_argument("--format", choices=["text", "json"], default="text")
 
     t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -496,8 +505,10 @@ def _estimate(args) -> int:
     from .pipeline import render
 
     report = _report(args)
+    if args.fail_if_oom and report.gpu is None:
+        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "--fail-if-oom needs a GPU to fit", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
     sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
-    return 0
+    return EXIT_DOES_NOT_FIT if args.fail_if_oom and not report.fits else 0
 
 
 def _html_report(args) -> int:

@@ -9,6 +9,7 @@ location; a stage collects all diagnostics of a file and raises them together as
 
 Exit codes: `MemspecError` 1 (the input is wrong), `UsageError` 2 (the command line is
 wrong). Anything else that escapes is a bug (exit 3, with a traceback), decided by the CLI.
+Exit 4 is no error: `memspec estimate --fail-if-oom` when the estimate does not fit the GPU.
 
 Codes (stable; never reuse a retired one):
     E101 file not found / not a file / unreadable    E201 missing required key

@@ -1,5 +1,5 @@
 """The GPU catalog (specs/gpus.yaml), `--gpu` as a memory size, the margin every "fits" verdict
-keeps free."""
+keeps free, and `memspec estimate --fail-if-oom`."""
 
 import re
 from fractions import Fraction
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from compiler import api
-from compiler.cli import main
+from compiler.cli import EXIT_DOES_NOT_FIT, main
 from compiler.commands.validation import validate_records
 from compiler.pipeline.resolve import MIB, catalog_constants, gpu_catalog, parse_margin, parse_size
 
@@ -121,3 +121,14 @@ def test_the_verdict_keeps_the_margin_free():
     tight = api.estimate(TINY, gpu=gpu, margin=f"{2**30 + 1}B")
     assert tight.budget == device - 1 and tight.fits is False
     assert tight.gpu.memory - tight.device == 2**30  # a positive headroom, less than the margin
+
+
+def test_fail_if_oom_exit_codes(capsys):
+    assert main(["estimate", TINY, "--gpu", "h100-80gb", "--fail-if-oom"]) == 0
+    assert main(["estimate", FINETUNE, "--gpu", "24GiB", "--fail-if-oom"]) == EXIT_DOES_NOT_FIT == 4
+    out = capsys.readouterr().out
+    assert "gpu       24GiB (custom GPU, h100-80gb's sm90 constants, 24.00 GiB): does NOT fit" in out  # printed all the same
+    assert main(["estimate", FINETUNE, "--gpu", "24GiB"]) == 0  # without the flag, a verdict is no failure
+    capsys.readouterr()
+    assert main(["estimate", TINY, "--fail-if-oom"]) == 2
+    assert "E201 --gpu: --fail-if-oom needs a GPU to fit" in capsys.readouterr().err
