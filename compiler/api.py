@@ -23,7 +23,7 @@ from .library.formula import Library, load_library
 from .pipeline.load import Document, load_yaml
 from .paths import display, formulas_dir
 from .pipeline.resolve import (
-    Constant, DeviceConstants, Gpu, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
+    Constant, DeviceConstants, Gpu, Margin, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
     resolve_spec,
 )
 from .pipeline.simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
@@ -49,6 +49,22 @@ class Report:
 
     def with_notes(self, notes: tuple[str, ...]) -> "Report":
         return replace(self, notes=tuple(notes))
+
+    @property
+    def margin(self) -> Margin:
+        """What the verdict keeps free: --margin, else the catalog's device.margin_pct."""
+        return self.setup.margin or self.device_constants.margin
+
+    @property
+    def budget(self) -> int | None:
+        """The most the device figure may be on `gpu` and fit: its memory less the margin."""
+        return None if self.gpu is None else self.margin.budget(self.gpu.memory)
+
+    @property
+    def fits(self) -> bool | None:
+        """The verdict with --gpu: the replay never runs out of the GPU's memory and the device
+        figure is within the budget; None without a GPU."""
+        return None if self.gpu is None else self.device <= self.budget and self.estimate.oom is None
 
 
 def _validated(path: str | Path, kind: str) -> Document:

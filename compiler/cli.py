@@ -1,7 +1,8 @@
 """The `memspec` command: a thin layer over `compiler.api` and `compiler.pipeline.render`.
 
 Exit codes: 0 ok; 1 the input is wrong (diagnostics on stderr); 2 usage; 3 a bug in memspec
-(the only case that prints a traceback).
+(the only case that prints a traceback); 4 `estimate --fail-if-oom`: the estimate does not
+fit the GPU (with the margin), a result rather than an error, for CI and schedulers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any, Sequence
 
 from .errors import Diagnostic, MemspecError, UsageError
 from .memory.optimizers import HF_OPTIM, IMPLS, TYPES
+
+# `memspec estimate --fail-if-oom` when the job would not fit; distinct from the error codes
+# 1 (input), 2 (usage) and 3 (bug) so that a scheduler can tell "too big" from "broken".
+EXIT_DOES_NOT_FIT = 4
 
 MAIN_EXAMPLES = """examples:
   memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb
@@ -44,6 +49,13 @@ ESTIMATE_EXAMPLES = """examples:
   memspec estimate specs/qwen2/qwen2.5-0.5b.yaml --micro-batch 4 --seq-len 1024 --accelerate-config tests/fixtures/accelerate/fsdp2.yaml
   memspec estimate --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh --dp 8 --gpu a100-80gb   # the model: its --model_name_or_path
   memspec estimate --from-command tests/fixtures/launch/scripts/v1_5/finetune.sh specs/llava/llava-1.5-7b.yaml --dp 8 --gpu a100-80gb
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --margin 5%   # a GPU by its memory
+  memspec estimate specs/experiments/llava-1.5-7b-finetune.yaml --gpu h100-80gb --fail-if-oom   # exit 4 if it does not fit
+
+With --gpu, "fits" means the allocator's replay never runs out of the GPU's memory and the
+device figure (nvidia-smi) is within the memory less the margin (--margin, default
+specs/gpus.yaml device.margin_pct). Exit codes: 0 ok, 1 the input is wrong, 2 the command
+line is wrong, 3 a bug in memspec, 4 with --fail-if-oom: it does not fit.
 
 --from-command reads the deepspeed / torchrun / accelerate launch / python line of a shell
 script: HF TrainingArguments and LLaVA flags, the launcher's GPU count, and the DeepSpeed
@@ -86,6 +98,15 @@ FIT_EXAMPLES = """examples:
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --deepspeed ds_config.json --gpu h100-80gb
   memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu a100-40gb --offload-optimizer cpu --offload-param cpu
   memspec fit --from-command tests/fixtures/launch/scripts/v1_5/pretrain.sh --dp 8 --gpu h100-80gb   # the model: its --model_name_or_path
+  memspec fit specs/experiments/llava-1.5-7b-finetune.yaml --gpu 24GiB --dp 1 --zero 0   # nothing fits: the levers
+
+A setup fits when the allocator's replay never runs out of the GPU's memory and the device
+figure (nvidia-smi) is within that memory less the margin (--margin; default specs/gpus.yaml
+device.margin_pct, the estimate's worst under-estimate measured on a GPU). When the setup as
+given does not fit, fit tries each lever alone, cheapest first, at micro-batch 1 when not even
+that fits: gradient checkpointing on every module, a higher ZeRO stage (dp > 1), LoRA r16,
+QLoRA (4-bit nf4), ZeRO-3 with optimizer and parameters offloaded to CPU, more GPUs (dp
+doubled up to 64), each with the device figure it reaches and the flags that make it.
 """
 SWEEP_EXAMPLES = """examples:
   memspec sweep specs/experiments/llava-1.5-7b-finetune.yaml --micro-batch 1,2,4,8 --seq-len 1024:4096:x2 --gpu h100-80gb
@@ -143,13 +164,6 @@ library and its worked examples are checked every time, since every spec depends
 FILE_FROM_SCRIPT = "with --from-command it may be left out: the script's --model_name_or_path names the model"
 # The verbs whose file argument may come from a launch script's --model_name_or_path.
 FILE_VERBS = ("estimate", "table", "report", "fit", "sweep")
-
-
-def _percent(text: str) -> float:
-    value = float(text.rstrip("%"))
-    if not 0 <= value < 100:
-        raise argparse.ArgumentTypeError(f"a margin is a percentage in [0, 100), got {text}")
-    return value / 100
 
 
 def _list(text: str) -> list[str]:
@@ -213,7 +227,10 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
         help="pack the micro-batch into one row of micro-batch x seq-len tokens (DataCollatorWithFlattening; text-only)")
     add("--activation-offloading", action=argparse.BooleanOptionalAction, default=None, dest="activation_offloading",
         help="torch.autograd.graph.save_on_cpu around the forward: saved tensors wait in host memory (not with checkpointing)")
-    add("--gpu", metavar="NAME", help="GPU from specs/gpus.yaml, e.g. h100-80gb: say whether it fits")
+    add("--gpu", metavar="NAME|SIZE", help="GPU from specs/gpus.yaml, e.g. h100-80gb, or its memory as nvidia-smi's memory.total, "
+        "e.g. 24GiB (2^30 bytes) or 80GB (10^9 bytes): say whether it fits")
+    add("--margin", metavar="PCT|SIZE", help="memory a 'fits' verdict keeps free beyond the device figure: a percentage of the GPU "
+        "(5%%) or a size (2GiB); default specs/gpus.yaml device.margin_pct, the estimate's measured error; --margin 0 for none")
     add("--alloc-conf", metavar="CONF", dest="alloc_conf",
         help="PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
              "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True")
@@ -263,7 +280,7 @@ def _count_bounds() -> dict[str, tuple[int, int | None]]:
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
-                "offload_optimizer", "offload_param", "alloc_conf"):
+                "offload_optimizer", "offload_param", "alloc_conf", "margin"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
@@ -320,6 +337,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("file", nargs="?", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
     _knobs(e)
     e.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
+    e.add_argument("--fail-if-oom", action="store_true", dest="fail_if_oom",
+                   help=f"exit {EXIT_DOES_NOT_FIT} when the estimate does not fit the GPU (--gpu, with the margin); the estimate is printed as usual")
     e.add_argument("--format", choices=["text", "json"], default="text")
 
     t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -347,7 +366,6 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("file", nargs="?", help="an experiment, a model spec, a model folder or a hub id; " + FILE_FROM_SCRIPT)
     _knobs(f)
-    f.add_argument("--margin", type=_percent, default=0.0, metavar="PCT", help="memory to keep free, e.g. 5%% (default 0)")
     f.add_argument("--format", choices=["text", "json"], default="text")
 
     w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -488,6 +506,27 @@ def _with_origin(spec, args):
     return spec if script_model is None else replace(spec, origin=script_model.as_data())
 
 
+def _sources(args):
+    """(spec, experiment document or None, overrides) of the file argument, loaded once for
+    many setups (`resolve_setup(doc, spec, overrides)`); the launch files' notes go to stderr."""
+    from . import api
+    from .inputs.importer import is_source
+
+    knobs, notes = _read_launch(args)
+    revision = getattr(args, "revision", None)
+    if is_source(args.file):
+        from .inputs.importer import import_spec
+
+        spec, doc = import_spec(args.file, revision).spec, None
+    else:
+        if revision:
+            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
+        spec, doc = api.load_sources(args.file)
+    for line in notes:
+        sys.stderr.write(line + "\n")
+    return _with_origin(spec, args), doc, knobs
+
+
 def _report(args):
     """An estimate of a spec or experiment file, or of a hub id / model folder imported in memory."""
     from . import api
@@ -499,8 +538,10 @@ def _estimate(args) -> int:
     from .pipeline import render
 
     report = _report(args)
+    if args.fail_if_oom and report.gpu is None:
+        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "--fail-if-oom needs a GPU to fit", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
     sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
-    return 0
+    return EXIT_DOES_NOT_FIT if args.fail_if_oom and not report.fits else 0
 
 
 def _html_report(args) -> int:
@@ -528,7 +569,7 @@ def _html_report(args) -> int:
     else:
         verdict = ""
         if report.gpu is not None:
-            verdict = f"; {'fits' if report.device <= report.gpu.memory else 'does NOT fit'} on {report.gpu.key}"
+            verdict = f"; {'fits' if report.fits else 'does NOT fit'} on {report.gpu.key} (margin {report.margin.text})"
         sys.stdout.write(f"wrote {args.output} ({size:,} bytes): allocated {render.gib(report.allocated)} GiB, "
                          f"device {render.gib(report.device)} GiB per GPU{verdict}\n")
     return 0
@@ -604,36 +645,25 @@ def _import(args) -> int:
 def _fit(args) -> int:
     from .pipeline import render
     from .commands.fit import fit
+    from .pipeline.resolve import resolve_setup
 
-    spec, setup = _inputs(args)
+    spec, doc, knobs = _sources(args)
+    setup = resolve_setup(doc, spec, knobs)
     if setup.gpu is None:
-        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml), or gpu: in the experiment"))
-    report = fit(spec, setup, setup.gpu, args.margin)
+        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
+    report = fit(spec, setup, setup.gpu, resolve=lambda more: resolve_setup(doc, spec, {**knobs, **more}))
     sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
     return 0
 
 
 def _sweep(args) -> int:
-    from . import api
     from .pipeline import render
     from .commands.chart import sweep_svg, x_knob
-    from .inputs.importer import is_source
     from .commands.sweep import KNOBS, ProgressBar, parse_values, sweep
 
     grid = {k.name: parse_values(k, getattr(args, "sweep_" + k.name)) for k in KNOBS if getattr(args, "sweep_" + k.name) is not None}
     fmt = args.format or {".csv": "csv", ".json": "json"}.get(Path(args.output or "").suffix.lower(), "text")
-    base, notes = _read_launch(args)
-    if is_source(args.file):
-        from .inputs.importer import import_spec
-
-        spec, doc = import_spec(args.file, args.revision).spec, None
-    else:
-        if args.revision:
-            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
-        spec, doc = api.load_sources(args.file)
-    spec = _with_origin(spec, args)
-    for line in notes:
-        sys.stderr.write(line + "\n")
+    spec, doc, base = _sources(args)
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     if args.svg or args.x:
         x_knob(grid, args.x)  # NB: a chart that cannot be drawn is refused before the sweep runs

@@ -9,6 +9,7 @@ location; a stage collects all diagnostics of a file and raises them together as
 
 Exit codes: `MemspecError` 1 (the input is wrong), `UsageError` 2 (the command line is
 wrong). Anything else that escapes is a bug (exit 3, with a traceback), decided by the CLI.
+Exit 4 is no error: `memspec estimate --fail-if-oom` when the estimate does not fit the GPU.
 
 Codes (stable; never reuse a retired one):
     E101 file not found / not a file / unreadable    E201 missing required key
@@ -33,6 +34,7 @@ Codes (stable; never reuse a retired one):
     E405 let: name that shadows an input or context name      E407 a formula example's expectation is off
     E501 seq_len shorter than the image tokens it must hold   E502 formulas' and spec's parameter counts differ
     E503 unknown GPU                                          E505 DeepSpeed 'auto' sizes without the spec's hidden_size
+    E506 a memory size (--gpu 24GiB, --margin 2GiB) that cannot be read: no unit, an unknown one, not whole bytes, or a GPU too small for the CUDA context
     E330 PYTORCH_CUDA_ALLOC_CONF option or value the caching allocator does not take
     E601 the measuring side (torch, transformers) is not installed
 

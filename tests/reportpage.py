@@ -158,7 +158,7 @@ def required_keys(data: dict) -> set[str]:
     for module, cats in data["peak"]["steady_state"]["breakdown"].items():
         keys |= {f"peak.steady_state.breakdown.{module}.{c}" for c in cats}
     if data["gpu"] is not None:
-        keys |= {"gpu.key", "gpu.memory", "gpu.fits", "gpu.headroom"}
+        keys |= {"gpu.key", "gpu.memory", "gpu.fits", "gpu.headroom", "gpu.margin.bytes"}
     return keys
 
 

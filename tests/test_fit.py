@@ -7,7 +7,7 @@ import pytest
 
 from compiler.api import load_inputs, run
 from compiler.commands.fit import fit
-from compiler.pipeline.resolve import gpu_catalog
+from compiler.pipeline.resolve import gpu_catalog, parse_margin
 
 EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
 
@@ -16,7 +16,7 @@ EXPERIMENT = "specs/experiments/llava-1.5-7b-finetune.yaml"
 def answer(request):
     gpu = gpu_catalog()[0]["h100-80gb"]
     spec, setup = load_inputs(EXPERIMENT, {"dp": 8, "zero": request.param, "gpu": "h100-80gb"})
-    return spec, setup, fit(spec, setup, gpu, margin=0.05)
+    return spec, setup, fit(spec, setup, gpu, margin=parse_margin("5%"))
 
 
 def _device(spec, setup, **change):
@@ -60,7 +60,7 @@ def test_zero3_fits_more_than_zero2():
     gpu = gpu_catalog()[0]["h100-80gb"]
     spec, s2 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 2})
     _, s3 = load_inputs(EXPERIMENT, {"dp": 8, "zero": 3})
-    assert fit(spec, s3, gpu, 0.05).micro_batch.value > fit(spec, s2, gpu, 0.05).micro_batch.value
+    assert fit(spec, s3, gpu, parse_margin("5%")).micro_batch.value > fit(spec, s2, gpu, parse_margin("5%")).micro_batch.value
 
 
 def test_cli_prints_the_answers(capsys):
@@ -85,7 +85,107 @@ def test_longest_sequence_holds_the_images_at_the_experiment_size():
     spec, setup = load_inputs("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", {
         "micro_batch": 1, "seq_len": 4096, "image_size": [1344, 1344], "trainable": ["language"],
         "gradient_checkpointing": ["language"], "dp": 8, "zero": 3, "gpu": "h100-80gb"})
-    f = fit(spec, setup, gpu, margin=0.05)
+    f = fit(spec, setup, gpu, margin=parse_margin("5%"))
     assert f.seq_len.value is not None and f.seq_len.value > 2304
     assert _device(spec, setup, seq_len=f.seq_len.value) == f.seq_len.device <= f.budget
     assert _device(spec, setup, seq_len=f.seq_len.next_value) == f.seq_len.next_device > f.budget
+
+
+TINY = "tests/measured/tiny/tiny-finetune.yaml"
+H100 = 81_559 * 2**20  # 85,520,809,984 B
+
+
+def _fit_json(capsys, *argv: str) -> dict:
+    import json
+
+    from compiler.cli import main
+
+    assert main(["fit", *argv, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
+    """No --margin: the catalog's 0.5 % (specs/gpus.yaml device.margin_pct), the worst
+    under-estimate measured on a GPU, named in the text and the JSON."""
+    data = _fit_json(capsys, TINY, "--gpu", "h100-80gb")
+    # 0.5 % of 85,520,809,984 B = 427,604,049.92 B, rounded up: 427,604,050 B kept free
+    assert data["margin"] == {"percent": 0.5, "bytes": 427_604_050, "source": "specs/gpus.yaml device.margin_pct",
+                              "summary": "the worst under-estimate measured on a GPU"}
+    assert data["budget"] == H100 - 427_604_050 == 85_093_205_934
+    assert data["fits_as_given"] is True and data["levers"] == [] and data["levers_at"] is None  # nothing to change
+    from compiler.cli import main
+
+    assert main(["fit", TINY, "--gpu", "h100-80gb"]) == 0
+    assert ("budget    79.25 GiB for the device figure (nvidia-smi), margin 0.5 % = 0.40 GiB kept free "
+            "(specs/gpus.yaml device.margin_pct: the worst under-estimate measured on a GPU)") in capsys.readouterr().out
+
+
+def test_margin_zero_and_absolute_margins(capsys):
+    assert _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "0")["budget"] == H100  # nothing kept free
+    data = _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "2GiB")
+    assert data["margin"]["percent"] is None and data["margin"]["bytes"] == 2 * 2**30
+    assert data["budget"] == H100 - 2_147_483_648 == 83_373_326_336
+
+
+def _resolved(path: str, knobs: dict):
+    """(spec, setup, resolve): resolve is the setup with more overrides, as the CLI gives fit."""
+    from compiler.api import load_sources
+    from compiler.pipeline.resolve import resolve_setup
+
+    spec, doc = load_sources(path)
+    return spec, resolve_setup(doc, spec, knobs), lambda more: resolve_setup(doc, spec, {**knobs, **more})
+
+
+def _check_levers(spec, f, resolve, at: int):
+    """Each lever's figure is the estimate of its flags alone at micro-batch `at`; a lever
+    that tries several values stops at the first that fits."""
+    assert f.levers_at == at and f.levers
+    for lever in f.levers:
+        report = run(spec, replace(resolve({**lever_overrides(lever.change), "micro_batch": at}), gpu=f.gpu, target=f.gpu), table=False)
+        assert report.device == lever.device, lever
+        assert lever.fits == (lever.device <= f.budget and report.estimate.oom is None), lever
+
+
+def lever_overrides(change: str) -> dict:
+    """The overrides a lever's flags stand for, read by the CLI's own parser."""
+    import shlex
+
+    from compiler.cli import overrides, parser
+
+    return overrides(parser().parse_args(["estimate", "x", *shlex.split(change)]))
+
+
+def test_nothing_fits_lists_the_levers_at_micro_batch_1():
+    """LLaVA-1.5-7B finetune, unsharded on one A10G (22.49 GiB): even micro-batch 1 needs
+    155 GiB; the trained projector and language model's 6,759,919,616 parameters x 16 B (bf16
+    weight and gradient 2 + 2, fp32 master copy 4, Adam's two fp32 states 8) are 100.7 GiB alone."""
+    gpu = gpu_catalog()[0]["a10g-24gb"]
+    spec, setup, resolve = _resolved(EXPERIMENT, {"dp": 1, "zero": 0, "gpu": "a10g-24gb"})
+    f = fit(spec, setup, gpu, resolve=resolve)
+    assert f.micro_batch.value is None and not f.fits
+    # cheapest first; no ZeRO stage at dp 1 (nothing to shard across)
+    assert [x.lever for x in f.levers] == ["gradient checkpointing, every module", "LoRA r16, default targets",
+                                           "QLoRA, 4-bit nf4 weights", "optimizer and parameters to CPU", "more GPUs"]
+    _check_levers(spec, f, resolve, at=1)
+    assert f.levers[0].change == "--gradient-checkpointing vision,projector,language" and not f.levers[0].fits
+    more = f.levers[-1]
+    assert more.fits and more.change.endswith("--zero 3")  # nothing was sharded: more GPUs shard with ZeRO-3
+    dp = int(more.change.split()[1])
+    if dp > 2:  # the first doubling that fits: half as many GPUs do not
+        half = run(spec, replace(resolve({"dp": dp // 2, "zero": 3, "micro_batch": 1}), gpu=gpu, target=gpu), table=False)
+        assert half.device > f.budget
+
+
+def test_a_smaller_micro_batch_fits_the_levers_keep_the_one_given(capsys):
+    """The tiny LLaVA at dp 2, ZeRO-1: micro-batch 1 needs 2,410,676,224 B and 32 needs
+    2,437,939,200 B; a 2.42 GB GPU (2,420,000,000 B, no margin) holds the first only."""
+    gpu_size = "2.42GB"
+    spec, setup, resolve = _resolved(TINY, {"dp": 2, "zero": 1, "micro_batch": 32, "gpu": gpu_size, "margin": "0"})
+    f = fit(spec, setup, setup.gpu, resolve=resolve)
+    assert f.budget == 2_420_000_000 and f.micro_batch.value is not None and not f.fits
+    names = [x.lever for x in f.levers]
+    assert names[:2] == ["gradient checkpointing, every module", "a higher ZeRO stage"] and names[-1] == "more GPUs"
+    _check_levers(spec, f, resolve, at=32)
+    data = _fit_json(capsys, TINY, "--dp", "2", "--zero", "1", "--micro-batch", "32", "--gpu", gpu_size, "--margin", "0")
+    assert data["levers_at"] == {"micro_batch": 32, "seq_len": 48}
+    assert data["levers"] == [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers]

@@ -1,22 +1,27 @@
 """`memspec fit`: the largest micro-batch, the longest sequence and the smallest data-parallel
-degree that fit a GPU.
+degree that fit a GPU, and what to change when the setup does not.
 
-Contract: `fit(spec, setup, gpu, margin)` returns a `FitReport`. A setup fits when its
-`device` figure (what nvidia-smi would show: reserved + CUDA context, + NCCL when dp > 1) is
-at most the GPU's memory less the margin. Each answer is found by galloping then bisecting
-on a knob whose peak grows with it (micro-batch, sequence) or shrinks with it (data-parallel
-degree under ZeRO), with a bracket narrowed by interpolation (the peak is close to linear in
-each knob) and bisection, re-running only expand -> evaluate -> simulate on the already
-loaded spec and formulas. Every answer comes with the next value, which does not fit.
+Contract: `fit(spec, setup, gpu, margin, resolve)` returns a `FitReport`. A setup fits when
+the caching allocator's replay never runs out of the GPU's memory and its `device` figure
+(what nvidia-smi would show: reserved + CUDA context, + NCCL when dp > 1) is at most the
+GPU's memory less the margin (`--margin`, else the catalog's device.margin_pct, the
+estimate's measured error). Each answer is found by galloping then bisecting on a knob whose
+peak grows with it (micro-batch, sequence) or shrinks with it (data-parallel degree under
+ZeRO), with a bracket narrowed by interpolation (the peak is close to linear in each knob)
+and bisection, re-running only expand -> evaluate -> simulate on the already loaded spec and
+formulas. Every answer comes with the next value, which does not fit. When the setup as
+given does not fit and `resolve` is given, the levers of `levers.py` are tried one at a
+time: at micro-batch 1 when not even that fits, else at the micro-batch as given.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from ..api import Report, image_tokens_per_sample, run
-from ..pipeline.resolve import Gpu, Setup, Spec
+from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog
+from .levers import Lever, levers, within
 
 # Search bounds: beyond these the question is not one of a single GPU type.
 MAX_MICRO_BATCH = 4096
@@ -37,13 +42,20 @@ class Answer:
 @dataclass(frozen=True)
 class FitReport:
     gpu: Gpu
-    margin: float
+    margin: Margin
     budget: int  # bytes a setup's device figure may reach
     base: Report  # the setup as given
     micro_batch: Answer
     seq_len: Answer
     dp: Answer | None  # only when ZeRO shards something
     context_length: int | None = None  # the sequence search's bound, when the spec gives one
+    levers: tuple[Lever, ...] = ()  # when the setup as given does not fit
+    levers_at: int | None = None  # the micro-batch the levers were tried at
+
+    @property
+    def fits(self) -> bool:
+        """The setup as given fits (the estimate's verdict with this margin)."""
+        return within(self.base, self.budget)
 
 
 class _Probe:
@@ -52,13 +64,20 @@ class _Probe:
     def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int):
         self.spec, self.change, self.budget = spec, change, budget
         self.device: dict[int, int] = {}
+        self.oom: set[int] = set()  # values whose replay ran out of the GPU's memory
         self.runs = 0  # estimates made (the setup's own figure is given, not made)
+
+    def know(self, x: int, report: Report) -> None:
+        """Record the estimate at `x` (made here, or the setup as given, made before)."""
+        self.device[x] = report.device
+        if report.estimate.oom is not None:
+            self.oom.add(x)
 
     def fits(self, x: int) -> bool:
         if x not in self.device:
-            self.device[x] = run(self.spec, self.change(x), table=False).device
+            self.know(x, run(self.spec, self.change(x), table=False))
             self.runs += 1
-        return self.device[x] <= self.budget
+        return self.device[x] <= self.budget and x not in self.oom
 
     def answer(self, knob: str, value: int | None, next_value: int | None) -> Answer:
         return Answer(knob, value, self.device.get(value), next_value, self.device.get(next_value), self.runs)
@@ -132,8 +151,12 @@ def smallest_fitting(probe: _Probe, high: int) -> tuple[int | None, int | None]:
     return _narrow(probe, x, bad)
 
 
-def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
-    budget = int(gpu.memory * (1.0 - margin))
+def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None,
+        resolve: Callable[[Mapping[str, Any]], Setup] | None = None) -> FitReport:
+    """`margin`: None for the setup's (--margin), else the catalog's; `resolve`: the setup with
+    more overrides (see levers.py), None for no levers."""
+    margin = margin or setup.margin or gpu_catalog()[1].margin
+    budget = margin.budget(gpu.memory)
     setup = replace(setup, gpu=gpu, target=gpu)
     base = run(spec, setup)
     probe_b = _Probe(spec, lambda b: replace(setup, micro_batch=b), budget)
@@ -142,7 +165,8 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     # spec's default size: a shorter sequence cannot hold the images (E723)
     min_seq = (image_tokens_per_sample(base.nodes) or 0) + 1
     # NB: each search knows the setup as given already (the base estimate's device figure)
-    probe_b.device[setup.micro_batch] = probe_s.device[setup.seq_len] = base.device
+    probe_b.know(setup.micro_batch, base)
+    probe_s.know(setup.seq_len, base)
     micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH, setup.micro_batch))
     # NB: no longer sequence than the positions the model was trained for (max_position_embeddings)
     max_seq = min(MAX_SEQ, spec.context_length) if spec.context_length else MAX_SEQ
@@ -150,6 +174,10 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: float) -> FitReport:
     dp = None
     if setup.zero >= 1 or setup.fsdp is not None:  # NB: sharding makes more ranks need less memory each
         probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
-        probe_d.device[setup.dp] = base.device
+        probe_d.know(setup.dp, base)
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
-    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length)
+    found, at = (), None
+    if resolve is not None and not within(base, budget):
+        at = 1 if micro.value is None else setup.micro_batch
+        found = levers(spec, replace(setup, micro_batch=at), budget, resolve)
+    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)

@@ -174,8 +174,8 @@ class Row:
 
     @property
     def fits(self) -> bool | None:
-        gpu = self.report.gpu
-        return None if gpu is None else self.report.device <= gpu.memory
+        """The estimate's verdict: within the GPU's memory less the margin, no OOM in the replay."""
+        return self.report.fits
 
     @property
     def headroom(self) -> int | None:

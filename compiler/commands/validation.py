@@ -125,7 +125,7 @@ def compare(path: Path) -> Comparison:
     }
     fits = None
     if record.get("source") == "gpu" and report.gpu is not None:
-        fits = report.device <= report.gpu.memory and report.estimate.oom is None
+        fits = report.fits
     return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits)
 
 

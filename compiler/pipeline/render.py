@@ -26,6 +26,19 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
+def margin_line(margin, memory: int) -> str:
+    """'margin 0.5 % = 0.40 GiB kept free (specs/gpus.yaml device.margin_pct: the worst ...)'."""
+    size = "" if margin.percent is None else f" = {gib(margin.reserve(memory))} GiB"
+    why = f"{margin.source}: {margin.summary}" if margin.summary else margin.source
+    return f"margin {margin.text}{size} kept free ({why})"
+
+
+def margin_data(margin, memory: int) -> dict[str, Any]:
+    """The margin as JSON: `bytes` exact; `percent` null for a size given in bytes."""
+    return {"percent": None if margin.percent is None else float(margin.percent), "bytes": margin.reserve(memory),
+            "source": margin.source, "summary": margin.summary}
+
+
 def setup_line(r: Report) -> str:
     s = r.setup
     merged = image_tokens_per_sample(r.nodes)  # at the experiment's size (tiles, native resolution)
@@ -149,8 +162,9 @@ def text(r: Report) -> str:
     ]
     if r.gpu is not None:
         headroom = r.gpu.memory - r.device
-        verdict = "fits" if headroom >= 0 and e.oom is None else "does NOT fit"
-        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure"]
+        verdict = "fits" if r.fits else "does NOT fit"
+        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure",
+                  f"          {margin_line(r.margin, r.gpu.memory)}"]
         if e.oom is not None:
             lines.append(f"          {e.oom.message()}")
     if e.not_modelled:
@@ -214,8 +228,9 @@ def as_data(r: Report) -> dict[str, Any]:
         "activations_end_of_forward": e.activations_end_of_forward,
         "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
         "target_gpu": {"key": s.target.key, "arch": s.target.arch, "workspace_per_thread": s.target.workspace},
-        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.device <= r.gpu.memory and e.oom is None,
+        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.fits,
                                            "headroom": r.gpu.memory - r.device,
+                                           "margin": margin_data(r.margin, r.gpu.memory), "budget": r.budget,
                                            "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
                                                                                        "allocated": e.oom.allocated, "reserved": e.oom.reserved}},
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": s.alloc_conf.text},
@@ -284,7 +299,7 @@ def fit_text(f) -> str:
         f"memspec fit: {s.experiment} on {f.gpu.key} ({f.gpu.name}, {gib(f.gpu.memory)} GiB)",
         *origin_lines(f.base.spec),
         f"setup     {setup_line(f.base)}",
-        f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), margin {f.margin * 100:g} %",
+        f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), {margin_line(f.margin, f.gpu.memory)}",
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
         "",
         _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
@@ -294,10 +309,24 @@ def fit_text(f) -> str:
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
-    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.base.device <= f.budget else 'does not fit'})"]
+    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
+    lines += _lever_lines(f)
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
     return "\n".join(lines) + "\n"
+
+
+def _lever_lines(f) -> list[str]:
+    """What to change, one lever at a time, cheapest first (empty when the setup fits)."""
+    if f.levers_at is None:
+        return []
+    s = f.base.setup
+    smaller = ("nor does micro-batch 1; each change alone at micro-batch 1" if f.micro_batch.value is None
+               else f"micro-batch {f.micro_batch.value} does; each change alone at micro-batch {f.levers_at}")
+    lines = ["", f"levers: the setup as given does not fit, {smaller}, seq {s.seq_len}, cheapest first:"]
+    width = max((len(x.lever) for x in f.levers), default=0)
+    lines += [f"  {x.lever:<{width}}  {gib(x.device):>7} GiB  {'fits' if x.fits else 'does not fit':<12}  {x.change}" for x in f.levers]
+    return lines if f.levers else lines + ["  none applies to this setup"]
 
 
 def fit_json(f) -> str:
@@ -305,18 +334,21 @@ def fit_json(f) -> str:
         return None if a is None else {k: getattr(a, k) for k in ("value", "device", "next_value", "next_device", "evaluations")}
 
     data = {
-        "schema": "memspec/fit/v1",
+        "schema": "memspec/fit/v2",
         "gpu": {"key": f.gpu.key, "memory": f.gpu.memory},
-        "margin": f.margin,
+        "margin": margin_data(f.margin, f.gpu.memory),
         "budget": f.budget,
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": f.base.setup.alloc_conf.text},
         **({"model_from": dict(f.base.spec.origin)} if f.base.spec.origin else {}),
         "setup": as_data(f.base)["setup"],
         "device_as_given": f.base.device,
+        "fits_as_given": f.fits,
         "micro_batch": answer(f.micro_batch),
         "seq_len": answer(f.seq_len),
         "dp": answer(f.dp),
         "context_length": f.context_length,
+        "levers_at": None if f.levers_at is None else {"micro_batch": f.levers_at, "seq_len": f.base.setup.seq_len},
+        "levers": [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers],
     }
     return json.dumps(data, indent=2) + "\n"
 
@@ -361,7 +393,8 @@ def sweep_json(s) -> str:
         "model": s.spec.model,
         **({"model_from": dict(s.spec.origin)} if s.spec.origin else {}),
         "knobs": {k: list(v) for k, v in s.grid.items()},
-        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory},
+        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory, "margin": margin_data(s.rows[0].report.margin, s.gpu.memory),
+                                           "budget": s.rows[0].report.budget},
         "rows": [_sweep_values(row) for row in s.rows],
     }
     return json.dumps(data, indent=2) + "\n"
@@ -388,9 +421,10 @@ def sweep_text(s) -> str:
 
     title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
     if s.gpu is not None:
-        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB)"
+        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB), {margin_line(s.rows[0].report.margin, s.gpu.memory)}"
     lines = [title, *origin_lines(s.spec), "", line(head), *(line(c) for c in body), "",
-             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares",
+             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
+             + (" with the GPU's memory less the margin" if s.gpu is not None else ""),
              f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}"]
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]

@@ -11,7 +11,9 @@ print it. Problems are raised together as one `MemspecError`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
@@ -67,11 +69,70 @@ class Gpu:
     gemm_threads: int  # threads holding one workspace each in a steady-state step
 
 
+# Units of a memory size on the command line (--gpu 24GiB, --margin 2GiB): SI powers of 10
+# as GPU vendors print them (80GB = 80 x 10^9 bytes), binary powers of 2 as torch and
+# nvidia-smi count (MiB = 2^20 bytes). Matched without regard to case.
+SIZE_UNITS: Mapping[str, tuple[str, int]] = {
+    u.lower(): (u, n) for u, n in (("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12),
+                                   ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+SIZE_HELP = "write a number and a unit: 24GiB (GiB = 2^30 bytes) or 80GB (GB = 10^9 bytes)"
+
+
+def parse_size(text: str) -> int:
+    """'24GiB' -> 25_769_803_776, '80GB' -> 80_000_000_000, '1.5GiB' -> 1_610_612_736:
+    exact integer bytes. ValueError (what is wrong, in a few words) for anything else."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise ValueError("not a number followed by a unit")
+    number, unit = m.groups()
+    if unit.lower() not in SIZE_UNITS:
+        raise ValueError("no unit" if not unit else f"unknown unit '{unit}'")
+    size = Fraction(number) * SIZE_UNITS[unit.lower()][1]
+    if size.denominator != 1:
+        raise ValueError(f"not a whole number of bytes ({float(size):,.1f})")
+    return int(size)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Memory a "fits" verdict keeps free beyond the device figure: a percentage of the GPU's
+    memory (`percent`, exact) or a number of bytes (`size`), with where it was set."""
+
+    percent: Fraction | None
+    size: int | None
+    source: str  # "specs/gpus.yaml device.margin_pct" or "--margin"
+    summary: str = ""  # why this much, for the output
+
+    def reserve(self, memory: int) -> int:
+        """Bytes kept free on a GPU of `memory` bytes; a percentage is rounded up to a byte."""
+        return self.size if self.size is not None else math.ceil(memory * self.percent / 100)
+
+    def budget(self, memory: int) -> int:
+        """The most a device figure may be on that GPU and fit."""
+        return memory - self.reserve(memory)
+
+    @property
+    def text(self) -> str:
+        """'0.5 %' or '2.00 GiB', as written in the output."""
+        return f"{float(self.percent):g} %" if self.percent is not None else f"{self.size / 2**30:.2f} GiB"
+
+
+def parse_margin(text: str) -> Margin:
+    """--margin: '5%' or '5' (percent of the GPU's memory), '2GiB' or '500MB' (bytes)."""
+    body = text.strip().removesuffix("%").strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", body):
+        return Margin(Fraction(body), None, "--margin")
+    return Margin(None, parse_size(text), "--margin")
+
+
 @dataclass(frozen=True)
 class DeviceConstants:
     cuda_context: int
     nccl_per_communicator: int
     default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
+    margin: Margin = Margin(Fraction(0), None, "")  # what a verdict keeps free unless --margin says
 
 
 @dataclass(frozen=True)
@@ -120,8 +181,30 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
         for k, v in doc.data["gpus"].items()
     }
     d = doc.data["device"]
-    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]])
+    m = d["margin_pct"]
+    margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
+    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB,
+                             gpus[doc.data["default_gpu"]], margin)
     return gpus, consts
+
+
+def find_gpu(text: str, gpus: Mapping[str, Gpu], consts: DeviceConstants) -> Gpu | tuple[str, str, str]:
+    """The GPU `--gpu` (or an experiment's `gpu:`) names: a catalog key, or a memory size
+    (24GiB, 80GB) for a GPU the catalog lacks, which gets the default GPU's architecture
+    constants. Else (code, message, help) of what is wrong."""
+    if text in gpus:
+        return gpus[text]
+    if not text[:1].isdigit():
+        return "E503", f"unknown GPU '{text}'", did_you_mean(text, gpus) or f"known GPUs: {', '.join(gpus)}, or a memory size such as 24GiB"
+    try:
+        memory = parse_size(text)
+    except ValueError as error:
+        return "E506", f"'{text}' is neither a GPU of specs/gpus.yaml nor a memory size: {error}", f"{SIZE_HELP}, or a catalog GPU such as {consts.default_gpu.key}"
+    if memory <= consts.cuda_context:
+        return ("E506", f"a {text} GPU cannot hold the CUDA context ({consts.cuda_context // MIB} MiB, specs/gpus.yaml device.cuda_context_mib)",
+                "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB")
+    base = consts.default_gpu
+    return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads)
 
 
 def catalog_constants(target: Gpu, dp: int) -> tuple[Constant, ...]:
@@ -508,6 +591,8 @@ class Setup:
     pp: int = 1
     # PYTORCH_CUDA_ALLOC_CONF as the job sets it: what the allocator's replay assumes
     alloc_conf: AllocatorConfig = AllocatorConfig()
+    # what the "fits" verdict keeps free on `gpu` (None: the catalog's device.margin_pct)
+    margin: Margin | None = None
 
     @property
     def tokens(self) -> int:
@@ -728,9 +813,21 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     gpu = None
     gpus, consts = gpu_catalog()
     if data.get("gpu"):
-        gpu = gpus.get(data["gpu"])
-        if gpu is None:
-            complain("gpu", "E503", f"unknown GPU '{data['gpu']}'", did_you_mean(data["gpu"], gpus) or f"known GPUs: {', '.join(gpus)}")
+        found = find_gpu(str(data["gpu"]), gpus, consts)
+        if isinstance(found, Gpu):
+            gpu = found
+        else:
+            complain("gpu", *found)
+    margin = consts.margin
+    if data.get("margin") is not None:
+        try:
+            margin = parse_margin(str(data["margin"]))
+        except ValueError as error:
+            complain("margin", "E506", f"'{data['margin']}' is not a margin: {error}",
+                     "write a percentage of the GPU's memory, e.g. 5%, or a size, e.g. 2GiB (2^30 bytes) or 2GB (10^9 bytes)")
+    if (margin.percent or 0) >= 100 or (gpu is not None and margin.reserve(gpu.memory) >= gpu.memory):
+        whole = f"{gpu.key}'s {gpu.memory / 2**30:.2f} GiB" if gpu is not None else "the GPU"
+        complain("margin", "E204", f"a margin of {margin.text} leaves nothing of {whole}", "keep less free, e.g. --margin 5%")
     if data.get("activation_offloading") and data["gradient_checkpointing"]:
         complain("activation_offloading", "E315",
                  "activation offloading together with gradient checkpointing is not modelled",
@@ -808,6 +905,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         sp=bool(parallel["sp"]),
         pp=parallel["pp"],
         alloc_conf=alloc_conf,
+        margin=margin,
     )
 
 
