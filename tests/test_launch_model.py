@@ -17,13 +17,17 @@ import hubfixtures as hf
 from compiler.cli import _report, main, parser
 from compiler.errors import MemspecError
 from compiler.inputs import launch, script_model
+from compiler.paths import display, specs_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = "tests/fixtures/launch/scripts"
+# The bundled specs as messages show them: relative in a checkout, the installed copy's path
+# in a wheel install.
+SPECS = display(specs_dir())
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CLIP = "openai/clip-vit-large-patch14-336"
 LLAVA_13B = ("--model_name_or_path lmsys/vicuna-13b-v1.5 --vision_tower openai/clip-vit-large-patch14-336 "
-             "--mm_projector_type mlp2x_gelu -> bundled llava-1.5-13b (specs/llava/llava-1.5-13b.yaml)")
+             f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-13b ({SPECS}/llava/llava-1.5-13b.yaml)")
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +78,7 @@ def test_llava_scripts_alone_estimate_as_their_experiments(script, experiment, l
     code, out, err = _run(["estimate", "--from-command", f"{LAUNCH}/v1_5/{script}", "--dp", "8", "--gpu", "a100-80gb"], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "memspec estimate: llava-1.5-13b  (specs/llava/llava-1.5-13b.yaml)"
+    assert lines[0] == f"memspec estimate: llava-1.5-13b  ({SPECS}/llava/llava-1.5-13b.yaml)"
     assert lines[2] == f"from      {LAUNCH}/v1_5/{script}:{line} {LLAVA_13B}"
     assert lines[3].startswith("setup     ")
     assert f"note: model from {LAUNCH}/v1_5/{script}:{line} {LLAVA_13B}\n" in err
@@ -98,7 +102,7 @@ def test_a_7b_script_picks_the_7b_spec_and_its_experiment(tmp_path, capsys):
     r = _report_of(["estimate", "--from-command", path, "--dp", "8", "--gpu", "a100-80gb"])
     assert r.spec.model == "llava-1.5-7b"
     assert r.spec.origin["description"] == (f"{path}:6 --model_name_or_path lmsys/vicuna-7b-v1.5 --vision_tower {CLIP} "
-                                            "--mm_projector_type mlp2x_gelu -> bundled llava-1.5-7b (specs/llava/llava-1.5-7b.yaml)")
+                                            f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-7b ({SPECS}/llava/llava-1.5-7b.yaml)")
     e = _report_of(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml"])
     assert _same_setup(r.setup, e.setup) and (r.allocated, r.device) == (e.allocated, e.device)
     assert r.allocated == 36_718_280_192  # tests/golden/SUMMARY.tsv, llava-1.5-7b-finetune
@@ -112,7 +116,7 @@ def test_json_says_where_the_model_came_from(capsys):
     assert data["model_from"] == {
         "script": f"{LAUNCH}/v1_5/finetune_lora.sh", "line": 7,
         "flags": {"model_name_or_path": "lmsys/vicuna-13b-v1.5", "vision_tower": CLIP, "mm_projector_type": "mlp2x_gelu"},
-        "kind": "bundled", "file": "specs/llava/llava-1.5-13b.yaml",
+        "kind": "bundled", "file": f"{SPECS}/llava/llava-1.5-13b.yaml",
         "description": f"{LAUNCH}/v1_5/finetune_lora.sh:7 {LLAVA_13B}",
     }
     assert data["setup"]["lora"]["r"] == 128  # the script's own flags still apply
@@ -150,7 +154,7 @@ def test_report_page_and_json_say_where_the_model_came_from(tmp_path, capsys):
 def test_sweep_and_table_take_the_scripts_model(capsys):
     code, out, _ = _run(["sweep", "--from-command", f"{LAUNCH}/v1_5/pretrain.sh", "--micro-batch", "1,2", "--quiet"], capsys)
     lines = out.splitlines()
-    assert code == 0 and lines[0] == "memspec sweep: llava-1.5-13b  (specs/llava/llava-1.5-13b.yaml), 2 points"
+    assert code == 0 and lines[0] == f"memspec sweep: llava-1.5-13b  ({SPECS}/llava/llava-1.5-13b.yaml), 2 points"
     assert lines[1] == f"from      {LAUNCH}/v1_5/pretrain.sh:6 {LLAVA_13B}"
     code, out, _ = _run(["table", "--from-command", f"{LAUNCH}/v1_5/pretrain.sh", "--format", "tsv"], capsys)
     # the 13B language model: hidden 5120, micro-batch 32 from the script
@@ -170,9 +174,9 @@ def test_no_model_and_no_script_is_a_usage_error(capsys):
 def test_accelerate_fixture_names_a_bundled_model(capsys):
     code, out, err = _run(["estimate", "--from-command", "tests/fixtures/accelerate/launch.sh"], capsys)
     lines = out.splitlines()
-    assert code == 0 and lines[0] == "memspec estimate: Qwen2.5-0.5B  (specs/qwen2/qwen2.5-0.5b.yaml)"
+    assert code == 0 and lines[0] == f"memspec estimate: Qwen2.5-0.5B  ({SPECS}/qwen2/qwen2.5-0.5b.yaml)"
     assert lines[2] == ("from      tests/fixtures/accelerate/launch.sh:4 --model_name_or_path Qwen/Qwen2.5-0.5B "
-                        "-> bundled qwen2.5-0.5b (specs/qwen2/qwen2.5-0.5b.yaml)")
+                        f"-> bundled qwen2.5-0.5b ({SPECS}/qwen2/qwen2.5-0.5b.yaml)")
     assert lines[3] == ("setup     micro-batch 4 x 0 image(s) | seq 1024 | bf16-mixed | adamw foreach, Trainer's decay / no-decay groups "
                         "| attention sdpa | checkpointing language | dp 8 FSDP2 (no reshard after forward, reduce fp32)")
     with_spec = _report_of(["estimate", "specs/qwen2/qwen2.5-0.5b.yaml", "--from-command", "tests/fixtures/accelerate/launch.sh"])
@@ -181,13 +185,13 @@ def test_accelerate_fixture_names_a_bundled_model(capsys):
 
 
 @pytest.mark.parametrize("value, spec", [
-    ("Qwen/Qwen2.5-0.5B", "specs/qwen2/qwen2.5-0.5b.yaml"),
-    ("qwen/qwen2.5-0.5b", "specs/qwen2/qwen2.5-0.5b.yaml"),  # the hub resolves ids without case
-    ("llava-hf/llava-1.5-7b-hf", "specs/llava/llava-1.5-7b.yaml"),
+    ("Qwen/Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),
+    ("qwen/qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # the hub resolves ids without case
+    ("llava-hf/llava-1.5-7b-hf", f"{SPECS}/llava/llava-1.5-7b.yaml"),
     # two bundled specs have this repo; the one named as the repo is meant, not -router-aux
-    ("mistralai/Mixtral-8x7B-v0.1", "specs/mixtral/mixtral-8x7b-v0.1.yaml"),
-    ("qwen2.5-0.5b", "specs/qwen2/qwen2.5-0.5b.yaml"),  # a short name
-    ("Qwen2.5-0.5B", "specs/qwen2/qwen2.5-0.5b.yaml"),  # a spec's model name
+    ("mistralai/Mixtral-8x7B-v0.1", f"{SPECS}/mixtral/mixtral-8x7b-v0.1.yaml"),
+    ("qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a short name
+    ("Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a spec's model name
 ])
 def test_bundled_spec_by_hub_id_model_or_short_name(tmp_path, value, spec):
     m = _resolve(_script(tmp_path, f"torchrun --nproc_per_node 8 train.py --model_name_or_path {value} --bf16\n"))
@@ -198,7 +202,7 @@ def test_bundled_spec_by_hub_id_model_or_short_name(tmp_path, value, spec):
 def test_a_script_variable_names_the_model(tmp_path):
     path = _script(tmp_path, "MODEL=Qwen/Qwen2.5-0.5B\ntorchrun --nproc_per_node 2 train.py \\\n    --model_name_or_path $MODEL\n")
     m = _resolve(path)
-    assert m.describe() == f"{path}:3 --model_name_or_path Qwen/Qwen2.5-0.5B -> bundled qwen2.5-0.5b (specs/qwen2/qwen2.5-0.5b.yaml)"
+    assert m.describe() == f"{path}:3 --model_name_or_path Qwen/Qwen2.5-0.5B -> bundled qwen2.5-0.5b ({SPECS}/qwen2/qwen2.5-0.5b.yaml)"
 
 
 def test_an_unset_variable_is_e812(tmp_path):
