@@ -476,39 +476,41 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
+# What a bare spec, a hub id or a model folder is estimated with when neither the command
+# line nor a launch script says: the defaults of the trainers that fine-tune them.
+BARE_DEFAULTS = (
+    ("micro_batch", 8, "transformers' TrainingArguments default per_device_train_batch_size"),
+    ("seq_len", 1024, "TRL's SFTConfig default max_length, image tokens included"),
+)
+
+
 def _inputs(args):
     """(spec, setup) of the file argument with the launch files and flags applied."""
     return _inputs_and_notes(args)[0]
 
 
 def _inputs_and_notes(args):
-    """`_inputs`, and the notes on reading the launch files (also printed on stderr)."""
-    from . import api
-    from .inputs.importer import is_source
+    """`_inputs`, and the notes on reading the launch files and on the defaults taken (also
+    printed on stderr)."""
+    from .pipeline.resolve import resolve_setup
 
-    knobs, notes = _read_launch(args)
-    if is_source(args.file):
-        from .inputs.importer import source_inputs
-
-        inputs = source_inputs(args.file, knobs, getattr(args, "revision", None))
-    else:
-        if getattr(args, "revision", None):
-            raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
-        inputs = api.load_inputs(args.file, knobs)
+    spec, doc, knobs, notes = _sources_and_notes(args)
     for line in notes:
         sys.stderr.write(line + "\n")
-    return (_with_origin(inputs[0], args), inputs[1]), tuple(notes)
+    return (spec, resolve_setup(doc, spec, knobs)), tuple(notes)
 
 
-def _with_origin(spec, args):
-    """The spec, saying where the launch script named it when no model file was given."""
-    script_model = getattr(args, "script_model", None)
-    return spec if script_model is None else replace(spec, origin=script_model.as_data())
-
-
-def _sources(args):
+def _sources(args, searched: tuple[str, ...] = ()):
     """(spec, experiment document or None, overrides) of the file argument, loaded once for
-    many setups (`resolve_setup(doc, spec, overrides)`); the launch files' notes go to stderr."""
+    many setups (`resolve_setup(doc, spec, overrides)`); the notes go to stderr. `searched`:
+    the knobs the command varies itself, which a bare spec takes no default for."""
+    spec, doc, knobs, notes = _sources_and_notes(args, searched)
+    for line in notes:
+        sys.stderr.write(line + "\n")
+    return spec, doc, knobs
+
+
+def _sources_and_notes(args, searched: tuple[str, ...] = ()):
     from . import api
     from .inputs.importer import is_source
 
@@ -522,9 +524,18 @@ def _sources(args):
         if revision:
             raise UsageError(Diagnostic("E208", "", 0, 0, "--revision", "applies to a hub id, not to a spec or experiment file"))
         spec, doc = api.load_sources(args.file)
-    for line in notes:
-        sys.stderr.write(line + "\n")
-    return _with_origin(spec, args), doc, knobs
+    if doc is None:
+        for key, value, source in BARE_DEFAULTS:
+            if key not in knobs and key not in searched:
+                knobs[key] = value
+                notes.append(f"note: no --{key.replace('_', '-')}: {value}, {source}")
+    return _with_origin(spec, args), doc, knobs, notes
+
+
+def _with_origin(spec, args):
+    """The spec, saying where the launch script named it when no model file was given."""
+    script_model = getattr(args, "script_model", None)
+    return spec if script_model is None else replace(spec, origin=script_model.as_data())
 
 
 def _report(args):
@@ -647,7 +658,9 @@ def _fit(args) -> int:
     from .commands.fit import fit
     from .pipeline.resolve import resolve_setup
 
-    spec, doc, knobs = _sources(args)
+    spec, doc, knobs = _sources(args, searched=("micro_batch",))
+    if doc is None and "micro_batch" not in knobs:
+        knobs["micro_batch"] = 1  # NB: where the search for the largest micro-batch starts
     setup = resolve_setup(doc, spec, knobs)
     if setup.gpu is None:
         raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
@@ -663,7 +676,7 @@ def _sweep(args) -> int:
 
     grid = {k.name: parse_values(k, getattr(args, "sweep_" + k.name)) for k in KNOBS if getattr(args, "sweep_" + k.name) is not None}
     fmt = args.format or {".csv": "csv", ".json": "json"}.get(Path(args.output or "").suffix.lower(), "text")
-    spec, doc, base = _sources(args)
+    spec, doc, base = _sources(args, searched=tuple(grid))
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     if args.svg or args.x:
         x_knob(grid, args.x)  # NB: a chart that cannot be drawn is refused before the sweep runs

@@ -47,3 +47,40 @@ def test_an_ambiguous_short_name_is_refused(monkeypatch):
     monkeypatch.setattr(catalog, "entries", lambda: twice)
     with pytest.raises(MemspecError, match="E111|names 2 bundled files"):
         catalog.find("llava-1.5-7b")
+
+
+def test_a_short_name_in_any_case_or_without_its_suffix():
+    assert catalog.find("LLaVA-1.5-7B") == catalog.find("llava-1.5-7b")
+    # the one spec continuing the name at a dash: the -instruct checkpoint
+    assert catalog.find("qwen2-vl-7b").name == "qwen2-vl-7b-instruct.yaml"
+    # a name that two specs continue is refused, naming both
+    with pytest.raises(MemspecError) as err:
+        catalog.find("mixtral-8x7b")
+    assert "mixtral-8x7b-v0.1.yaml" in err.value.render() and "mixtral-8x7b-v0.1-router-aux.yaml" in err.value.render()
+    assert catalog.find("qwen2-v") is None  # a name continues at a dash only
+
+
+def test_a_bare_spec_takes_the_trainers_defaults_and_says_so(capsys):
+    # neither --micro-batch nor --seq-len: TrainingArguments' per_device_train_batch_size 8,
+    # TRL SFTConfig's max_length 1024 (LLaVA-1.5: 576 image tokens + 448 text)
+    assert main(["estimate", "llava-1.5-7b", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    by_flags = api.estimate(str(catalog.find("llava-1.5-7b")), micro_batch=8, seq_len=1024)
+    assert json.loads(captured.out)["peak"]["allocated"] == by_flags.allocated
+    assert captured.err.splitlines() == [
+        "note: no --micro-batch: 8, transformers' TrainingArguments default per_device_train_batch_size",
+        "note: no --seq-len: 1024, TRL's SFTConfig default max_length, image tokens included",
+    ]
+    # a flag given takes no default and no note; an experiment states both
+    assert main(["estimate", "llava-1.5-7b", "--micro-batch", "2", "--format", "json"]) == 0
+    assert capsys.readouterr().err.splitlines() == ["note: no --seq-len: 1024, TRL's SFTConfig default max_length, image tokens included"]
+    assert main(["estimate", "llava-1.5-7b-finetune", "--format", "json"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_fit_searches_the_micro_batch_without_one_given(capsys):
+    assert main(["fit", "qwen2.5-0.5b", "--seq-len", "2048", "--gpu", "24GiB", "--format", "json"]) == 0
+    answered = json.loads(capsys.readouterr().out)
+    assert main(["fit", "qwen2.5-0.5b", "--seq-len", "2048", "--micro-batch", "1", "--gpu", "24GiB", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["micro_batch"] == answered["micro_batch"]
+    assert answered["micro_batch"]["value"] >= 1

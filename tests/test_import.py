@@ -535,11 +535,18 @@ def test_estimate_a_folder_or_hub_id(capsys):
     assert folder["peak"] == by_id["peak"] if "peak" in folder else folder["allocated"] == by_id["allocated"]
 
 
-def test_estimate_needs_micro_batch_and_seq_len(capsys):
-    assert main(["estimate", str(FIX / "Llama-3.2-1B")]) == 1
-    err = capsys.readouterr().err
-    assert "E201 $.micro_batch: missing micro-batch\nhelp: give --micro-batch N or use an experiment file" in err
-    assert "E201 $.seq_len: missing seq-len" in err
+def test_a_dry_run_takes_the_trainers_defaults_and_the_api_asks(capsys):
+    # the command line: the trainers' defaults, each said on stderr
+    assert main(["estimate", str(FIX / "Llama-3.2-1B")]) == 0
+    out, err = capsys.readouterr()
+    assert "setup     micro-batch 8 x 0 image(s) | seq 1024 |" in out
+    assert err.splitlines() == ["note: no --micro-batch: 8, transformers' TrainingArguments default per_device_train_batch_size",
+                                "note: no --seq-len: 1024, TRL's SFTConfig default max_length, image tokens included"]
+    # the Python API takes no default: a caller states both
+    with pytest.raises(MemspecError) as exc:
+        importer.source_inputs(str(FIX / "Llama-3.2-1B"), {})
+    assert "E201 $.micro_batch: missing micro-batch\nhelp: give --micro-batch N or use an experiment file" in exc.value.render()
+    assert "E201 $.seq_len: missing seq-len" in exc.value.render()
 
 
 def test_imported_text_equals_hand_written_numbers():

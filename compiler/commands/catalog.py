@@ -3,7 +3,8 @@
 Contract: `entries()` lists every bundled model spec and experiment under `specs/` (not the
 family mappings, matrices or the GPU catalog), read from the installed package's data or the
 checkout; `find(name)` is the bundled file a short name means (the file's stem, or a spec's
-`model:`), None when there is none, and E111 when the name means more than one file. A
+`model:`, in any case; else the one spec named by it and a dash-separated suffix such as
+`-instruct`), None when there is none, and E111 when the name means more than one file. A
 short name never shadows a path that exists.
 """
 
@@ -70,11 +71,17 @@ def entries() -> tuple[Entry, ...]:
 
 
 def find(name: str) -> Path | None:
-    hits = [e for e in entries() if name in (e.name, e.model if e.kind == "spec" else None)]
+    """The bundled file `name` means: a file's stem or a spec's `model:`, in any case; else
+    the one model spec whose name continues `name` at a dash (`qwen2-vl-7b` is
+    qwen2-vl-7b-instruct), which the estimate's first line then names."""
+    folded = name.casefold()
+    hits = [e for e in entries() if folded in (e.name.casefold(), e.model.casefold() if e.kind == "spec" else None)]
+    if not hits:
+        hits = [e for e in entries() if e.kind == "spec" and e.name.casefold().startswith(folded + "-")]
     paths = sorted({e.path for e in hits})
     if len(paths) > 1:
         raise MemspecError(Diagnostic("E111", "", 0, 0, "", f"'{name}' names {len(paths)} bundled files: {', '.join(display(p) for p in paths)}",
-                                      "give the path of the one you mean"))
+                                      "give the path or the full short name of the one you mean (memspec list)"))
     return paths[0] if paths else None
 
 
