@@ -68,8 +68,8 @@ Codes (stable; never reuse a retired one):
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
     E802 offload DeepSpeed lacks (nvme or params below ZeRO-3) E812 flag value unusable (not a bool/number, unset shell variable)
-    E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits)
-    E804 accelerate config value of the wrong type or range  E805 accelerate feature not modelled (FSDP1, size wrap, offload, fp8)
+    E803 config number disagrees with the command's flag     E813 flag that changes memory, not modelled (optim, anyres, bits, torch_compile)
+    E804 accelerate config value of the wrong type or range  E805 accelerate feature not modelled (FSDP1, size wrap, offload, fp8, dynamo)
     E814 --from-command without a model file: the script names no --model_name_or_path, or one that is no folder, bundled spec
          or readable hub id (a LLaVA script: no bundled spec built from its --model_name_or_path, --vision_tower, --mm_projector_type)
 

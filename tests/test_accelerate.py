@@ -115,3 +115,17 @@ def test_flags_win_over_the_file(capsys):
 
     data = json.loads(capsys.readouterr().out)
     assert data["setup"]["parallel"] == {"dp": 2, "zero": 0, "fsdp": {"reshard_after_forward": False, "reduce_dtype": "bf16"}}
+
+
+def test_dynamo_off_is_read_and_on_is_refused(tmp_path):
+    # `accelerate config` writes dynamo_config: {dynamo_backend: 'NO'} when asked "no": no
+    # compile, nothing unknown; a backend compiles the model, which is not modelled (E805)
+    base = "distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: bf16\n"
+    (tmp_path / "off.yaml").write_text(base + "dynamo_config:\n  dynamo_backend: 'NO'\n")
+    r = launch.read_accelerate(str(tmp_path / "off.yaml"), ("language",))
+    assert r.overrides == {"dp": 2, "precision": "bf16-mixed", "fsdp": None, "zero": 0}
+    assert not any("unknown" in n for n in r.notes)
+    (tmp_path / "on.yaml").write_text(base + "dynamo_config:\n  dynamo_backend: INDUCTOR\n")
+    with pytest.raises(MemspecError) as err:
+        launch.read_accelerate(str(tmp_path / "on.yaml"), ("language",))
+    assert err.value.render().startswith(f"{tmp_path / 'on.yaml'}:5:3: E805 $.dynamo_config.dynamo_backend: dynamo_backend INDUCTOR")

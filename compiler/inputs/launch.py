@@ -541,6 +541,7 @@ USED = frozenset({
     "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "double_quant", "quant_type", "model_name_or_path",
     "num_gpus", "nproc_per_node", "use_liger_kernel", "padding_free",
     "use_peft", "lora_target_modules", "lora_modules_to_save",
+    "torch_compile", "torch_compile_backend", "torch_compile_mode",
 })
 
 
@@ -652,6 +653,7 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         out["loss"] = "fused_linear_cross_entropy"
     if r.boolean("padding_free"):
         out["packing"] = True
+    _refuse_compile(r)
     out.update(_precision_flags(r))
     out.update(_optimizer_flag(r, notes))
     out.update(_param_groups(command, notes))
@@ -694,6 +696,18 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
     if command.positionals:
         notes.append(f"note: ignored arguments: {' '.join(command.positionals)}")
     return Reading(out, tuple(notes))
+
+
+def _refuse_compile(r: _Reader) -> None:
+    """TrainingArguments compiles the model with --torch_compile, or with a backend or mode
+    named (either sets torch_compile): inductor's fused kernels and its min-cut partitioner
+    choose what is saved for backward, so the eager step's activations are not the compiled
+    step's, and no compiled step has been measured yet."""
+    for name in ("torch_compile", "torch_compile_backend", "torch_compile_mode"):
+        if name in r.flags and (r.boolean(name) if name == "torch_compile" else r.text(name)):
+            r.bad(name, "torch.compile changes which activations are saved, and a compiled step is not modelled",
+                  "drop it to estimate the eager step (the compiled step's saved activations may be more or fewer)", "E813")
+            return
 
 
 def _precision_flags(r: _Reader) -> dict[str, Any]:
@@ -885,7 +899,7 @@ ACCELERATE_DOCS = "see https://huggingface.co/docs/accelerate/usage_guides/fsdp 
 def _accelerate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("fsdp_config", "deepspeed_config") and isinstance(value, dict):
+        if key in ("fsdp_config", "deepspeed_config", "dynamo_config") and isinstance(value, dict):
             out.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             out[key] = value
@@ -932,6 +946,12 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
             "E805" if mp == "fp8" else "E804")
     elif "mixed_precision" in flat:
         out["precision"] = ACCELERATE_PRECISION[mp]
+    backend = flat.get("dynamo_config.dynamo_backend", "NO")
+    if str(backend).upper() != "NO":
+        # NB: accelerate compiles the prepared model with torch.compile(backend=...): the
+        # compiled step's saved activations are not the eager step's, and none is measured
+        bad("dynamo_config.dynamo_backend", f"dynamo_backend {backend}: torch.compile changes which activations are saved, and a compiled step is not modelled",
+            "write dynamo_backend: 'NO' to estimate the eager step", "E805")
     if kind == "FSDP":
         out.update(_accelerate_fsdp(flat, bad, modules, notes))
     elif kind == "DEEPSPEED":
@@ -941,7 +961,7 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
         out.update({"fsdp": None, "zero": 0})  # NB: DDP (MULTI_GPU) or one process shards nothing
     if problems:
         raise MemspecError(problems)
-    rest = [k for k in flat if k not in ACCELERATE_USED]
+    rest = [k for k in flat if k not in ACCELERATE_USED and not k.startswith("dynamo_config.")]
     no_effect = [k for k in rest if k in ACCELERATE_NO_MEMORY_EFFECT]
     unknown = [k for k in rest if k not in ACCELERATE_NO_MEMORY_EFFECT]
     for section, used_by in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
