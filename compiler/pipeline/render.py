@@ -309,7 +309,7 @@ def fit_text(f) -> str:
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
-    lines += ["", f"{evaluations} estimates; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
+    lines += ["", f"{evaluations} estimate{'s' if evaluations != 1 else ''}; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
     lines += _lever_lines(f)
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
