@@ -27,7 +27,7 @@ from ..paths import display
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
-# declares it (`resolve.setup_capabilities`); a file without the key models none of them.
+# declares it (`resolve._check_setups`); a file without the key models none of them.
 SETUPS: Mapping[str, str] = {
     "packing": "packing: the micro-batch packed into one row, position_ids restarting per sequence",
     "activation_offloading": "activation offloading: saved activations kept in host memory (save_on_cpu)",
