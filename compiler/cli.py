@@ -192,6 +192,8 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
     add("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
     add("--images-per-sample", type=int, metavar="N")
+    add("--videos-per-sample", type=int, metavar="N", help="videos per sample (Qwen2-VL), each of --video-frames frames of --image-size")
+    add("--video-frames", type=int, metavar="N", help="frames sampled per video")
     add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
     add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
     add("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
@@ -272,14 +274,14 @@ def _count_bounds() -> dict[str, tuple[int, int | None]]:
     from .pipeline.validate import load_schema
 
     props = load_schema("experiment")["properties"]
-    found = {k: props[k] for k in ("micro_batch", "seq_len", "images_per_sample")}
+    found = {k: props[k] for k in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames")}
     found.update({k: props["parallel"]["properties"][k] for k in ("dp", "tp", "pp")})
     return {k: (v["minimum"], v.get("maximum")) for k, v in found.items()}
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
+    for key in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
                 "offload_optimizer", "offload_param", "alloc_conf", "margin"):
         value = getattr(args, key, None)
         if value is not None:

@@ -77,3 +77,54 @@ def test_text_only_batch_runs_no_vision_kernel():
     vision = [r for r in trained.rows if r.path.startswith("vision.") and r.type == "attention_core"]
     assert vision and all(not r.activations for r in vision)
     assert sum(b for n in trained.nodes if n.inst.module == "vision" for x in n.walk() for _, b in x.cost.saved) == 0
+
+
+QWEN2_VL = str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml")
+
+
+@pytest.mark.parametrize("frames, patches", [(16, 8), (15, 8), (1, 1)])
+def test_a_video_is_its_temporal_patches_read_as_images(frames, patches):
+    """Qwen2VLVideoProcessor pads F frames with the last to a multiple of temporal_patch_size 2
+    (15 -> 16: 8 temporal patches, 1 -> 2: 1) and the tower attends over each temporal patch on
+    its own (cu_seqlens repeat h x w grid_t times): one video is `patches` images of its frame
+    size, 256 tokens each at 448 x 448. The one difference, video_grid_thw's 1 row against
+    image_grid_thw's `patches`, is 24 B against 24 x patches B, both within one 512-byte block."""
+    common = dict(micro_batch=1, seq_len=4096, image_size=[448, 448], trainable=["vision", "projector", "language"],
+                  precision="bf16", optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0})
+    video = api.estimate(QWEN2_VL, images_per_sample=0, videos_per_sample=1, video_frames=frames, **common)
+    images = api.estimate(QWEN2_VL, images_per_sample=patches, **common)
+    assert video.setup.vision_items == patches
+    assert api.image_tokens_per_sample(video.nodes) == patches * 256
+    assert (video.allocated, video.reserved) == (images.allocated, images.reserved)
+
+
+def test_a_video_shows_in_the_setup_line_and_json(capsys):
+    from compiler.cli import main
+
+    argv = ["estimate", QWEN2_VL, "--micro-batch", "1", "--seq-len", "4096", "--images-per-sample", "0",
+            "--videos-per-sample", "1", "--video-frames", "15"]
+    assert main(argv) == 0
+    assert "micro-batch 1 x 0 image(s) + 1 video(s) of 15 frames | seq 4096 (2048 video + 2048 text) |" in capsys.readouterr().out
+    assert main(argv + ["--format", "json"]) == 0
+    import json
+
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert (setup["images_per_sample"], setup["videos_per_sample"], setup["video_frames"]) == (0, 1, 15)
+
+
+@pytest.mark.parametrize("spec, flags, code", [
+    ("specs/llava/llava-1.5-7b.yaml", ["--videos-per-sample", "1", "--video-frames", "8"], "E327"),  # LLaVA-1.5 reads no video
+    ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--videos-per-sample", "1"], "E328"),  # no frame count
+    ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--video-frames", "8"], "E328"),  # frames, no video
+])
+def test_video_input_errors(spec, flags, code, capsys):
+    from compiler.cli import main
+
+    assert main(["estimate", str(ROOT / spec), "--micro-batch", "1", "--seq-len", "4096", *flags]) == 2
+    assert f"{code} --" in capsys.readouterr().err
+
+
+def test_the_import_writes_the_video_temporal_patch():
+    # config.json vision_config.temporal_patch_size 2; a family without video writes none
+    assert "video_temporal_patch: 2" in importer.import_spec(str(HUB / "Qwen2-VL-7B-Instruct")).text
+    assert "video_temporal_patch" not in importer.import_spec(str(HUB / "llava-1.5-7b-hf")).text

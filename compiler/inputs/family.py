@@ -108,6 +108,7 @@ class Family:
     doc: Document
     anyres: AnyresMapping | None = None
     image_resize: ImageResizeMapping | None = None
+    video_temporal_patch: Expr | None = None  # frames per temporal patch of a video input
 
     def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
         """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
@@ -280,6 +281,8 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
         ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
         image_resize=image_resize,
+        video_temporal_patch=(compile_expr(data["video_temporal_patch"], doc, "$.video_temporal_patch", names, problems)
+                              if "video_temporal_patch" in data else None),
         attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
                    if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
     )

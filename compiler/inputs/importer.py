@@ -242,6 +242,8 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         **_anyres_data(ckpt, family, scope),
         **({"image_resize": {k: _integer(getattr(family.image_resize, k)(scope), f"image_resize.{k}", family, ckpt)
                              for k in ("factor", "min_pixels", "max_pixels")}} if family.image_resize else {}),
+        **({"video_temporal_patch": _integer(family.video_temporal_patch(scope), "video_temporal_patch", family, ckpt)}
+           if family.video_temporal_patch else {}),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
@@ -342,6 +344,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         r = data["image_resize"]
         lines.append(_commented("image_resize:", "the processor's smart_resize: the bounds from preprocessor_config.json, factor patch x merge"))
         lines += [f"  {k}: {r[k]}" for k in ("factor", "min_pixels", "max_pixels")]
+    if "video_temporal_patch" in data:
+        lines.append(_commented(f"video_temporal_patch: {data['video_temporal_patch']}", "a video's frames per temporal patch: F frames are read as ceil(F / this) images"))
     lines.append("modules:")
     for m in family.modules:
         spec_m = data["modules"][m.name]

@@ -40,7 +40,7 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size", "lora", "loss", "packing", "activation_offloading")
+OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading")
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 # peft's LoraConfig defaults for what an experiment's `lora` block leaves out
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
@@ -116,6 +116,11 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.param_groups {optimizer.get('param_groups')!r} is not one of {list(PARAM_GROUPS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+    for key in ("videos_per_sample", "video_frames"):
+        if exp.get(key) is not None and (not isinstance(exp[key], int) or exp[key] < 0):
+            fail(f"{key} must be a non-negative integer, got {exp[key]!r}")
+    if bool(exp.get("videos_per_sample")) != bool(exp.get("video_frames")):
+        fail("videos_per_sample and video_frames go together (videos of that many frames)")
     lora = exp.get("lora")
     if lora is not None:
         _check_lora(lora, fail)
@@ -325,4 +330,4 @@ def label(key: str, value: Any) -> str:
     if key == "image_size":
         return f"{value[0]}x{value[1]}"
     return {"micro_batch": f"b{value}", "seq_len": f"s{value}", "lora.r": f"r{value}",
-            "lora.dropout": f"drop{value}"}.get(key, str(value))
+            "lora.dropout": f"drop{value}", "video_frames": f"f{value}"}.get(key, str(value))

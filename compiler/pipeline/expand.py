@@ -89,7 +89,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "grad_flows": trainable or grad_in or bias_trains,
         "bytes": dict(setup.bytes),
         "attention": setup.attention,
-        "images": setup.images_per_sample,
+        "images": setup.vision_items,
         "image_h": setup.image_hw[0],
         "image_w": setup.image_hw[1],
         "grid_rows": setup.grid[0],
@@ -109,7 +109,8 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
     """The experiment's names a module's context expressions (batch, seq) read.
     NB: packing makes the language model's batch one row of every token (text-only, E316)."""
     rows_b, rows_s = setup.rows
-    return {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.images_per_sample,
+    # NB: a video is its temporal patches, each read by the tower as an image of its frame size
+    return {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.vision_items,
             "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
             "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
 

@@ -39,15 +39,22 @@ def margin_data(margin, memory: int) -> dict[str, Any]:
             "source": margin.source, "summary": margin.summary}
 
 
+def _videos(s) -> str:
+    if not s.videos_per_sample:
+        return ""
+    return f" + {s.videos_per_sample} video(s) of {s.video_frames} frames"
+
+
 def setup_line(r: Report) -> str:
     s = r.setup
     merged = image_tokens_per_sample(r.nodes)  # at the experiment's size (tiles, native resolution)
-    image_tokens = s.images_per_sample * r.spec.image_tokens if merged is None else merged
-    seq = f"seq {s.seq_len}" + (f" ({image_tokens} image + {s.seq_len - image_tokens} text)" if image_tokens else "")
+    image_tokens = s.vision_items * r.spec.image_tokens if merged is None else merged
+    kind = "image and video" if s.videos_per_sample and s.images_per_sample else "video" if s.videos_per_sample else "image"
+    seq = f"seq {s.seq_len}" + (f" ({image_tokens} {kind} + {s.seq_len - image_tokens} text)" if image_tokens else "")
     opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
-        f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s) | {seq} | {s.precision} | {opt} | "
+        f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {s.precision} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
         + (f" | {_lora_label(s.lora)}" if s.lora is not None else "")
         + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
@@ -189,6 +196,7 @@ def as_data(r: Report) -> dict[str, Any]:
             "micro_batch": s.micro_batch,
             "seq_len": s.seq_len,
             "images_per_sample": s.images_per_sample,
+            **({"videos_per_sample": s.videos_per_sample, "video_frames": s.video_frames} if s.videos_per_sample else {}),
             "trainable": sorted(s.trainable),
             "precision": s.precision,
             "optimizer": _optimizer_json(s.optimizer),

@@ -42,6 +42,7 @@ ATTENTION = ("flash_attention_2", "sdpa", "eager")
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 DEFAULTS: Mapping[str, Any] = {
     "images_per_sample": 1,
+    "videos_per_sample": 0,
     "precision": "bf16-mixed",
     "optimizer": {"type": "adamw", "impl": "foreach"},
     "gradient_checkpointing": [],
@@ -302,6 +303,8 @@ class Spec:
     # What a LoRA run trains in full besides the adapters when the experiment does not say
     # (the model's own recipe; peft alone freezes every base weight).
     lora_trainable: tuple[str, ...] = ()
+    # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
+    video_temporal_patch: int | None = None
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -593,10 +596,22 @@ class Setup:
     alloc_conf: AllocatorConfig = AllocatorConfig()
     # what the "fits" verdict keeps free on `gpu` (None: the catalog's device.margin_pct)
     margin: Margin | None = None
+    # Videos per sample, each of video_frames frames of image_size, which the vision tower
+    # reads video_temporal_patch frames at a time (the spec's; 1 where it takes no video).
+    videos_per_sample: int = 0
+    video_frames: int = 0
+    video_temporal_patch: int = 1
 
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def vision_items(self) -> int:
+        """What the vision tower reads per sample, in images of image_size: each image, and
+        each video's temporal patches (its frames padded to a multiple of the temporal patch
+        with the last frame, as Qwen2VLVideoProcessor does), which attend one by one."""
+        return self.images_per_sample + self.videos_per_sample * _temporal_patches(self.video_frames, self.video_temporal_patch)
 
     @property
     def rows(self) -> tuple[int, int]:
@@ -617,6 +632,10 @@ class Setup:
         if self.anyres is None or self.image_size is None:
             return (0, 0)
         return self.anyres.grid(*self.image_size)
+
+
+def _temporal_patches(frames: int, temporal_patch: int) -> int:
+    return -(-frames // temporal_patch)
 
 
 def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
@@ -673,9 +692,25 @@ def resolve_spec(doc: Document) -> Spec:
         image_resize=ImageResize(**data["image_resize"]) if data.get("image_resize") else None,
         context_length=data.get("context_length"),
         lora_trainable=tuple(data.get("lora_trainable") or ()),
+        video_temporal_patch=data.get("video_temporal_patch"),
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
+
+
+def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
+    """Videos need a model that reads them (the spec's video_temporal_patch) and a frame count;
+    a frame count needs videos."""
+    videos, frames = data["videos_per_sample"], data.get("video_frames")
+    if videos and spec.video_temporal_patch is None:
+        complain("videos_per_sample", "E327", f"{spec.model} takes no video input: its spec has no video_temporal_patch",
+                 "leave videos_per_sample out, or estimate a model that reads videos (Qwen2-VL, Qwen2.5-VL)")
+    elif videos and not frames:
+        complain("videos_per_sample", "E328", f"videos_per_sample {videos} without video_frames: a video's memory follows its frame count",
+                 "give video_frames (the frames sampled per video), e.g. --video-frames 16")
+    elif frames and not videos:
+        complain("video_frames", "E328", f"video_frames {frames} without videos: videos_per_sample is 0",
+                 "give videos_per_sample (e.g. --videos-per-sample 1), or leave video_frames out")
 
 
 def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None, formulas: Library | None = None) -> Setup:
@@ -793,6 +828,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         complain("images_per_sample", "E324",
                  f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
                  "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
+    _check_video(data, spec, complain)
     if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
         complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
                  "give the image size the batches really have")
@@ -802,12 +838,16 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
     # another size has its token count in the formulas only, so the check needs the default.
     if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size:
-        need = data["images_per_sample"] * spec.image_tokens
+        items = data["images_per_sample"] + (data["videos_per_sample"] * _temporal_patches(data.get("video_frames") or 0, spec.video_temporal_patch)
+                                             if spec.video_temporal_patch else 0)
+        need = items * spec.image_tokens
         if data["seq_len"] < need:
+            what = f"{data['images_per_sample']} x {spec.image_tokens}" if items == data["images_per_sample"] else \
+                f"{items} images and temporal patches x {spec.image_tokens}"
             complain(
                 "seq_len",
                 "E501",
-                f"seq_len {data['seq_len']} is shorter than the image tokens it must hold ({data['images_per_sample']} x {spec.image_tokens} = {need})",
+                f"seq_len {data['seq_len']} is shorter than the image tokens it must hold ({what} = {need})",
                 "seq_len counts the LLM positions of the text and the image tokens together",
             )
     gpu = None
@@ -833,13 +873,14 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                  "activation offloading together with gradient checkpointing is not modelled",
                  "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
     for key in ("packing", "activation_offloading"):
-        if data.get(key) and data["images_per_sample"]:
+        if data.get(key) and (data["images_per_sample"] or data["videos_per_sample"]):
             complain(key, "E316",
-                     f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}",
+                     f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
+                     + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
     # NB: packing or offloading with images is refused above, whatever the formulas declare
     refused = _check_setups(data, parallel, spec, formulas, complain,
-                            {"packing", "activation_offloading"} if data["images_per_sample"] else set())
+                            {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
     if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
         _check_model_parallel(parallel, data, spec, complain)
     deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
@@ -876,6 +917,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         micro_batch=data["micro_batch"],
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
+        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        video_temporal_patch=spec.video_temporal_patch or 1,
         image_size=image_size,
         anyres=spec.anyres, image_resize=spec.image_resize,
         # NB: peft freezes every base weight of the modules it adapts
@@ -1087,6 +1130,8 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     probe = Setup(
         experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
+        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        video_temporal_patch=spec.video_temporal_patch or 1,
         trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
         optimizer=optimizer,
         gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],

@@ -29,6 +29,7 @@ from ..experiment import ExperimentError
 from . import image_first_tokens, without_cache
 
 IMAGE_TOKEN_TYPE = 1  # mm_token_type_ids: text 0, image 1, video 2 (Qwen2VLModel.get_rope_index)
+VIDEO_TOKEN_TYPE = 2
 # Qwen2VLImageProcessor defaults (image_processing_qwen2_vl.py), used when the
 # preprocessor_config.json beside the config does not say.
 DEFAULT_MIN_PIXELS = 56 * 56
@@ -36,7 +37,7 @@ DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 
 # image_grid_thw is read on the host: per-image patch positions, cu_seqlens and its split
 # (sdpa and eager attend image by image), and the split of the merged features.
-HOST_VALUES = ("image_grid_thw",)
+HOST_VALUES = ("image_grid_thw", "video_grid_thw")
 ROPE_INDEX_SHAPES_ONLY = "mrope-position-ids-shapes-only"
 
 
@@ -117,20 +118,32 @@ def image_grid(config, image_size: list[int]) -> tuple[int, int]:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The processor's batch: each sample's image tokens first, then its video tokens, then
+    text. A video of F frames at image_size is what Qwen2VLVideoProcessor makes of it: its
+    frames padded with the last one to a multiple of temporal_patch_size, grid_t = F / that,
+    pixel_values_videos [videos x grid_t x h x w patches, C x T x p x p] and video_grid_thw
+    rows (grid_t, h, w)."""
     b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    videos, frames = exp.get("videos_per_sample") or 0, exp.get("video_frames") or 0
     if not exp.get("image_size"):
         raise ExperimentError(f"experiment {exp['experiment']!r}: Qwen2-VL needs image_size [h, w]")
     v = config.vision_config
     gh, gw = image_grid(config, exp["image_size"])
     per_image = gh * gw // v.spatial_merge_size ** 2
-    n_image = images * per_image
-    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
+    grid_t = -(-frames // v.temporal_patch_size)
+    n_image, n_video = images * per_image, videos * grid_t * per_image
+    input_ids, labels = image_first_tokens(exp, n_image + n_video, config.image_token_id)
+    input_ids[:, n_image:n_image + n_video] = config.video_token_id
     mm_token_type_ids = torch.zeros((b, s), dtype=torch.long)
     mm_token_type_ids[:, :n_image] = IMAGE_TOKEN_TYPE
+    mm_token_type_ids[:, n_image:n_image + n_video] = VIDEO_TOKEN_TYPE
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None,
              "mm_token_type_ids": mm_token_type_ids}
+    patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     if images:
-        patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
         batch["pixel_values"] = torch.zeros(b * images * gh * gw, patch_dim, dtype=dtype)
         batch["image_grid_thw"] = torch.tensor([[1, gh, gw]] * (b * images), dtype=torch.long)
+    if videos:
+        batch["pixel_values_videos"] = torch.zeros(b * videos * grid_t * gh * gw, patch_dim, dtype=dtype)
+        batch["video_grid_thw"] = torch.tensor([[grid_t, gh, gw]] * (b * videos), dtype=torch.long)
     return batch
