@@ -15,7 +15,7 @@ import pytest
 from compiler.api import estimate, load_inputs, run
 from compiler.pipeline.walks.deepspeed import DEEPSPEED
 from compiler.pipeline.walks.optimizer_step import stepped_tensors
-from compiler.pipeline.simulate import (ZERO12_GRADS, _Zero12Bucket, zero12_grads_in_partition, zero12_partition_sizes,
+from compiler.pipeline.walks.zero12 import (ZERO12_GRADS, _Zero12Bucket, zero12_grads_in_partition, zero12_partition_sizes,
                                             zero12_step_temporaries)
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
