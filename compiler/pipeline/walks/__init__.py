@@ -8,6 +8,7 @@ strategy is a new module here implementing the hooks of `base.Walk`.
     data_parallel  one GPU or DDP: nothing sharded, torch's optimizer (the fallback)
     deepspeed      ZeRO-1/2 whose gradient partition is not modelled; the buckets ZeRO shares
     zero12         ZeRO-1/2 with contiguous gradients: the gradient partition and bucket
+    zero3          ZeRO-3: partitions, gathering, prefetch, reuse, the reduce-scatter
     fsdp           FSDP2: per-parameter shards, units gathered and reduce-scattered
 
 Beside them: `base` (the hooks and the shared `Step`), `timeline` (the ledger the walks
