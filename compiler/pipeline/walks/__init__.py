@@ -10,6 +10,7 @@ strategy is a new module here implementing the hooks of `base.Walk`.
     zero12         ZeRO-1/2 with contiguous gradients: the gradient partition and bucket
     zero3          ZeRO-3: partitions, gathering, prefetch, reuse, the reduce-scatter
     fsdp           FSDP2: per-parameter shards, units gathered and reduce-scattered
+    offload        DeepSpeed's optimizer offload: the step in host memory
 
 Beside them: `base` (the hooks and the shared `Step`), `timeline` (the ledger the walks
 write: `State`, `Point`), `resident` (per-layer weights, gradients and states on a GPU) and
