@@ -46,7 +46,7 @@ from .walks import strategies
 from .walks.base import Step, Walk
 from .walks.optimizer_step import _paged_bytes, _trainable_elements, _trainable_tensors
 from .walks.resident import _blocks
-from .walks.timeline import ALLOCATOR_GRANULE, CATEGORIES, PROBE, Point, State, push, round_up, Row
+from .walks.timeline import ALLOCATOR_GRANULE, CATEGORIES, PROBE, Point, State, push, round_up
 from .walks.zero12 import _zero12_active
 
 __all__ = ["ALLOCATOR_CONSTANTS", "CATEGORIES", "Estimate", "Point", "device_overhead", "simulate"]
@@ -79,7 +79,7 @@ class Estimate:
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     trainable = _trainable_elements(nodes, setup)
     step = Step(nodes, setup, trainable)
-    walks = [cls(step) for cls in strategies(setup, trainable, _HERE)]
+    walks = [cls(step) for cls in strategies(setup, trainable)]
     placing = walks[0]
     p_div, g_div, o_div = placing.shards()
     step.blocks = {id(n): _blocks(n, setup, p_div, g_div, o_div) for r in nodes for n in r.walk()}
@@ -421,45 +421,3 @@ def _paged_note(nodes, setup: Setup) -> tuple[str, ...]:
         return ()
     return (f"bitsandbytes paged optimizer states, {paged:,} B in CUDA unified memory (cudaMallocManaged): outside "
             "max_memory_allocated and reserved, resident on the GPU until memory runs short, then paged to host memory",)
-
-
-# --------------------------------------------------------------------------- pipeline parallelism
-#
-# Pipeline parallelism, 1F1B (Narayanan et al. 2021, section 2.2): the first stage runs pp
-# forwards before its first backward, so pp - 1 other micro-batches' saved activations are
-# alive through this one's forward and backward.
-
-PIPELINE = Row("pipeline", "activations")  # the breakdown row of the other in-flight micro-batches' activations (1F1B)
-
-
-def _saved_per_microbatch(nodes) -> int:
-    """Bytes one micro-batch's forward leaves saved for its backward (what a checkpointing
-    unit keeps, else every saved tensor, each name once), allocator-rounded."""
-    seen: dict[str, int] = {}
-
-    def walk(node: Node) -> None:
-        kept = node.cost.checkpoint if node.inst.checkpointed else node.cost.saved
-        for name, size in kept:
-            seen.setdefault(name, round_up(size, ALLOCATOR_GRANULE))
-        if not node.inst.checkpointed:
-            for c in node.children:
-                walk(c)
-
-    for root in nodes:
-        walk(root)
-    return sum(seen.values())
-
-
-class PipelineWalk(Walk):
-    rank = 110
-
-    @classmethod
-    def applies(cls, setup: Setup, trainable: int) -> bool:
-        # NB: offloaded activations are not on the GPU between a micro-batch's forward and backward
-        return setup.pp > 1 and trainable > 0 and not setup.activation_offloading
-
-    def start(self) -> None:
-        self.state.add_buffer(PIPELINE, (self.setup.pp - 1) * _saved_per_microbatch(self.step.nodes))
-
-
-_HERE = (PipelineWalk,)  # the walks defined in this module

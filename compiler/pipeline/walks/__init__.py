@@ -11,6 +11,7 @@ strategy is a new module here implementing the hooks of `base.Walk`.
     zero3          ZeRO-3: partitions, gathering, prefetch, reuse, the reduce-scatter
     fsdp           FSDP2: per-parameter shards, units gathered and reduce-scattered
     offload        DeepSpeed's optimizer offload: the step in host memory
+    pipeline       pipeline parallelism (1F1B): the other micro-batches' activations
 
 Beside them: `base` (the hooks and the shared `Step`), `timeline` (the ledger the walks
 write: `State`, `Point`), `resident` (per-layer weights, gradients and states on a GPU) and
@@ -35,9 +36,8 @@ def _registry() -> tuple[type[Walk], ...]:
     return tuple(sorted(found, key=lambda cls: (cls.rank, cls.__name__)))
 
 
-def strategies(setup: Setup, trainable: int, more: tuple[type[Walk], ...] = ()) -> list[type[Walk]]:
-    """The walks of `setup`, the placing one first; `more`: walks defined outside this folder."""
-    known = sorted(_registry() + more, key=lambda cls: (cls.rank, cls.__name__))
-    applying = [cls for cls in known if cls.applies(setup, trainable)]
+def strategies(setup: Setup, trainable: int) -> list[type[Walk]]:
+    """The walks of `setup`, the placing one first."""
+    applying = [cls for cls in _registry() if cls.applies(setup, trainable)]
     placing = next(cls for cls in applying if cls.exclusive)
     return [placing] + [cls for cls in applying if not cls.exclusive]
