@@ -1,6 +1,6 @@
 """Stage 6, simulate: walk one training step and find its peak.
 
-Contract: `simulate(nodes, setup, gpus)` returns an `Estimate`: the allocated-bytes timeline
+Contract: `simulate(nodes, setup)` returns an `Estimate`: the allocated-bytes timeline
 of a steady-state step (forward, loss, backward, optimizer step, in that order), its peak with
 the phase, layer and a module x category breakdown at that moment, the same for the first
 step (no optimizer states until `step()` creates them), the seed paper's plain four-factor
@@ -84,14 +84,13 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     p_div, g_div, o_div = placing.shards()
     step.blocks = {id(n): _blocks(n, setup, p_div, g_div, o_div) for r in nodes for n in r.walk()}
     modules = step.modules
-    resident, per_gpu = _resident(step, placing)
+    per_gpu = _per_gpu(step, placing)
     once = optimizers.once(setup.optimizer, [e for e, _ in _trainable_tensors(nodes, setup)])
     if once:
         # NB: optimizer-wide tensors (bitsandbytes' quantile maps) belong to no layer; shown
         # with the first module that trains.
         first = next(r.inst.module for r in nodes if any(n.cost.optimizer_states for n in r.walk()))
         per_gpu[first]["optimizer_states"] += sum(round_up(b, ALLOCATOR_GRANULE) for b in once)
-        resident[first]["optimizer_states"] += sum(once)
     state = step.state = State(modules, per_gpu, first_charges(nodes))
     # NB: with nothing trainable there is no backward (and no optimizer step) to walk.
     state.workspace = (setup.target.gemm_threads if trainable else 1) * setup.target.workspace
@@ -132,25 +131,17 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     )
 
 
-def _resident(step: Step, placing: Walk) -> tuple[dict, dict]:
-    """Per module: the four factors summed over its layers (all ranks, as the formulas give
-    them), and what stays on this GPU as the placing walk puts it (weights with the buffers,
-    optimizer states)."""
-    resident: dict = {}
+def _per_gpu(step: Step, placing: Walk) -> dict:
+    """Per module, what stays on this GPU as the placing walk puts it: the weights with the
+    buffers, and the optimizer states."""
     per_gpu: dict = {}
     for root in step.nodes:
-        walk = list(root.walk())
-        resident[root.inst.module] = {
-            "parameters": sum(n.cost.parameters for n in walk),
-            "gradients": sum(n.cost.gradients for n in walk),
-            "optimizer_states": sum(n.cost.optimizer_states for n in walk),
-            "buffers": sum(n.cost.buffers for n in walk),
-        }
+        walk = root.walk()
         buffers = sum(round_up(b, ALLOCATOR_GRANULE) for n in walk for b in n.cost.buffer_tensors)
         placed = [placing.resident(n) for n in walk]
         per_gpu[root.inst.module] = {"parameters": sum(p for p, _ in placed) + buffers,
                                      "optimizer_states": sum(o for _, o in placed)}
-    return resident, per_gpu
+    return per_gpu
 
 
 def _hooks(walks: list[Walk], name: str) -> list:
