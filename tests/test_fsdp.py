@@ -6,7 +6,7 @@ import pytest
 from compiler.api import estimate
 from compiler.cli import main
 from compiler.errors import MemspecError
-from compiler.pipeline.simulate import FSDP_GATHER, FSDP_REDUCE, _FsdpPlan
+from compiler.pipeline.walks.fsdp import FSDP_GATHER, FSDP_REDUCE, _FsdpPlan
 
 QWEN = "specs/qwen2/qwen2.5-0.5b.yaml"
 LLAVA_FSDP = "specs/experiments/llava-1.5-7b-finetune-fsdp2.yaml"

@@ -98,7 +98,7 @@ def test_an_option_of_another_optimizer_is_an_error(capsys):
 @pytest.mark.parametrize("precision, upcasts", [("bf16-mixed", 0), ("bf16", 2)])
 def test_adafactor_step_temporaries_of_the_largest_matrix(precision, upcasts):
     # Qwen2.5-0.5B's largest tensor is the 151_936 x 896 (tied) embedding: 136_134_656 elements
-    from compiler.pipeline.simulate import _adafactor_temporaries
+    from compiler.pipeline.walks.optimizer_step import _adafactor_temporaries
     from compiler.api import load_inputs
 
     _, setup = load_inputs(QWEN, {**SMALL, "precision": precision, "optimizer": {"type": "adafactor"}})

@@ -60,7 +60,7 @@ def _setup(**kw):
 
 def _stepped(**kw):
     from compiler.api import evaluate, expand, spec_library
-    from compiler.pipeline.simulate import stepped_tensors
+    from compiler.pipeline.walks.optimizer_step import stepped_tensors
 
     spec, setup = load_inputs(QWEN, {**SMALL, **kw})
     nodes = evaluate(expand(spec, setup, spec_library(spec)), setup.optimizer, setup.state_bytes, setup.master_bytes)
@@ -80,7 +80,7 @@ def test_stepped_tensors_visit_the_tied_table_first_and_group_the_trainer_way():
 
 
 def test_foreach_temporaries_are_the_larger_groups():
-    from compiler.pipeline.simulate import step_temporaries
+    from compiler.pipeline.walks.optimizer_step import step_temporaries
 
     setup, _, one = _stepped(precision="bf16-mixed", optimizer=ADAMW_WD)
     setup2, _, two = _stepped(precision="bf16-mixed", optimizer={**ADAMW_WD, "param_groups": "trainer"})
@@ -108,7 +108,7 @@ def test_trainer_groups_against_one_group(opt):
 
 
 def test_adafactor_first_step_high_water_is_at_the_table():
-    from compiler.pipeline.simulate import _largest_trainable, first_step_high_water
+    from compiler.pipeline.walks.optimizer_step import _largest_trainable, first_step_high_water
 
     setup, nodes, tensors = _stepped(precision="bf16", optimizer={"type": "adafactor", "momentum": 0.9})
     high, made, temp = first_step_high_water(setup, tensors, _largest_trainable(nodes, setup))

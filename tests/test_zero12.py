@@ -13,8 +13,10 @@ overlap_comm (two ipg buffers).
 import pytest
 
 from compiler.api import estimate, load_inputs, run
-from compiler.pipeline.simulate import (DEEPSPEED, ZERO12_GRADS, _Zero12Bucket, stepped_tensors, zero12_grads_in_partition,
-                               zero12_partition_sizes, zero12_step_temporaries)
+from compiler.pipeline.walks.deepspeed import DEEPSPEED
+from compiler.pipeline.walks.optimizer_step import stepped_tensors
+from compiler.pipeline.walks.zero12 import (ZERO12_GRADS, _Zero12Bucket, zero12_grads_in_partition, zero12_partition_sizes,
+                                            zero12_step_temporaries)
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
 TRAINABLE = 6_759_919_616  # projector 20_979_712 + language 6_738_939_904

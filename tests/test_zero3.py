@@ -18,7 +18,8 @@ import pytest
 from compiler.api import estimate
 from compiler.cli import main
 from compiler.pipeline.resolve import DEEPSPEED_STATES_AT_INIT, with_overrides
-from compiler.pipeline.simulate import Stepped, _IpgBucket, _reuse_kept, stepped_tensors, zero3_step_temporaries, zero3_sub_groups
+from compiler.pipeline.walks.optimizer_step import Stepped, stepped_tensors
+from compiler.pipeline.walks.zero3 import _IpgBucket, _reuse_kept, zero3_step_temporaries, zero3_sub_groups
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
 ZERO3 = {"zero": 3, "reduce_bucket_size": "auto", "prefetch_bucket_size": "auto", "param_persistence_threshold": "auto",
