@@ -1,0 +1,105 @@
+"""The GPT-NeoX-style LLM families (gpt_neox): each checked-in spec is what `memspec import` writes
+from its fixture, its parameter count is the one transformers' model reports for the same
+config.json (built on the meta device), peft's all-linear targets are the linear rows the
+estimate adapts, and the variants the formulas do not model are refused."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import hubfixtures as hf
+from compiler import api
+from compiler.errors import MemspecError
+from compiler.inputs import importer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (fixture, checked-in spec, parameters): the arithmetic is in tests/test_import.py
+MODELS = [
+    ("pythia-1.4b", "specs/gpt_neox/pythia-1.4b.yaml", 1_414_647_808),
+]
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
+    written = api.load_spec(ROOT / spec)
+    imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
+           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert sum(m.parameters for m in written.modules) == parameters
+
+
+def _meta_model(fixture: str):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from compiler.measure.families import family_for
+
+    config_path = hf.FIXTURES / fixture / "config.json"
+    family = family_for(config_path)
+    with torch.device("meta"):
+        return family.model_class()._from_config(family.load_config(config_path))
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_parameters_are_what_transformers_builds(fixture, spec, parameters):
+    model = _meta_model(fixture)
+    assert sum(p.numel() for p in model.parameters()) == parameters
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
+    """The estimate's LoRA rows are the linears the measuring harness hands to peft (every
+    nn.Linear but the output embedding), by Hugging Face's child names."""
+    from compiler.measure.harness import lora_targets
+
+    model = _meta_model(fixture)
+    lora = {"modules": ["language"], "target_modules": "all-linear"}
+    peft_names = {re.sub(r"^[a-z_]+\.layers\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
+    est = api.estimate(str(ROOT / spec), micro_batch=1, seq_len=128, lora={"r": 8})
+    adapted = {re.sub(r"^language\.layers\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
+    assert adapted == peft_names
+    assert "lm_head" not in adapted
+
+
+def _import_with(tmp_path: Path, fixture: str, **changes) -> str:
+    folder = tmp_path / fixture
+    folder.mkdir()
+    config = json.loads((hf.FIXTURES / fixture / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    for f in (hf.FIXTURES / fixture).glob("*.safetensors"):
+        hf.sparse_copy(f, folder / f.name)
+    with pytest.raises(MemspecError) as exc:
+        importer.import_spec(str(folder))
+    return exc.value.render()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"use_parallel_residual": False}, "use_parallel_residual false"),
+    ({"hidden_dropout": 0.1}, "dropout"),
+    ({"hidden_act": "relu"}, "GELU"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+])
+def test_gpt_neox_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "pythia-1.4b", **change)
+    assert "E713" in message and words in message
+
+
+def test_gpt_neox_layer_terms():
+    """Pythia-1.4B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): the fused
+    qkv output stays whole (v is a view of it, 3x), the flash output and its contiguous copy
+    for dense are two tensors, and the rotary saves cos and sin of 32 of 128 dimensions."""
+    est = api.estimate(str(ROOT / "specs/gpt_neox/pythia-1.4b.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:24]"
+    x = 2048 * 2048 * 2
+    assert rows[f"{layer}.attention.split"].activations == 2 * x
+    assert rows[f"{layer}.attention.dense"].activations == x
+    # q, k, v and the kernel's output, the fp32 logsumexp [16, 2048] and the philox seed and offset
+    assert rows[f"{layer}.attention.core"].activations == 4 * x + 16 * 2048 * 4 + 16 + 8
+    assert rows["language.layers[0].attention.rotary"].activations == 2 * 2048 * 32 * 2
+    # both LayerNorms read the layer's input: charged once, by the first
+    assert rows[f"{layer}.post_attention_layernorm"].activations == 2 * 2048 * 4
