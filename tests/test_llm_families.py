@@ -1,4 +1,4 @@
-"""The GPT-NeoX-style LLM families (gpt_neox): each checked-in spec is what `memspec import` writes
+"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # (fixture, checked-in spec, parameters): the arithmetic is in tests/test_import.py
 MODELS = [
     ("pythia-1.4b", "specs/gpt_neox/pythia-1.4b.yaml", 1_414_647_808),
+    ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
+    ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
 ]
 
 
@@ -103,3 +105,33 @@ def test_gpt_neox_layer_terms():
     assert rows["language.layers[0].attention.rotary"].activations == 2 * 2048 * 32 * 2
     # both LayerNorms read the layer's input: charged once, by the first
     assert rows[f"{layer}.post_attention_layernorm"].activations == 2 * 2048 * 4
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"qk_layernorm": True}, "qk_layernorm"),
+    ({"hidden_act": "gelu"}, "gelu_new"),
+    ({"embd_pdrop": 0.1}, "dropout"),
+    ({"num_key_value_heads": 8}, "key-value heads"),
+])
+def test_phi_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "phi-2", **change)
+    assert "E713" in message and words in message
+
+
+def test_phi_layer_terms():
+    """Phi-2, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2560 * 2 = 10 MiB, f = 4x): one
+    LayerNorm whose output q, k, v and fc1 all save (charged once), gelu_new's four saved
+    tensors, and resid_dropout's bool masks (p = 0.1) on both branches."""
+    est = api.estimate(str(ROOT / "specs/phi/phi-2.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:32]"
+    x = 2048 * 2560 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].activations == x
+    assert rows[f"{layer}.mlp.fc1"].activations is None  # the same normed states, charged by q_proj
+    assert rows[f"{layer}.mlp.activation_fn"].activations == 4 * 4 * x
+    assert rows[f"{layer}.resid_dropout[0]"].activations == rows[f"{layer}.resid_dropout_mlp[0]"].activations == 2048 * 2560
+    # lm_head has a bias: 51200 x 2560 + 51200, bf16
+    assert rows["language.lm_head"].parameters == (51200 * 2560 + 51200) * 2
+    # Phi-1.5 has no residual dropout
+    rows15 = {r.path: r for r in api.estimate(str(ROOT / "specs/phi/phi-1_5.yaml"), micro_batch=1, seq_len=2048).rows}
+    assert not any("resid_dropout" in p for p in rows15)
