@@ -367,6 +367,25 @@ def phi_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]
     return out
 
 
+def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """FalconForCausalLM of the new decoder architecture (Falcon-40B / 180B): ln_attn and ln_mlp,
+    one query_key_value of (heads + 2 groups) x head_dim rows, no biases; the head is tied to
+    word_embeddings, so the safetensors files hold the table once (NB: assumed, as
+    save_pretrained writes tied weights)."""
+    h, nh, g = c["hidden_size"], c["num_attention_heads"], c["num_kv_heads"]
+    inter, hd = c.get("ffn_hidden_size") or 4 * h, h // nh
+    out = [("transformer.word_embeddings.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"transformer.h.{i}."
+        for norm in ("ln_attn", "ln_mlp"):
+            out += [(p + f"{norm}.weight", dtype, [h]), (p + f"{norm}.bias", dtype, [h])]
+        out += [(p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
+                (p + "self_attention.dense.weight", dtype, [h, h]),
+                (p + "mlp.dense_h_to_4h.weight", dtype, [inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
+    out += [("transformer.ln_f.weight", dtype, [h]), ("transformer.ln_f.bias", dtype, [h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -754,6 +773,15 @@ PHI_1_5 = {
     "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.37.0", "use_cache": True,
     "vocab_size": 51200,
 }
+# tiiuae/falcon-40b, config.json as of the repo's main (transformers-native "falcon", bf16 weights in 9 shards).
+FALCON_40B = {
+    "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
+    "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+    "hidden_size": 8192, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+    "new_decoder_architecture": True, "num_attention_heads": 128, "num_hidden_layers": 60, "num_kv_heads": 8,
+    "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
+    "vocab_size": 65024,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -792,6 +820,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
+    write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -1,4 +1,4 @@
-"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi): each checked-in spec is what `memspec import` writes
+"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi, falcon): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -22,6 +22,7 @@ MODELS = [
     ("pythia-1.4b", "specs/gpt_neox/pythia-1.4b.yaml", 1_414_647_808),
     ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
+    ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
 ]
 
 
@@ -59,9 +60,9 @@ def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
 
     model = _meta_model(fixture)
     lora = {"modules": ["language"], "target_modules": "all-linear"}
-    peft_names = {re.sub(r"^[a-z_]+\.layers\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
+    peft_names = {re.sub(r"^[a-z_]+\.(layers|h)\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
     est = api.estimate(str(ROOT / spec), micro_batch=1, seq_len=128, lora={"r": 8})
-    adapted = {re.sub(r"^language\.layers\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
+    adapted = {re.sub(r"^language\.(layers|h)\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
     assert adapted == peft_names
     assert "lm_head" not in adapted
 
@@ -135,3 +136,32 @@ def test_phi_layer_terms():
     # Phi-1.5 has no residual dropout
     rows15 = {r.path: r for r in api.estimate(str(ROOT / "specs/phi/phi-1_5.yaml"), micro_batch=1, seq_len=2048).rows}
     assert not any("resid_dropout" in p for p in rows15)
+
+
+@pytest.mark.parametrize("change, words", [
+    # Falcon-7B's layout: multi-query attention, one shared LayerNorm
+    ({"new_decoder_architecture": False, "multi_query": True, "num_kv_heads": None}, "multi-query"),
+    ({"alibi": True}, "ALiBi"),
+    ({"num_ln_in_parallel_attn": 1}, "ln_attn and ln_mlp"),
+    ({"tie_word_embeddings": False}, "untied"),
+])
+def test_falcon_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "falcon-40b", **change)
+    assert "E713" in message and words in message
+
+
+def test_falcon_layer_terms():
+    """Falcon-40B, trained, batch 1, seq 1024 (x = 1024 * 8192 * 2 = 16 MiB): k and v are
+    copied out to all 128 heads, so the kernel keeps q, k, v at full width; sdpa gets the causal
+    mask and runs the memory-efficient kernel, which saves its additive form per layer and
+    whose output dense reads as it is; eager saves its probabilities once, in bf16."""
+    spec = str(ROOT / "specs/falcon/falcon-40b.yaml")
+    layer = "language.h[0:60].self_attention"
+    x = 1024 * 8192 * 2
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="sdpa").rows}
+    # q, k, v, the output 4x, the logsumexp [128, 1024] fp32, the [1, 1, s, s] bf16 mask, two int64 philox tensors
+    assert sdpa[f"{layer}.core"].activations == 4 * x + 128 * 1024 * 4 + 1024 * 1024 * 2 + 8 + 8
+    assert sdpa[f"{layer}.dense"].activations is None
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="eager").rows}
+    assert eager[f"{layer}.core"].activations == 3 * x + 128 * 1024 * 1024 * 2
+    assert eager[f"{layer}.dense"].activations == x
