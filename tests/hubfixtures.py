@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "hub"
-DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8}
+DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8, "BOOL": 1}
 
 
 # --------------------------------------------------------------------------- tensor lists
@@ -315,6 +315,75 @@ def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tu
                 (p + "feed_forward.w2.weight", dtype, [h, inter]),
                 (p + "attention_norm.weight", dtype, [h]), (p + "ffn_norm.weight", dtype, [h])]
     return out + [(prefix + "model.norm.weight", dtype, [h]), (prefix + "output.weight", dtype, [c["vocab_size"], h])]
+
+
+def gpt_neox_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """GPTNeoXForCausalLM as the Pythia checkpoints store it: LayerNorms with bias, one
+    query_key_value and dense with bias, a biased GELU MLP, the head as `embed_out`; each layer
+    also carries the buffers of the transformers version that saved it (the causal mask
+    `attention.bias`, `attention.masked_bias` and the rotary `inv_freq`)."""
+    h, inter, n = c["hidden_size"], c["intermediate_size"], c["max_position_embeddings"]
+    rotary = int(h // c["num_attention_heads"] * c["rotary_pct"])
+    out = [("gpt_neox.embed_in.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"gpt_neox.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out += [(p + f"{norm}.weight", dtype, [h]), (p + f"{norm}.bias", dtype, [h])]
+        out += [
+            (p + "attention.bias", "BOOL", [1, 1, n, n]),
+            (p + "attention.masked_bias", dtype, []),
+            (p + "attention.rotary_emb.inv_freq", dtype, [rotary // 2]),
+            (p + "attention.query_key_value.weight", dtype, [3 * h, h]),
+            (p + "attention.query_key_value.bias", dtype, [3 * h]),
+            (p + "attention.dense.weight", dtype, [h, h]),
+            (p + "attention.dense.bias", dtype, [h]),
+            (p + "mlp.dense_h_to_4h.weight", dtype, [inter, h]),
+            (p + "mlp.dense_h_to_4h.bias", dtype, [inter]),
+            (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter]),
+            (p + "mlp.dense_4h_to_h.bias", dtype, [h]),
+        ]
+    out += [("gpt_neox.final_layer_norm.weight", dtype, [h]), ("gpt_neox.final_layer_norm.bias", dtype, [h]),
+            ("embed_out.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
+def phi_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """PhiForCausalLM (transformers' native phi layout): biased q, k, v and dense projections,
+    one input_layernorm per layer shared by attention and MLP, fc1 / fc2, a final LayerNorm and an
+    lm_head with bias."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
+        for proj, rows, cols in (("q_proj", nh * hd, h), ("k_proj", nkv * hd, h), ("v_proj", nkv * hd, h), ("dense", h, nh * hd)):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [rows, cols]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
+        out += [(p + "mlp.fc1.weight", dtype, [inter, h]), (p + "mlp.fc1.bias", dtype, [inter]),
+                (p + "mlp.fc2.weight", dtype, [h, inter]), (p + "mlp.fc2.bias", dtype, [h])]
+    out += [("model.final_layernorm.weight", dtype, [h]), ("model.final_layernorm.bias", dtype, [h]),
+            ("lm_head.weight", dtype, [c["vocab_size"], h]), ("lm_head.bias", dtype, [c["vocab_size"]])]
+    return out
+
+
+def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """FalconForCausalLM of the new decoder architecture (Falcon-40B / 180B): ln_attn and ln_mlp,
+    one query_key_value of (heads + 2 groups) x head_dim rows, no biases; the head is tied to
+    word_embeddings, so the safetensors files hold the table once (NB: assumed, as
+    save_pretrained writes tied weights)."""
+    h, nh, g = c["hidden_size"], c["num_attention_heads"], c["num_kv_heads"]
+    inter, hd = c.get("ffn_hidden_size") or 4 * h, h // nh
+    out = [("transformer.word_embeddings.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"transformer.h.{i}."
+        for norm in ("ln_attn", "ln_mlp"):
+            out += [(p + f"{norm}.weight", dtype, [h]), (p + f"{norm}.bias", dtype, [h])]
+        out += [(p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
+                (p + "self_attention.dense.weight", dtype, [h, h]),
+                (p + "mlp.dense_h_to_4h.weight", dtype, [inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
+    out += [("transformer.ln_f.weight", dtype, [h]), ("transformer.ln_f.bias", dtype, [h])]
+    return out
 
 
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
@@ -676,6 +745,43 @@ INTERNLM2_5_7B_CHAT = {
     "rope_scaling": {"factor": 2.0, "type": "dynamic"}, "rope_theta": 1000000, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "transformers_version": "4.41.0", "use_cache": True, "vocab_size": 92544,
 }
+# EleutherAI/pythia-1.4b, config.json as of the repo's main (fp16 weights, one model.safetensors).
+PYTHIA_1_4B = {
+    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 16, "num_hidden_layers": 24,
+    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.24.0", "use_cache": True, "use_parallel_residual": True, "vocab_size": 50304,
+}
+# microsoft/phi-2 and microsoft/phi-1_5, config.json as of the repos' main (the transformers-native
+# "phi" layout since transformers 4.37; fp16 weights, phi-2 in 2 shards).
+PHI_2 = {
+    "_name_or_path": "microsoft/phi-2", "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560,
+    "initializer_range": 0.02, "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "phi", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "partial_rotary_factor": 0.4, "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.37.0", "use_cache": True,
+    "vocab_size": 51200,
+}
+PHI_1_5 = {
+    "_name_or_path": "microsoft/phi-1_5", "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": None, "embd_pdrop": 0.0, "eos_token_id": None, "hidden_act": "gelu_new", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "phi", "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": None,
+    "partial_rotary_factor": 0.5, "qk_layernorm": False, "resid_pdrop": 0.0, "rope_scaling": None, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.37.0", "use_cache": True,
+    "vocab_size": 51200,
+}
+# tiiuae/falcon-40b, config.json as of the repo's main (transformers-native "falcon", bf16 weights in 9 shards).
+FALCON_40B = {
+    "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
+    "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+    "hidden_size": 8192, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+    "new_decoder_architecture": True, "num_attention_heads": 128, "num_hidden_layers": 60, "num_kv_heads": 8,
+    "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
+    "vocab_size": 65024,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -711,6 +817,10 @@ def write_all() -> None:
                      processor=SMOLVLM2_500M_PROCESSOR)
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
+    write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
+    write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
+    write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
+    write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

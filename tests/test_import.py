@@ -77,6 +77,23 @@ def _error(fn, *args, **kwargs) -> str:
         # Phi-3-mini-4k: 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o 3072^2, gate_up_proj
         # 16384 x 3072, down 3072 x 8192, norms 2 * 3072) + 2 * 98_500_608 (vocab 32064) + norm 3072
         ("Phi-3-mini-4k-instruct", {"language": 3_821_079_552}),
+        # Pythia-1.4B (gpt_neox): 24 * 50_358_272 layers (query_key_value 6144 x 2048 + 6144, dense
+        # 2048^2 + 2048, dense_h_to_4h 8192 x 2048 + 8192, dense_4h_to_h 2048 x 8192 + 2048, two
+        # LayerNorms 2 * 4096) + embed_in and embed_out 2 * 103_022_592 (vocab 50304) + final
+        # LayerNorm 4096; the per-layer attention.bias, masked_bias and inv_freq buffers left out
+        ("pythia-1.4b", {"language": 1_414_647_808}),
+        # Phi-2 (phi): 32 * 78_671_360 layers (q, k, v, dense 4 * (2560^2 + 2560), fc1 10240 x 2560
+        # + 10240, fc2 2560 x 10240 + 2560, one LayerNorm 2 * 2560) + embed_tokens 131_072_000
+        # (vocab 51200) + final LayerNorm 5120 + lm_head 131_072_000 and its bias 51_200
+        ("phi-2", {"language": 2_779_683_840}),
+        # Phi-1.5: 24 * 50_354_176 layers (q, k, v, dense 4 * (2048^2 + 2048), fc1 8192 x 2048 + 8192,
+        # fc2 2048 x 8192 + 2048, LayerNorm 4096) + 104_857_600 + 4096 + 104_857_600 + 51_200
+        ("phi-1_5", {"language": 1_418_270_720}),
+        # Falcon-40B (falcon, new decoder architecture): 60 * 679_510_016 layers (query_key_value
+        # (128 + 2 * 8) * 64 = 9216 x 8192, dense 8192^2, dense_h_to_4h and dense_4h_to_h
+        # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table
+        # 532_676_608 + ln_f 16_384
+        ("falcon-40b", {"language": 41_303_293_952}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

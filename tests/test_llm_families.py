@@ -1,0 +1,167 @@
+"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi, falcon): each checked-in spec is what `memspec import` writes
+from its fixture, its parameter count is the one transformers' model reports for the same
+config.json (built on the meta device), peft's all-linear targets are the linear rows the
+estimate adapts, and the variants the formulas do not model are refused."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import hubfixtures as hf
+from compiler import api
+from compiler.errors import MemspecError
+from compiler.inputs import importer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (fixture, checked-in spec, parameters): the arithmetic is in tests/test_import.py
+MODELS = [
+    ("pythia-1.4b", "specs/gpt_neox/pythia-1.4b.yaml", 1_414_647_808),
+    ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
+    ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
+    ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
+]
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
+    written = api.load_spec(ROOT / spec)
+    imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
+           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert sum(m.parameters for m in written.modules) == parameters
+
+
+def _meta_model(fixture: str):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from compiler.measure.families import family_for
+
+    config_path = hf.FIXTURES / fixture / "config.json"
+    family = family_for(config_path)
+    with torch.device("meta"):
+        return family.model_class()._from_config(family.load_config(config_path))
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_parameters_are_what_transformers_builds(fixture, spec, parameters):
+    model = _meta_model(fixture)
+    assert sum(p.numel() for p in model.parameters()) == parameters
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
+def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
+    """The estimate's LoRA rows are the linears the measuring harness hands to peft (every
+    nn.Linear but the output embedding), by Hugging Face's child names."""
+    from compiler.measure.harness import lora_targets
+
+    model = _meta_model(fixture)
+    lora = {"modules": ["language"], "target_modules": "all-linear"}
+    peft_names = {re.sub(r"^[a-z_]+\.(layers|h)\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
+    est = api.estimate(str(ROOT / spec), micro_batch=1, seq_len=128, lora={"r": 8})
+    adapted = {re.sub(r"^language\.(layers|h)\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
+    assert adapted == peft_names
+    assert "lm_head" not in adapted
+
+
+def _import_with(tmp_path: Path, fixture: str, **changes) -> str:
+    folder = tmp_path / fixture
+    folder.mkdir()
+    config = json.loads((hf.FIXTURES / fixture / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    for f in (hf.FIXTURES / fixture).glob("*.safetensors"):
+        hf.sparse_copy(f, folder / f.name)
+    with pytest.raises(MemspecError) as exc:
+        importer.import_spec(str(folder))
+    return exc.value.render()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"use_parallel_residual": False}, "use_parallel_residual false"),
+    ({"hidden_dropout": 0.1}, "dropout"),
+    ({"hidden_act": "relu"}, "GELU"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+])
+def test_gpt_neox_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "pythia-1.4b", **change)
+    assert "E713" in message and words in message
+
+
+def test_gpt_neox_layer_terms():
+    """Pythia-1.4B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): the fused
+    qkv output stays whole (v is a view of it, 3x), the flash output and its contiguous copy
+    for dense are two tensors, and the rotary saves cos and sin of 32 of 128 dimensions."""
+    est = api.estimate(str(ROOT / "specs/gpt_neox/pythia-1.4b.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:24]"
+    x = 2048 * 2048 * 2
+    assert rows[f"{layer}.attention.split"].activations == 2 * x
+    assert rows[f"{layer}.attention.dense"].activations == x
+    # q, k, v and the kernel's output, the fp32 logsumexp [16, 2048] and the philox seed and offset
+    assert rows[f"{layer}.attention.core"].activations == 4 * x + 16 * 2048 * 4 + 16 + 8
+    assert rows["language.layers[0].attention.rotary"].activations == 2 * 2048 * 32 * 2
+    # both LayerNorms read the layer's input: charged once, by the first
+    assert rows[f"{layer}.post_attention_layernorm"].activations == 2 * 2048 * 4
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"qk_layernorm": True}, "qk_layernorm"),
+    ({"hidden_act": "gelu"}, "gelu_new"),
+    ({"embd_pdrop": 0.1}, "dropout"),
+    ({"num_key_value_heads": 8}, "key-value heads"),
+])
+def test_phi_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "phi-2", **change)
+    assert "E713" in message and words in message
+
+
+def test_phi_layer_terms():
+    """Phi-2, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2560 * 2 = 10 MiB, f = 4x): one
+    LayerNorm whose output q, k, v and fc1 all save (charged once), gelu_new's four saved
+    tensors, and resid_dropout's bool masks (p = 0.1) on both branches."""
+    est = api.estimate(str(ROOT / "specs/phi/phi-2.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:32]"
+    x = 2048 * 2560 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].activations == x
+    assert rows[f"{layer}.mlp.fc1"].activations is None  # the same normed states, charged by q_proj
+    assert rows[f"{layer}.mlp.activation_fn"].activations == 4 * 4 * x
+    assert rows[f"{layer}.resid_dropout[0]"].activations == rows[f"{layer}.resid_dropout_mlp[0]"].activations == 2048 * 2560
+    # lm_head has a bias: 51200 x 2560 + 51200, bf16
+    assert rows["language.lm_head"].parameters == (51200 * 2560 + 51200) * 2
+    # Phi-1.5 has no residual dropout
+    rows15 = {r.path: r for r in api.estimate(str(ROOT / "specs/phi/phi-1_5.yaml"), micro_batch=1, seq_len=2048).rows}
+    assert not any("resid_dropout" in p for p in rows15)
+
+
+@pytest.mark.parametrize("change, words", [
+    # Falcon-7B's layout: multi-query attention, one shared LayerNorm
+    ({"new_decoder_architecture": False, "multi_query": True, "num_kv_heads": None}, "multi-query"),
+    ({"alibi": True}, "ALiBi"),
+    ({"num_ln_in_parallel_attn": 1}, "ln_attn and ln_mlp"),
+    ({"tie_word_embeddings": False}, "untied"),
+])
+def test_falcon_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "falcon-40b", **change)
+    assert "E713" in message and words in message
+
+
+def test_falcon_layer_terms():
+    """Falcon-40B, trained, batch 1, seq 1024 (x = 1024 * 8192 * 2 = 16 MiB): k and v are
+    copied out to all 128 heads, so the kernel keeps q, k, v at full width; sdpa gets the causal
+    mask and runs the memory-efficient kernel, which saves its additive form per layer and
+    whose output dense reads as it is; eager saves its probabilities once, in bf16."""
+    spec = str(ROOT / "specs/falcon/falcon-40b.yaml")
+    layer = "language.h[0:60].self_attention"
+    x = 1024 * 8192 * 2
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="sdpa").rows}
+    # q, k, v, the output 4x, the logsumexp [128, 1024] fp32, the [1, 1, s, s] bf16 mask, two int64 philox tensors
+    assert sdpa[f"{layer}.core"].activations == 4 * x + 128 * 1024 * 4 + 1024 * 1024 * 2 + 8 + 8
+    assert sdpa[f"{layer}.dense"].activations is None
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="eager").rows}
+    assert eager[f"{layer}.core"].activations == 3 * x + 128 * 1024 * 1024 * 2
+    assert eager[f"{layer}.dense"].activations == x
