@@ -199,15 +199,18 @@ def render(comparisons: list[Comparison]) -> str:
 
 
 def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None, max_under: int | None = None,
-         measure: str = "allocated") -> list[str]:
-    """Failures of the gate on `measure`, as sentences."""
+         measure: str = "allocated", under_tolerance: float = 0.0) -> list[str]:
+    """Failures of the gate on `measure`, as sentences. `under_tolerance`: an estimate counts
+    as under only when it is more than that many percent below the measurement."""
     s = summarise(comparisons, measure)
     out = []
     if s is None:
         asked = (max_mape, max_worst, max_under) != (None, None, None)
         return ["no record could be estimated"] if asked else []
-    if max_under is not None and s.under > max_under:
-        out.append(f"{s.under} estimate(s) below the measurement (at most {max_under} allowed)")
+    under = s.under if not under_tolerance else sum(1 for c in comparisons if (e := c.error(measure)) is not None and e < -under_tolerance)
+    if max_under is not None and under > max_under:
+        beyond = f" by more than {under_tolerance}%" if under_tolerance else ""
+        out.append(f"{under} estimate(s) below the measurement{beyond} (at most {max_under} allowed)")
     if max_mape is not None and s.mape > max_mape:
         out.append(f"{measure} MAPE {s.mape:.2f}% exceeds {max_mape}%")
     if max_worst is not None and abs(s.worst) > max_worst:
