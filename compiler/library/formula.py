@@ -701,12 +701,18 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     With `types`, only those layer types and what they reach (children, SUBSTITUTES) are
     loaded: an estimate reads the files its spec uses, not the whole folder. `memspec check`
     loads everything."""
+    from .. import checked
+
+    by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
+    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem))
+
+
+def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:
     from ..pipeline.validate import load_schema, validate
 
     schema = load_schema("formula")
     problems: list[Diagnostic] = []
     formulas: dict[str, Formula] = {}
-    by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
     broken: set[str] = set()
     pending = sorted(by_stem) if types is None else sorted(set(types))
     while pending:

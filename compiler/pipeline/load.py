@@ -112,6 +112,14 @@ class Document:
         line, col = self.where(path)
         return Diagnostic(code, self.file, line, col, path, message, help)
 
+    def __reduce__(self):
+        # NB: a mappingproxy does not pickle; the checked-input cache keeps Documents
+        return (_document, (self.file, self.data, dict(self.positions)))
+
+
+def _document(file: str, data: Any, positions: dict[str, tuple[int, int]]) -> Document:
+    return Document(file, data, MappingProxyType(positions))
+
 
 def load_yaml(path: str | os.PathLike) -> Document:
     """Read and load one YAML file. `Document.file` is the path as given."""
