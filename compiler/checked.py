@@ -10,6 +10,9 @@ from: the file's bytes (every formula file of the folder for a library), the pat
 messages name it, the schemas, memspec's version and the source of the modules that make the
 value. A changed byte anywhere is a new key; nothing is ever invalidated in place.
 
+`tree()` hashes the whole package and its data for values that depend on everything (a
+measured record's estimate, `memspec validate`).
+
 Only inputs without problems are kept: a file with errors is loaded and reported every time.
 Writes are atomic (a temporary file, then `os.replace`), and an entry that cannot be read or
 unpickled is ignored and made again: the cache can only cost time, never an answer.
@@ -50,6 +53,34 @@ def _fingerprint() -> bytes:
             h.update(file.name.encode() + b"\0" + file.read_bytes())
         _FINGERPRINT = h.digest()
     return _FINGERPRINT
+
+
+_TREE: bytes | None = None
+
+
+def tree() -> bytes:
+    """A hash of everything an estimate reads: every file of the compiler package and of the
+    data folders (specs, formulas, schemas). A cached estimate (validate's comparisons) is
+    keyed by it: any edit anywhere makes it anew."""
+    global _TREE
+    if _TREE is None:
+        h = hashlib.blake2b(_fingerprint(), digest_size=20)
+        root = paths.data_root()
+        for top in (_PACKAGE, root / "specs", root / "formulas", root / "schemas"):
+            for directory, dirs, files in sorted(os.walk(top)):
+                dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_data"))
+                for file in sorted(files):
+                    if file.endswith((".pyc", ".pickle")):
+                        continue
+                    full = os.path.join(directory, file)
+                    h.update(os.path.relpath(full, top).encode() + b"\0")
+                    try:
+                        with open(full, "rb") as handle:
+                            h.update(handle.read())
+                    except OSError:
+                        h.update(b"\1unreadable")
+        _TREE = h.digest()
+    return _TREE
 
 
 def key(kind: str, *parts: bytes | str) -> str:
