@@ -410,6 +410,8 @@ class Formula:
     param_rows: tuple[Expr, ...] = ()
     # the training setups (SETUPS) this file's figures model, beyond a plain step
     setups: frozenset[str] = frozenset()
+    # the names of its tensor-typed inputs (expand asks for every child input of every instance)
+    tensor_inputs: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def is_composite(self) -> bool:
@@ -543,6 +545,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         examples=examples,
         doc=doc,
         setups=frozenset(data.get("setups") or ()),
+        tensor_inputs=frozenset(i.name for i in inputs.values() if i.type == "tensor"),
     )
 
 
