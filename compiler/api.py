@@ -145,11 +145,17 @@ def experiment_spec(doc: Document, base: Path) -> Spec:
 
 
 
+def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[Node, ...]:
+    """Stages expand -> evaluate: the evaluated layer tree, without the step's simulation
+    (what the image tokens of a sample or a parameter count need)."""
+    lib = formulas or spec_library(spec)
+    return evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
+
+
 def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak)."""
-    lib = formulas or spec_library(spec)
-    nodes = evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
+    nodes = layers(spec, setup, formulas)
     _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)

@@ -86,6 +86,6 @@ def _compile(name: str, kind: str, library) -> None:
         # NB: the image tokens at the spec's default image size (tiles, native resolution) can
         # exceed spec.image_tokens; a first expansion with room for any of them counts them
         _, probe = api.load_inputs(name, {"micro_batch": 1, "seq_len": PROBE_SEQ})
-        need = api.image_tokens_per_sample(api.run(spec, probe, library, table=False).nodes) or 0
+        need = api.image_tokens_per_sample(api.layers(spec, probe, library)) or 0
         _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(need, 1)})
     api.run(spec, setup, library)
