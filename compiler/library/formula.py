@@ -10,8 +10,11 @@ every file.
 Expressions are integer arithmetic over named values. The grammar is Jinja2's expression
 language cut down to what a formula needs: literals, names, `bytes.<dtype>`, arithmetic,
 comparisons, `and`/`or`/`not`, `a if c else b` and the calls in `FUNCTIONS`. Anything else
-(attribute access, subscripts, filters, tests) is refused at load time, and evaluation runs
-in `ImmutableSandboxedEnvironment` with `StrictUndefined` as a second line of defence.
+(attribute access, subscripts, filters, tests) is refused at load time. A checked expression
+is evaluated as a plain Python callable written from its checked AST (names read from the
+scope, `bytes.<dtype>` a dict lookup, the allowed functions, no builtins); whatever raises
+there is evaluated again in `ImmutableSandboxedEnvironment` with `StrictUndefined`, the
+reference, so that values and errors are Jinja2's (tests/test_expr_python.py).
 """
 
 from __future__ import annotations
