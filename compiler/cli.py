@@ -725,8 +725,9 @@ def _diff(args) -> int:
 
 def _check(args) -> int:
     from .commands.check import check_paths
+    from .commands.progress import Progress
 
-    checked, problems = check_paths([Path(p) for p in args.paths])
+    checked, problems = check_paths([Path(p) for p in args.paths], Progress(sys.stderr, "check"))
     if args.format == "json":
         import json
 

@@ -185,3 +185,40 @@ def test_cli_estimate_twice_same_output(tmp_path):
     outs = [subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, check=True) for _ in range(2)]
     assert outs[0].stdout == outs[1].stdout and outs[0].stderr == outs[1].stderr == ""
     assert list((tmp_path / "c" / "checked").glob("*.pickle"))
+
+
+def test_check_and_validate_report_progress(monkeypatch):
+    from compiler.commands.check import check_paths
+    from compiler.commands.validation import validate_records
+
+    monkeypatch.chdir(ROOT)
+    for run in (lambda p: check_paths([ROOT / "specs" / "experiments"], p), lambda p: validate_records([ROOT / "tests" / "measured" / "gpu"], p)):
+        calls = []
+        run(lambda done, total, what, calls=calls: calls.append((done, total, what)))
+        total = calls[0][1]
+        assert total > 3 and [c[0] for c in calls] == list(range(total + 1))
+        assert calls[-1] == (total, total, "") and all(c[2] for c in calls[:-1])
+
+
+def test_progress_shows_on_a_terminal(tmp_path):
+    """A long run under a terminal writes the progress line to stderr, then clears it."""
+    import pty
+
+    env = {**os.environ, "MEMSPEC_CACHE": str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
+    code = ("import sys; from compiler.commands import progress; progress.QUIET_SECONDS = 0; "
+            "from compiler.cli import main; sys.exit(main(['check', 'specs/experiments']))")
+    leader, follower = pty.openpty()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=follower, timeout=300)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.returncode == 0 and proc.stdout.startswith(b"ok: ")
+    assert b"check: [" in seen and b"specs/experiments/" in seen

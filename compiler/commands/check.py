@@ -26,7 +26,8 @@ def _yaml_files(paths: list[Path]) -> list[Path]:
 
 
 
-def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
+def check_paths(paths: list[Path], progress=None) -> tuple[list[str], list[Diagnostic]]:
+    """`progress(done, total, name)`, when given, is called before each file and once at the end."""
     from .. import api
     from ..library.examples import run_examples
 
@@ -39,8 +40,11 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
     except MemspecError as exc:
         problems.extend(exc.diagnostics)
     formula_root = formulas_dir().resolve()
-    for path in _yaml_files(paths):
+    files = _yaml_files(paths)
+    for i, path in enumerate(files):
         name = display(path)
+        if progress is not None:
+            progress(i, len(files), name)
         checked.append(name)
         if path.resolve().parent == formula_root:
             continue  # checked with the library above
@@ -60,6 +64,8 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
                 _compile(name, kind, library)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
+    if progress is not None:
+        progress(len(files), len(files), "")
     unique = list(dict.fromkeys(problems))
     return checked, unique
 

@@ -18,10 +18,10 @@ QUIET_SECONDS = 2.0
 class Progress:
     WIDTH = 30
 
-    def __init__(self, stream: TextIO, label: str, quiet_seconds: float = QUIET_SECONDS, always: bool = False):
+    def __init__(self, stream: TextIO, label: str, quiet_seconds: float | None = None, always: bool = False):
         self.stream, self.label = stream, label
         self.start = time.monotonic()
-        self.quiet = quiet_seconds
+        self.quiet = QUIET_SECONDS if quiet_seconds is None else quiet_seconds
         self.last = 0
         isatty = getattr(stream, "isatty", None)
         self.on = always or bool(isatty and isatty())
