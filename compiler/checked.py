@@ -32,7 +32,7 @@ VERSION = "0.1.0"  # NB: pyproject.toml's [project] version
 # The modules whose code makes a cached value: a change to any of them is a new key.
 _MAKERS = ("checked.py", "paths.py", "errors.py", "pipeline/load.py", "pipeline/validate.py", "pipeline/resolve.py", "library/formula.py")
 _PACKAGE = Path(__file__).resolve().parent
-_FINGERPRINT: bytes | None = None
+_FINGERPRINTS: dict[Path, bytes] = {}  # by schemas folder
 # Off when MEMSPEC_NO_CACHE is set (to a non-empty value): every input loaded and checked anew.
 _OFF = "MEMSPEC_NO_CACHE"
 
@@ -43,44 +43,38 @@ def folder() -> Path:
 
 def _fingerprint() -> bytes:
     """memspec's version, the schemas and the code that makes cached values."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
+    schemas = paths.schemas_dir()
+    found = _FINGERPRINTS.get(schemas)
+    if found is None:
         h = hashlib.blake2b(VERSION.encode(), digest_size=20)
         for name in _MAKERS:
             h.update(name.encode() + b"\0" + (_PACKAGE / name).read_bytes())
-        schemas = paths.schemas_dir()
         for file in sorted(schemas.glob("*.schema.json")) if schemas.is_dir() else ():
             h.update(file.name.encode() + b"\0" + file.read_bytes())
-        _FINGERPRINT = h.digest()
-    return _FINGERPRINT
-
-
-_TREE: bytes | None = None
+        found = _FINGERPRINTS[schemas] = h.digest()
+    return found
 
 
 def tree() -> bytes:
     """A hash of everything an estimate reads: every file of the compiler package and of the
-    data folders (specs, formulas, schemas). A cached estimate (validate's comparisons) is
-    keyed by it: any edit anywhere makes it anew."""
-    global _TREE
-    if _TREE is None:
-        h = hashlib.blake2b(_fingerprint(), digest_size=20)
-        root = paths.data_root()
-        for top in (_PACKAGE, root / "specs", root / "formulas", root / "schemas"):
-            for directory, dirs, files in sorted(os.walk(top)):
-                dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_data"))
-                for file in sorted(files):
-                    if file.endswith((".pyc", ".pickle")):
-                        continue
-                    full = os.path.join(directory, file)
-                    h.update(os.path.relpath(full, top).encode() + b"\0")
-                    try:
-                        with open(full, "rb") as handle:
-                            h.update(handle.read())
-                    except OSError:
-                        h.update(b"\1unreadable")
-        _TREE = h.digest()
-    return _TREE
+    data folders (specs, formulas, schemas), read anew at each call. A cached estimate
+    (validate's comparisons) is keyed by it: any edit anywhere makes it anew."""
+    root = paths.data_root()
+    h = hashlib.blake2b(_fingerprint(), digest_size=20)
+    for top in (_PACKAGE, root / "specs", root / "formulas", root / "schemas"):
+        for directory, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_data"))
+            for file in sorted(files):
+                if file.endswith((".pyc", ".pickle")):
+                    continue
+                full = os.path.join(directory, file)
+                h.update(os.path.relpath(full, top).encode() + b"\0")
+                try:
+                    with open(full, "rb") as handle:
+                        h.update(handle.read())
+                except OSError:
+                    h.update(b"\1unreadable")
+    return h.digest()
 
 
 def key(kind: str, *parts: bytes | str) -> str:

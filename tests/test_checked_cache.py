@@ -222,3 +222,18 @@ def test_progress_shows_on_a_terminal(tmp_path):
     os.close(leader)
     assert proc.returncode == 0 and proc.stdout.startswith(b"ok: ")
     assert b"check: [" in seen and b"specs/experiments/" in seen
+
+
+def test_tree_changes_with_any_data_file(tmp_path, monkeypatch):
+    import shutil
+
+    from compiler import paths
+
+    for name in ("specs", "formulas", "schemas"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    monkeypatch.setattr(paths, "data_root", lambda: tmp_path)
+    before = checked.tree()
+    assert checked.tree() == before
+    linear = tmp_path / "formulas" / "linear.yaml"
+    linear.write_text(linear.read_text() + "\n")
+    assert checked.tree() != before

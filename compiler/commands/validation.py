@@ -109,16 +109,16 @@ def record_report(path: Path, record: dict | None = None):
         return None, exc.diagnostics[0].message
 
 
-def compare(path: Path) -> Comparison:
+def compare(path: Path, tree: bytes | None = None) -> Comparison:
     """The record's comparison, kept in the checked-input cache by the record's bytes and a
-    hash of the whole compiler and its data (`checked.tree`): a rerun with nothing changed
-    reads the answers back, any edit anywhere makes them anew."""
+    hash of the whole compiler and its data (`checked.tree()`, or `tree` as the caller read
+    it): a rerun with nothing changed reads the answers back, any edit anywhere makes them anew."""
     import os
 
     from .. import checked
 
     raw = path.read_bytes()
-    name = checked.key("comparison", str(path), os.getcwd(), raw, checked.tree())
+    name = checked.key("comparison", str(path), os.getcwd(), raw, tree if tree is not None else checked.tree())
     hit = checked.get(name)
     if isinstance(hit, Comparison):
         return hit
@@ -163,12 +163,15 @@ def verdicts(comparisons: list[Comparison]) -> Verdicts | None:
 
 def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
     """`progress(done, total, name)`, when given, is called before each record and once at the end."""
+    from .. import checked
+
     files = record_files(paths)
+    tree = checked.tree() if files else None
     out = []
     for i, f in enumerate(files):
         if progress is not None:
             progress(i, len(files), f.stem)
-        out.append(compare(f))
+        out.append(compare(f, tree))
     if progress is not None:
         progress(len(files), len(files), "")
     return out
