@@ -16,15 +16,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import checked
 from .errors import Diagnostic, MemspecError
 from .pipeline.evaluate import Node, Row, evaluate, layer_table
 from .pipeline.expand import expand, image_merge
 from .library.formula import Library, load_library
-from .pipeline.load import Document, load_yaml
+from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py reads api.load_yaml in every revision)
 from .paths import display, formulas_dir
 from .pipeline.resolve import (
     Constant, DeviceConstants, Gpu, Margin, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
-    resolve_spec,
 )
 from .pipeline.simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
 
@@ -68,13 +68,7 @@ class Report:
 
 
 def _validated(path: str | Path, kind: str) -> Document:
-    from .pipeline.validate import load_schema, validate
-
-    doc = load_yaml(path)
-    problems = validate(doc, load_schema(kind))
-    if problems:
-        raise MemspecError(problems)
-    return doc
+    return checked.document(path, kind)
 
 
 def file_kind(doc: Document) -> str:
@@ -111,7 +105,7 @@ def load_spec(path: str | Path) -> Spec:
     """A model spec file, loaded, validated and resolved: a frozen `resolve.Spec` (model name,
     modules in forward order with their layer type, inputs and checkpoint parameter count,
     image_tokens, hidden_size). Bad input raises `errors.MemspecError` with every diagnostic."""
-    return resolve_spec(_validated(path, "spec"))
+    return checked.spec(path)
 
 
 def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
@@ -122,7 +116,7 @@ def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 def load_sources(path: str | Path) -> tuple[Spec, Document | None]:
     """The resolved model spec and the validated experiment document (None for a bare spec):
     what `resolve_setup(doc, spec, overrides)` needs, loaded once for many setups (sweeps)."""
-    doc = load_yaml(path)
+    doc = checked.document(path, None)
     kind = file_kind(doc)
     if kind == "experiment":
         doc = _validated(path, "experiment")
@@ -151,11 +145,17 @@ def experiment_spec(doc: Document, base: Path) -> Spec:
 
 
 
+def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[Node, ...]:
+    """Stages expand -> evaluate: the evaluated layer tree, without the step's simulation
+    (what the image tokens of a sample or a parameter count need)."""
+    lib = formulas or spec_library(spec)
+    return evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
+
+
 def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak)."""
-    lib = formulas or spec_library(spec)
-    nodes = evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
+    nodes = layers(spec, setup, formulas)
     _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)

@@ -330,7 +330,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\nsee '{self.prog} --help' for the options and examples\n")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. With `argv`, `measure`'s own flags are added only when
+    `argv` names it: the measuring side's imports stay out of every other command's start."""
     p = _Parser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
                                 epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
@@ -394,13 +396,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="+", help="files or folders")
     c.add_argument("--format", choices=["text", "json"], default="text")
 
-    try:
-        from .measure import cli as measure_cli
-
+    measure_cli = None
+    if argv is None or "measure" in argv:
+        try:
+            from .measure import cli as measure_cli
+        except ImportError:  # NB: the measuring side is optional; its absence is reported at run time
+            pass
+    if measure_cli is not None:
         m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)", epilog=measure_cli.EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         measure_cli.add_arguments(m)
-    except ImportError:  # NB: the measuring side is optional; its absence is reported at run time
+    else:
         m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)")
         m.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -413,10 +419,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def is_source(arg: str) -> bool:
+    """`importer.is_source` (a model folder or a hub repo id), importing the importer only
+    when the argument is no file."""
+    path = Path(arg)
+    if path.is_dir():
+        return True
+    if path.exists():
+        return False
+    from .inputs.importer import is_source as source
+
+    return source(arg)
+
+
 def _spec(args):
     """The model spec of the file argument (for reading a launch command against it)."""
     from . import api
-    from .inputs.importer import import_spec, is_source
+    from .inputs.importer import import_spec
     from .pipeline.load import load_yaml
 
     if is_source(args.file):
@@ -514,8 +533,6 @@ def _sources(args, searched: tuple[str, ...] = ()):
 
 def _sources_and_notes(args, searched: tuple[str, ...] = ()):
     from . import api
-    from .inputs.importer import is_source
-
     knobs, notes = _read_launch(args)
     revision = getattr(args, "revision", None)
     if is_source(args.file):
@@ -708,8 +725,9 @@ def _diff(args) -> int:
 
 def _check(args) -> int:
     from .commands.check import check_paths
+    from .commands.progress import Progress
 
-    checked, problems = check_paths([Path(p) for p in args.paths])
+    checked, problems = check_paths([Path(p) for p in args.paths], Progress(sys.stderr, "check"))
     if args.format == "json":
         import json
 
@@ -780,7 +798,8 @@ COMMANDS = {"list": _catalog, "estimate": _estimate, "report": _html_report, "ta
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = parser(argv).parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, usage errors are 2
         return int(exc.code or 0)
     try:

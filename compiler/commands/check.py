@@ -26,7 +26,8 @@ def _yaml_files(paths: list[Path]) -> list[Path]:
 
 
 
-def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
+def check_paths(paths: list[Path], progress=None) -> tuple[list[str], list[Diagnostic]]:
+    """`progress(done, total, name)`, when given, is called before each file and once at the end."""
     from .. import api
     from ..library.examples import run_examples
 
@@ -39,8 +40,11 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
     except MemspecError as exc:
         problems.extend(exc.diagnostics)
     formula_root = formulas_dir().resolve()
-    for path in _yaml_files(paths):
+    files = _yaml_files(paths)
+    for i, path in enumerate(files):
         name = display(path)
+        if progress is not None:
+            progress(i, len(files), name)
         checked.append(name)
         if path.resolve().parent == formula_root:
             continue  # checked with the library above
@@ -60,6 +64,8 @@ def check_paths(paths: list[Path]) -> tuple[list[str], list[Diagnostic]]:
                 _compile(name, kind, library)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
+    if progress is not None:
+        progress(len(files), len(files), "")
     unique = list(dict.fromkeys(problems))
     return checked, unique
 
@@ -86,6 +92,6 @@ def _compile(name: str, kind: str, library) -> None:
         # NB: the image tokens at the spec's default image size (tiles, native resolution) can
         # exceed spec.image_tokens; a first expansion with room for any of them counts them
         _, probe = api.load_inputs(name, {"micro_batch": 1, "seq_len": PROBE_SEQ})
-        need = api.image_tokens_per_sample(api.run(spec, probe, library, table=False).nodes) or 0
+        need = api.image_tokens_per_sample(api.layers(spec, probe, library)) or 0
         _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(need, 1)})
     api.run(spec, setup, library)

@@ -109,8 +109,25 @@ def record_report(path: Path, record: dict | None = None):
         return None, exc.diagnostics[0].message
 
 
-def compare(path: Path) -> Comparison:
-    record = json.loads(path.read_text())
+def compare(path: Path, tree: bytes | None = None) -> Comparison:
+    """The record's comparison, kept in the checked-input cache by the record's bytes and a
+    hash of the whole compiler and its data (`checked.tree()`, or `tree` as the caller read
+    it): a rerun with nothing changed reads the answers back, any edit anywhere makes them anew."""
+    import os
+
+    from .. import checked
+
+    raw = path.read_bytes()
+    name = checked.key("comparison", str(path), os.getcwd(), raw, tree if tree is not None else checked.tree())
+    hit = checked.get(name)
+    if isinstance(hit, Comparison):
+        return hit
+    found = _compare(path, json.loads(raw))
+    checked.put(name, found)
+    return found
+
+
+def _compare(path: Path, record: dict) -> Comparison:
     measured = {m: record.get(m) for m in MEASURES}
     name = record.get("name", path.stem)
     oom = "out_of_memory" in record
@@ -144,8 +161,20 @@ def verdicts(comparisons: list[Comparison]) -> Verdicts | None:
                     tuple(c.name for c in judged if not c.out_of_memory and not c.fits))
 
 
-def validate_records(paths: list[Path]) -> list[Comparison]:
-    return [compare(f) for f in record_files(paths)]
+def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
+    """`progress(done, total, name)`, when given, is called before each record and once at the end."""
+    from .. import checked
+
+    files = record_files(paths)
+    tree = checked.tree() if files else None
+    out = []
+    for i, f in enumerate(files):
+        if progress is not None:
+            progress(i, len(files), f.stem)
+        out.append(compare(f, tree))
+    if progress is not None:
+        progress(len(files), len(files), "")
+    return out
 
 
 def summarise(comparisons: list[Comparison], measure: str) -> Summary | None:
@@ -231,7 +260,9 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
 
 
 def main(args) -> int:
-    comparisons = validate_records([Path(p) for p in args.paths])
+    from .progress import Progress
+
+    comparisons = validate_records([Path(p) for p in args.paths], Progress(sys.stderr, "validate"))
     if args.format == "json":
         sys.stdout.write(json.dumps(as_data(comparisons), indent=2) + "\n")
     else:

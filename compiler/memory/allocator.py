@@ -44,6 +44,7 @@ Assumed, not modelled (each a reason `peak_reserved` can differ from a GPU's):
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_left as _bisect_left, insort as _insort
 from dataclasses import dataclass, field, replace
 
 KIB = 1 << 10
@@ -349,6 +350,8 @@ class Allocator:
 
     def __post_init__(self) -> None:
         self._small, self._large = _Pool(True), _Pool(False)
+        c = self.config
+        self._plain = not any(c.roundup_power2_divisions) and c.max_split_size is None and not c.expandable_segments
         self._live: dict[object, _Block] = {}
         self._next_address = 1 << 40
         if self.config.expandable_segments:
@@ -367,24 +370,69 @@ class Allocator:
 
     def malloc(self, key: object, nbytes: int) -> int:
         """Allocate `nbytes` for `key` (each key live once); the block's size is returned."""
-        if key in self._live:
+        live = self._live
+        if key in live:
             raise KeyError(f"{key!r} is already allocated")
+        if not self._plain:
+            return self._malloc(key, nbytes)
+        # NB: the default configuration (no rounding divisions, max split size nor expandable
+        # segments) inlined: _request, _cached and _split are most of a replay's time.
+        # tests/test_allocator_fast.py holds it equal to the general path.
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        small = size <= SMALL_SIZE
+        pool = self._small if small else self._large
+        self.mallocs += 1
+        order = pool.order
+        i = _bisect_left(order, (size, -1))
+        if i < len(order):
+            block = pool.free.pop(order[i][1])
+            del order[i]
+        else:
+            block = self._fresh(pool, size, key, nbytes)
+        remaining = block.size - size
+        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+            rest = _Block(block.ptr + size, remaining, pool)
+            after = block.next
+            rest.prev, rest.next = block, after
+            if after is not None:
+                after.prev = rest
+            block.next = rest
+            block.size = size
+            if pool.tail is block:
+                pool.tail = rest
+            rest.freed_at = self.mallocs
+            _insort(order, (remaining, rest.ptr))
+            pool.free[rest.ptr] = rest
+        block.allocated = True
+        live[key] = block
+        allocated = self.allocated = self.allocated + block.size
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
+        return block.size
+
+    def _malloc(self, key: object, nbytes: int) -> int:
+        """`malloc` under any configuration."""
         size, pool = self._request(nbytes)
         self.mallocs += 1
         block = self._cached(pool, size)
         if block is None:
-            self._collect_garbage()
-            block = (self._new_block(pool, size)
-                     or (self._release_oversize(pool, size) and self._new_block(pool, size))
-                     or (self.empty_cache() and self._new_block(pool, size)))
-            if not block:
-                raise OutOfMemoryError(OutOfMemory(self.mallocs - 1, key, nbytes, self.allocated, self.reserved, self.limit))
+            block = self._fresh(pool, size, key, nbytes)
         block = self._split(block, size)
         block.allocated = True
         self._live[key] = block
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block.size
+
+    def _fresh(self, pool: _Pool, size: int, key: object, nbytes: int) -> _Block:
+        """Nothing cached fits: a new segment, after giving cached ones back if need be."""
+        self._collect_garbage()
+        block = (self._new_block(pool, size)
+                 or (self._release_oversize(pool, size) and self._new_block(pool, size))
+                 or (self.empty_cache() and self._new_block(pool, size)))
+        if not block:
+            raise OutOfMemoryError(OutOfMemory(self.mallocs - 1, key, nbytes, self.allocated, self.reserved, self.limit))
+        return block
 
     def probe(self, nbytes: int) -> None:
         """An allocation freed at once, nothing allocated between: the same as `malloc` then
@@ -486,24 +534,28 @@ class Allocator:
         block.allocated = False
         self.allocated -= block.size
         pool = block.pool
-        for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated:
-                continue
-            pool.remove(neighbour)
-            if neighbour is block.prev:
-                block.ptr = neighbour.ptr
-                block.prev = neighbour.prev
-                if neighbour.prev is not None:
-                    neighbour.prev.next = block
-            else:
-                block.next = neighbour.next
-                if neighbour.next is not None:
-                    neighbour.next.prev = block
-                if pool.tail is neighbour:
-                    pool.tail = block
-            block.size += neighbour.size
+        order, free = pool.order, pool.free
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            del order[_bisect_left(order, (before.size, before.ptr))]
+            del free[before.ptr]
+            block.ptr = before.ptr
+            block.prev = before.prev
+            if before.prev is not None:
+                before.prev.next = block
+            block.size += before.size
+        if after is not None and not after.allocated:
+            del order[_bisect_left(order, (after.size, after.ptr))]
+            del free[after.ptr]
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+            if pool.tail is after:
+                pool.tail = block
+            block.size += after.size
         block.freed_at = self.mallocs
-        pool.insert(block)
+        _insort(order, (block.size, block.ptr))
+        free[block.ptr] = block
 
     def __contains__(self, key: object) -> bool:
         return key in self._live

@@ -562,13 +562,12 @@ def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mappin
     return library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
 
 
-def _tensor_inputs(formula: Formula) -> set[str]:
-    return {i.name for i in formula.inputs if i.type == "tensor"}
+def _tensor_inputs(formula: Formula) -> frozenset[str]:
+    return formula.tensor_inputs
 
 
 def _is_tensor(formula: Formula, key: str) -> bool:
-    decl = formula.input(key)
-    return decl is not None and decl.type == "tensor"
+    return key in formula.tensor_inputs
 
 
 def _tensor_name(value: str, bound: Mapping[str, str], parent_path: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from ..library.formula import SETUPS, Expr, Library, compile_expr
-from .load import Document, child_path, load_yaml
+from .load import Document, child_path
 from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import TYPE_IMPLS, Optimizer
@@ -149,14 +149,10 @@ class Constant:
 @lru_cache(maxsize=1)
 def _catalog() -> Document:
     """specs/gpus.yaml, validated."""
+    from .. import checked
     from ..paths import specs_dir
-    from .validate import load_schema, validate
 
-    doc = load_yaml(specs_dir() / "gpus.yaml")
-    problems = validate(doc, load_schema("gpus"))
-    if problems:
-        raise MemspecError(problems)
-    return doc
+    return checked.document(specs_dir() / "gpus.yaml", "gpus")
 
 
 def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
