@@ -194,7 +194,10 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--images-per-sample", type=int, metavar="N")
     add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
     add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
-    add("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
+    add("--precision", choices=["bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"],
+        help="Lightning's names: bf16-mixed / 16-mixed is torch.autocast on fp32 weights, or 16-bit weights with fp32 masters "
+             "when a ZeRO stage (--zero, --deepspeed) is given; bf16-true / 16-true pure 16-bit; 32-true fp32. "
+             "bf16 = bf16-true, fp16-mixed = 16-mixed. Unset: bf16-mixed with fp32 master weights")
     add("--optimizer", choices=list(TYPES) + [n for n in HF_OPTIM if n not in TYPES], metavar="NAME",
         help=f"{', '.join(TYPES)}, or a Hugging Face --optim name ({', '.join(n for n in HF_OPTIM if n not in TYPES)}), "
              "e.g. --optimizer paged_adamw_8bit")

@@ -35,6 +35,7 @@ SETUPS: Mapping[str, str] = {
     "tensor_parallel": "Megatron tensor parallelism (tp > 1)",
     "sequence_parallel": "Megatron sequence parallelism (sp, with tp > 1)",
     "pipeline_parallel": "pipeline parallelism (pp > 1)",
+    "autocast": "autocast: fp32 weights, the forward under torch.autocast (16-bit matmuls on per-forward weight copies, fp32 norms, softmax and loss)",
 }
 
 # Names every formula may use; `resolve` and `expand` provide their values per row.
