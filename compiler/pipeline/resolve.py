@@ -1200,11 +1200,24 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         if not module:
             complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
             continue
-        file = library[layer_type].file
+        file = _shown(library[layer_type].file)
         declared = ", ".join(k for k in SETUPS if k in library[layer_type].setups) or "none"
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)
+
+
+def _shown(file: str) -> str:
+    """A formula file as a refusal names it: a bundled one by its place in the package's data
+    (formulas/<type>.yaml), wherever the command runs; another as given."""
+    from pathlib import Path
+
+    from ..paths import data_root
+
+    try:
+        return str(Path(file).resolve().relative_to(data_root().resolve()))
+    except ValueError:
+        return file
 
 
 def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:
