@@ -59,6 +59,7 @@ CONTEXT_NAMES = frozenset(
         "input_grads",  # enable_input_require_grads(): input embeddings' outputs require grad
         "fused_loss",  # the loss is a fused linear cross-entropy (Liger): no full logits
         "offloading",  # saved activations are offloaded to host memory (save_on_cpu)
+        "autocast",  # the forward runs under torch.autocast on fp32 weights (bytes.act is its 16-bit dtype)
         "packed",  # the micro-batch is packed into one row (position_ids restart per sequence)
         "tp",  # Megatron tensor-parallel degree
         "sp",  # Megatron sequence parallelism (activations outside the tensor-parallel regions split by tp)
@@ -280,7 +281,9 @@ class Saved:
     bytes: Expr
     # backward: freed by its charger's backward; forward: when the forward ends; gradient: it
     # becomes the layer's parameter gradient in backward (freed as the gradient appears);
-    # step: held by the training loop until the whole backward has run (the loss)
+    # step: held by the training loop until the whole backward has run (the loss); cached: as
+    # backward, and held until the forward ends where a checkpointing unit keeps nothing
+    # (autocast's cast cache holds a trainable weight's 16-bit copy for the whole forward)
     until: str = "backward"
 
 

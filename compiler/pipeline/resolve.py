@@ -916,6 +916,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             complain(key, "E316",
                      f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}",
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
+    if data["precision_mode"] == "autocast":
+        _check_autocast(data, parallel, complain)
     # NB: packing or offloading with images is refused above, whatever the formulas declare
     refused = _check_setups(data, parallel, spec, formulas, complain,
                             {"packing", "activation_offloading"} if data["images_per_sample"] else set())
@@ -1205,6 +1207,25 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)
+
+
+def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
+    """Settings the autocast step is not measured with (specs/matrices/autocast-*.yaml: sdpa,
+    unpacked, nothing offloaded, the plain loss, one device's tensors whole). NB: eager
+    attention under autocast keeps fp32 probabilities and a 16-bit copy of them
+    (softmax(dtype=fp32).to(query.dtype) with an fp32 query after the fp32 rotary), which
+    attention_core does not model."""
+    given = data.get("precision_given", data["precision"])
+    unmeasured = [(key, what) for key, on, what in (
+        ("attention", data["attention"] == "eager", "eager attention"),
+        ("packing", bool(data.get("packing")), "packing"),
+        ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
+        ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
+        ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
+    ) if on]
+    for key, what in unmeasured:
+        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: sdpa or flash attention, unpacked, nothing offloaded)",
+                 "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32")
 
 
 def _shown(file: str) -> str:
