@@ -21,7 +21,7 @@ from ..pipeline.resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catal
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
-    "fused_loss": False, "offloading": False, "autocast": False, "packed": False, "bias_trains": False,
+    "fused_loss": False, "offloading": False, "autocast": False, "requires_grad": False, "packed": False, "bias_trains": False,
 }
 
 

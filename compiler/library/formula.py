@@ -45,6 +45,7 @@ CONTEXT_NAMES = frozenset(
         "seq",  # positions per sample in this module's stream
         "tokens",  # batch * seq
         "trainable",  # this row's parameters receive gradients
+        "requires_grad",  # this row's parameters require grad, whether or not a gradient reaches them (a layer past the feature layer)
         "bias_trains",  # only this row's parameters named `bias` train, its weights stay frozen (peft bias='all' / 'lora_only')
         "grad_in",  # the row's input requires grad (something upstream is trainable)
         "grad_flows",  # trainable or grad_in: autograd records this row
