@@ -1211,7 +1211,8 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
 
 def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
     """Settings the autocast step is not measured with (specs/matrices/autocast-*.yaml: sdpa,
-    unpacked, nothing offloaded, the plain loss, one device's tensors whole). NB: eager
+    unpacked, nothing offloaded, the plain loss, one device's tensors whole, no adapters or
+    quantized weights). NB: eager
     attention under autocast keeps fp32 probabilities and a 16-bit copy of them
     (softmax(dtype=fp32).to(query.dtype) with an fp32 query after the fp32 rotary), which
     attention_core does not model."""
@@ -1222,9 +1223,13 @@ def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], compla
         ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
         ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
         ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
+        # NB: the setups check instantiates the spec without adapters or quantization, so
+        # lora_linear, dora_linear and the bitsandbytes linears are refused here
+        ("lora", bool(data.get("lora")), "LoRA (peft adapters on frozen fp32 weights)"),
+        ("quantization", bool(data.get("quantization")), "bitsandbytes quantization"),
     ) if on]
     for key, what in unmeasured:
-        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: sdpa or flash attention, unpacked, nothing offloaded)",
+        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: full or partial fine-tuning without adapters, sdpa or flash attention, unpacked, nothing offloaded)",
                  "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32")
 
 
