@@ -45,6 +45,9 @@ OPTIONAL_KEYS = ("image_size", "lora", "loss", "packing", "activation_offloading
 # (the harness's mixed precision since the first record); autocast, HF Trainer / accelerate's
 # torch.autocast around the forward of an fp32 model.
 PRECISION_MODES = ("autocast", "master-weights")
+# Lightning's precision names, measured as the older ones records carry (compiler/pipeline/
+# resolve.py PRECISION_NAMES; pure fp16, "16-true", is not measured)
+PRECISION_NAMES = {"bf16-true": "bf16", "16-mixed": "fp16-mixed", "32-true": "fp32", "32": "fp32"}
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 # peft's LoraConfig defaults for what an experiment's `lora` block leaves out
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
@@ -222,6 +225,13 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}),
                         **exp["optimizer"]}
     exp["parallel"] = normalise_parallel(exp["parallel"])
+    exp["precision"] = PRECISION_NAMES.get(exp["precision"], exp["precision"])
+    stated = raw.get("parallel") or {}
+    if "precision" in raw and exp["precision"] in ("bf16-mixed", "fp16-mixed") and "precision_mode" not in raw \
+            and "zero" not in stated and stated.get("fsdp") is None:
+        # NB: as the estimator reads the same file (resolve.precision_mode): a mixed precision
+        # stated without a ZeRO stage is autocast on fp32 weights
+        exp["precision_mode"] = "autocast"
     exp["trainable"] = list(exp["trainable"])
     exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
     exp["lora"] = normalise_lora(exp.get("lora"))
