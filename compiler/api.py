@@ -12,6 +12,7 @@ its phases, `constants(report)` lists the named constants the estimate used and
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -88,11 +89,19 @@ def file_kind(doc: Document) -> str:
     return "spec"
 
 
-@lru_cache(maxsize=16)
 def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:
     """The formulas in `folder` (default: the shipped ones); with `types`, only those layer
-    types and what they reach, which is all an estimate of a spec with those modules reads."""
+    types and what they reach, which is all an estimate of a spec with those modules reads.
+    NB: kept per working directory too, since the files' names in messages are relative to it."""
+    return _library(folder, types, os.getcwd())
+
+
+@lru_cache(maxsize=16)
+def _library(folder: str | None, types: frozenset[str] | None, cwd: str) -> Library:
     return load_library(folder or formulas_dir(), types)
+
+
+library.cache_clear = _library.cache_clear  # type: ignore[attr-defined]
 
 
 def spec_library(spec: Spec) -> Library:

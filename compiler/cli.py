@@ -196,7 +196,13 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--video-frames", type=int, metavar="N", help="frames sampled per video")
     add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
     add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
-    add("--precision", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"])
+    add("--precision", choices=["bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"],
+        help="Lightning's names: bf16-mixed / 16-mixed is torch.autocast on fp32 weights, or 16-bit weights with fp32 masters "
+             "when a ZeRO stage (--zero, --deepspeed) is given; bf16-true / 16-true pure 16-bit; 32-true fp32. "
+             "bf16 = bf16-true, fp16-mixed = 16-mixed. Unset: bf16-mixed with fp32 master weights")
+    add("--precision-mode", choices=["autocast", "master-weights"], dest="precision_mode",
+        help="how bf16-mixed / 16-mixed runs when the rule above is not what the job does: autocast (fp32 weights, "
+             "torch.autocast) or master-weights (16-bit weights, fp32 masters: DeepSpeed, Megatron)")
     add("--optimizer", choices=list(TYPES) + [n for n in HF_OPTIM if n not in TYPES], metavar="NAME",
         help=f"{', '.join(TYPES)}, or a Hugging Face --optim name ({', '.join(n for n in HF_OPTIM if n not in TYPES)}), "
              "e.g. --optimizer paged_adamw_8bit")
@@ -281,7 +287,7 @@ def _count_bounds() -> dict[str, tuple[int, int | None]]:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames", "image_size", "trainable", "precision", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
+    for key in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames", "image_size", "trainable", "precision", "precision_mode", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
                 "offload_optimizer", "offload_param", "alloc_conf", "margin"):
         value = getattr(args, key, None)
         if value is not None:

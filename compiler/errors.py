@@ -64,6 +64,7 @@ Codes (stable; never reuse a retired one):
     E322 modules_to_save matching inside another match or a LoRA layer, or copying a bitsandbytes-quantized linear
     E323 peft bias on a layer whose formula does not give its bias as a tensor (bitsandbytes linears, SigLIP's head)
     E324 images_per_sample above 0 on a model without a vision tower (a text-only spec)
+    E325 bf16-mixed / 16-mixed as torch.autocast on fp32 weights (no DeepSpeed stated) with a formula the spec instantiates that does not list autocast in `setups:`, or a setup it is not modelled with
     E327 videos_per_sample above 0 on a model that takes no video (its spec has no video_temporal_patch)
     E328 videos_per_sample without video_frames, or video_frames without videos
 

@@ -60,7 +60,21 @@ def test_deepspeed_config_file_is_read_as_deepspeed_reads_it():
 
 def test_multi_gpu_is_ddp():
     r = _read("multi-gpu.yaml")
-    assert r.overrides == {"dp": 4, "precision": "fp16-mixed", "fsdp": None, "zero": 0}
+    # NB: accelerate's mixed_precision without DeepSpeed or FSDP is torch.autocast on the
+    # model as loaded (fp32), not DeepSpeed's fp32 masters of 16-bit weights
+    assert r.overrides == {"dp": 4, "precision": "fp16-mixed", "precision_mode": "autocast", "fsdp": None, "zero": 0}
+
+
+def test_mixed_precision_is_realized_as_the_distributed_type_does():
+    from compiler.pipeline.resolve import precision_mode
+
+    assert _read("deepspeed-zero2-offload.yaml").overrides["precision"] == "bf16-mixed"
+    assert "precision_mode" not in _read("deepspeed-zero2-offload.yaml").overrides  # DeepSpeed stated: fp32 masters
+    assert precision_mode("bf16-mixed", deepspeed_stated=True) == "master-weights"
+    assert precision_mode("bf16-mixed", fsdp=True) == "fsdp-policy"
+    assert precision_mode("bf16-mixed") == "autocast"  # stated, nothing else: Lightning's bf16-mixed
+    assert precision_mode("bf16-mixed", precision_stated=False) == "master-weights"  # the default
+    assert precision_mode("bf16") == "pure" and precision_mode("fp32") == "fp32"
 
 
 def test_fsdp1_and_size_wrap_are_refused_at_their_lines():
@@ -123,7 +137,7 @@ def test_dynamo_off_is_read_and_on_is_refused(tmp_path):
     base = "distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: bf16\n"
     (tmp_path / "off.yaml").write_text(base + "dynamo_config:\n  dynamo_backend: 'NO'\n")
     r = launch.read_accelerate(str(tmp_path / "off.yaml"), ("language",))
-    assert r.overrides == {"dp": 2, "precision": "bf16-mixed", "fsdp": None, "zero": 0}
+    assert r.overrides == {"dp": 2, "precision": "bf16-mixed", "precision_mode": "autocast", "fsdp": None, "zero": 0}
     assert not any("unknown" in n for n in r.notes)
     (tmp_path / "on.yaml").write_text(base + "dynamo_config:\n  dynamo_backend: INDUCTOR\n")
     with pytest.raises(MemspecError) as err:

@@ -177,7 +177,7 @@ def test_accelerate_fixture_names_a_bundled_model(capsys):
     assert code == 0 and lines[0] == f"memspec estimate: Qwen2.5-0.5B  ({SPECS}/qwen2/qwen2.5-0.5b.yaml)"
     assert lines[2] == ("from      tests/fixtures/accelerate/launch.sh:4 --model_name_or_path Qwen/Qwen2.5-0.5B "
                         f"-> bundled qwen2.5-0.5b ({SPECS}/qwen2/qwen2.5-0.5b.yaml)")
-    assert lines[3] == ("setup     micro-batch 4 x 0 image(s) | seq 1024 | bf16-mixed | adamw foreach, Trainer's decay / no-decay groups "
+    assert lines[3] == ("setup     micro-batch 4 x 0 image(s) | seq 1024 | bf16-mixed (FSDP2 policy on fp32 shards) | adamw foreach, Trainer's decay / no-decay groups "
                         "| attention sdpa | checkpointing language | dp 8 FSDP2 (no reshard after forward, reduce fp32)")
     with_spec = _report_of(["estimate", "specs/qwen2/qwen2.5-0.5b.yaml", "--from-command", "tests/fixtures/accelerate/launch.sh"])
     alone = _report_of(["estimate", "--from-command", "tests/fixtures/accelerate/launch.sh"])

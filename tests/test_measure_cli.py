@@ -1,4 +1,5 @@
-"""`memspec measure` end to end on two tiny LLaVAs, against committed expected records."""
+"""`memspec measure` end to end on tiny LLaVAs, against committed expected records (the
+finetune step with fp32 master weights and under autocast, the pretrain step)."""
 
 import json
 from pathlib import Path
@@ -17,7 +18,7 @@ COMPARED = ("schema", "name", "experiment", "model_config_sha256", "source", "em
             "allocated", "allocated_first_step", "reserved", "device")
 
 
-@pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain"])
+@pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain", "tiny-autocast"])
 def test_cli_reproduces_the_committed_record(name, tmp_path):
     out = tmp_path / f"{name}.json"
     assert run([str(TINY / f"{name}.yaml"), "--steps", "3", "-o", str(out)]) == 0

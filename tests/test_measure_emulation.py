@@ -180,3 +180,59 @@ def test_qwen2_5_vl_window_index_runs_on_the_host_with_the_models_values(monkeyp
     assert torch.equal(cu.constant, want_cu) and cu.tolist()[-1] == 1024 and cu.shape == (17,)
     # only cu_window_seqlens lives on the device: int32 [17] = 68 bytes, one 512-byte block
     assert counted == [("clone.default", "int32", BLOCK)]
+
+
+def test_autocast_runs_cudas_op_policy_on_the_cpu_key():
+    """CUDA's autocast upcasts softmax, rsqrt, pow, layer_norm and the losses to fp32 and runs
+    cat uncast (autocast_mode.h); CPU's autocast does neither. While the policy is active the
+    CPU key follows CUDA's lists, and torch's own policy is back once it is left."""
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    with emulation.CudaAutocastPolicy(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert {torch.softmax(x, -1).dtype, torch.rsqrt(x).dtype, x.pow(2).dtype} == {torch.float32}
+        assert F.layer_norm(x, (8,)).dtype == torch.float32
+        assert torch.softmax(x, -1, dtype=torch.bfloat16).dtype == torch.bfloat16  # an explicit dtype wins
+        assert torch.cat([x, x.float()]).dtype == torch.float32  # the op's own type promotion
+        assert x.sum().dtype == torch.float32  # fp32_set_opt_dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.softmax(x, -1).dtype == torch.bfloat16  # the CPU policy, restored
+
+
+def test_autocast_keeps_one_bf16_copy_per_trainable_weight_until_the_forward_ends():
+    """cached_cast (autocast_mode.cpp): the bf16 copy of an fp32 leaf that requires grad is made
+    once and kept until the outermost autocast exits; a frozen weight is cast at every use.
+    Two uses of a trainable [64, 64] weight: one 8 KiB copy; of a frozen one: two, gone at once."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True), emulation.CudaAutocastPolicy():
+        trained = torch.nn.Parameter(torch.empty(64, 64))
+        frozen = torch.nn.Parameter(torch.empty(64, 64), requires_grad=False)
+        x = torch.empty(16, 64)
+        with MemoryTracer() as tracer:
+            tracer.register([trained, frozen, x], "inputs")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = F.linear(F.linear(x, trained), trained)  # noqa: F841
+                copies = [r for r in tracer.live.values() if r.op == "_to_copy.default" and tuple(r.shape) == (64, 64)]
+                assert len(copies) == 1 and copies[0].nbytes == 64 * 64 * 2  # 8192
+                z = F.linear(F.linear(x, frozen), frozen)  # noqa: F841 - nothing requires grad: nothing saved
+                copies = [r for r in tracer.live.values() if r.op == "_to_copy.default" and tuple(r.shape) == (64, 64)]
+                assert len(copies) == 1
+            # the cache is cleared on exit; the copy lives on because the second linear's input
+            # requires grad, so its mm saved the copy for dX = dY W; it dies with the graph
+            copies = [r for r in tracer.live.values() if r.op == "_to_copy.default" and tuple(r.shape) == (64, 64)]
+            assert len(copies) == 1
+            del y
+            copies = [r for r in tracer.live.values() if r.op == "_to_copy.default" and tuple(r.shape) == (64, 64)]
+            assert copies == []
+
+
+def test_autocast_sdpa_casts_the_fp32_rope_outputs_before_picking_flash():
+    """Under CUDA autocast, scaled_dot_product_attention (lower_precision_fp) casts q and k,
+    fp32 after RoPE with fp32 cos/sin, to bf16 first, so the flash kernel runs and saves bf16
+    q and k; without the cast the fp32 inputs would take the memory-efficient kernel."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True), emulation.CudaAutocastPolicy():
+        q = torch.empty(B, HEADS, S, D, requires_grad=True)
+        with MemoryTracer() as tracer:
+            tracer.register([q], "inputs")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = F.scaled_dot_product_attention(q, q, q, is_causal=True)  # noqa: F841
+            ops = Counter(r.op for r in tracer.live.values())
+            assert ops["_scaled_dot_product_flash_attention.default"] >= 2  # out, logsumexp (+ rng)
+            assert out.dtype == torch.bfloat16

@@ -25,7 +25,7 @@ TINY = ROOT / "tests" / "measured" / "tiny" / "tiny-pretrain.yaml"
 def _qwen_experiment(tmp_path):
     path = tmp_path / "qwen.yaml"
     path.write_text(f"experiment: q\nmodel: {ROOT / 'specs/qwen2/qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
-                    "images_per_sample: 0\ntrainable: []\nprecision: bf16-mixed\nattention: sdpa\n")
+                    "images_per_sample: 0\ntrainable: []\nprecision: bf16-mixed\nattention: sdpa\nparallel: {dp: 1, zero: 0}\n")
     return path
 
 

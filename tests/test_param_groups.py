@@ -82,8 +82,8 @@ def test_stepped_tensors_visit_the_tied_table_first_and_group_the_trainer_way():
 def test_foreach_temporaries_are_the_larger_groups():
     from compiler.pipeline.walks.optimizer_step import step_temporaries
 
-    setup, _, one = _stepped(precision="bf16-mixed", optimizer=ADAMW_WD)
-    setup2, _, two = _stepped(precision="bf16-mixed", optimizer={**ADAMW_WD, "param_groups": "trainer"})
+    setup, _, one = _stepped(precision="bf16-mixed", precision_mode="master-weights", optimizer=ADAMW_WD)
+    setup2, _, two = _stepped(precision="bf16-mixed", precision_mode="master-weights", optimizer={**ADAMW_WD, "param_groups": "trainer"})
     a = step_temporaries(setup, one, 0)["optimizer_temporaries"]
     b = step_temporaries(setup2, two, 0)["optimizer_temporaries"]
     # The no-decay group's fp32 exp_avg_sq copies, per layer: 2 norms + q bias of 896 x 4 B =
@@ -94,8 +94,8 @@ def test_foreach_temporaries_are_the_larger_groups():
 
 @pytest.mark.parametrize("opt", [ADAMW_WD, {"type": "sgd", "impl": "foreach", "momentum": 0.9, "weight_decay": 0.01}])
 def test_trainer_groups_against_one_group(opt):
-    one = estimate(QWEN, **SMALL, precision="bf16-mixed", optimizer=opt).estimate
-    two = estimate(QWEN, **SMALL, precision="bf16-mixed", optimizer={**opt, "param_groups": "trainer"}).estimate
+    one = estimate(QWEN, **SMALL, precision="bf16-mixed", precision_mode="master-weights", optimizer=opt).estimate
+    two = estimate(QWEN, **SMALL, precision="bf16-mixed", precision_mode="master-weights", optimizer={**opt, "param_groups": "trainer"}).estimate
     assert one.peak.phase == two.peak.phase == "optimizer"
     # steady: only the larger group's foreach copy (AdamW's sqrt; SGD's weight-decay add: the
     # no-decay group has none); 286_208 B as above

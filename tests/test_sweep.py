@@ -200,8 +200,8 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
 
 
 def test_choices_are_the_estimators():
-    from compiler.pipeline.resolve import ATTENTION, PRECISIONS
+    from compiler.pipeline.resolve import ATTENTION, PRECISION_NAMES
     from compiler.commands.sweep import BY_NAME
 
     assert BY_NAME["attention"].choices == tuple(ATTENTION)
-    assert sorted(BY_NAME["precision"].choices) == sorted(PRECISIONS)
+    assert sorted(BY_NAME["precision"].choices) == sorted(PRECISION_NAMES)

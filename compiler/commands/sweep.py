@@ -52,9 +52,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("zero", "--zero", "choice", choices=("0", "1", "2", "3"), example="0,2,3"),
     Knob("gradient_checkpointing", "--gradient-checkpointing", "checkpointing", example="on,off or language+vision,off"),
     Knob("lora_rank", "--lora-rank", "lora", 1, example="8,16,64 or off,8"),
-    # NB: the choices of resolve.ATTENTION and resolve.PRECISIONS (tests/test_sweep.py holds them equal)
+    # NB: the choices of resolve.ATTENTION and resolve.PRECISION_NAMES (tests/test_sweep.py holds them equal)
     Knob("attention", "--attention", "choice", choices=("flash_attention_2", "sdpa", "eager"), example="sdpa,eager"),
-    Knob("precision", "--precision", "choice", choices=("bf16", "bf16-mixed", "fp16-mixed", "fp32"), example="bf16-mixed,bf16"),
+    Knob("precision", "--precision", "choice", choices=("bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"), example="bf16-mixed,bf16"),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 

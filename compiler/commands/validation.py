@@ -36,6 +36,8 @@ class Comparison:
     reason: str | None = None  # why not estimated
     out_of_memory: bool = False  # the measured run raised an OOM: its figures are lower bounds
     fits: bool | None = None  # the estimate's verdict on the record's GPU; None: no GPU named
+    # the record's step ran bf16-mixed as torch.autocast on fp32 weights (precision_mode: autocast)
+    autocast: bool = False
 
     def error(self, measure: str) -> float | None:
         """Signed error in percent of the measurement; negative = under-estimate."""
@@ -132,8 +134,9 @@ def _compare(path: Path, record: dict) -> Comparison:
     name = record.get("name", path.stem)
     oom = "out_of_memory" in record
     report, reason = record_report(path, record)
+    autocast = (record.get("experiment") or {}).get("precision_mode") == "autocast"
     if report is None:
-        return Comparison(name, str(path), record.get("source", ""), measured, None, reason, oom)
+        return Comparison(name, str(path), record.get("source", ""), measured, None, reason, oom, autocast=autocast)
     estimated = {
         "allocated": report.allocated,
         "allocated_first_step": report.estimate.first_step.total,
@@ -143,7 +146,7 @@ def _compare(path: Path, record: dict) -> Comparison:
     fits = None
     if record.get("source") == "gpu" and report.gpu is not None:
         fits = report.fits
-    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits)
+    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast)
 
 
 @dataclass(frozen=True)

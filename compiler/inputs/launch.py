@@ -654,7 +654,7 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
     if r.boolean("padding_free"):
         out["packing"] = True
     _refuse_compile(r)
-    out.update(_precision_flags(r))
+    out.update(_precision_flags(r, command, notes))
     out.update(_optimizer_flag(r, notes))
     out.update(_param_groups(command, notes))
     out.update(_trainable_flags(r, modules))
@@ -710,14 +710,26 @@ def _refuse_compile(r: _Reader) -> None:
             return
 
 
-def _precision_flags(r: _Reader) -> dict[str, Any]:
-    """HF Trainer trains in fp32 unless --bf16 or --fp16 (mixed precision with fp32 master
-    weights under DeepSpeed; LLaVA loads the weights in that dtype)."""
+def _precision_flags(r: _Reader, command, notes: list[str]) -> dict[str, Any]:
+    """HF Trainer trains in fp32 unless --bf16 or --fp16. With --deepspeed that is DeepSpeed's
+    bf16 / fp16 optimizer: 16-bit weights, fp32 master weights. Without it the Trainer runs the
+    forward under torch.autocast (Trainer.autocast_smart_context_manager, through accelerate's
+    mixed_precision) on the model as the script loaded it: fp32 by from_pretrained's default,
+    so autocast on fp32 weights. LLaVA's train.py loads the language model in bf16 when --bf16
+    (from_pretrained(torch_dtype=torch.bfloat16 if training_args.bf16 else None)) and casts the
+    vision tower to it, so there --bf16 without DeepSpeed steps bf16 weights: pure bf16."""
     bf16, fp16 = r.boolean("bf16"), r.boolean("fp16")
     if bf16 and fp16:
         r.bad("fp16", "--bf16 and --fp16 are both set", "TrainingArguments refuses both: keep one")
         return {}
-    return {"precision": "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"}
+    precision = "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"
+    if precision == "fp32" or "deepspeed" in r.flags:
+        return {"precision": precision}
+    if bf16 and "llava/train/" in command.entry.replace("\\", "/"):
+        notes.append("note: --bf16 without --deepspeed: LLaVA's train.py loads the model in bf16, so the optimizer steps bf16 weights "
+                     "(precision bf16-true; the projector, built after loading, is counted in bf16 too)")
+        return {"precision": "bf16"}
+    return {"precision": precision}  # NB: resolve realizes it as autocast unless DeepSpeed or FSDP is stated
 
 
 def _optimizer_flag(r: _Reader, notes: list[str]) -> dict[str, Any]:
@@ -958,7 +970,10 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
         out["fsdp"] = None
         out.update(_accelerate_deepspeed(flat, bad, doc, notes))
     else:
-        out.update({"fsdp": None, "zero": 0})  # NB: DDP (MULTI_GPU) or one process shards nothing
+        # NB: DDP (MULTI_GPU) or one process shards nothing; its mixed precision (the config's
+        # mixed_precision, or the script's --bf16 / --fp16) is torch.autocast around the forward
+        # of the model as loaded (accelerate's Accelerator.autocast), not DeepSpeed's masters
+        out.update({"fsdp": None, "zero": 0, "precision_mode": "autocast"})
     if problems:
         raise MemspecError(problems)
     rest = [k for k in flat if k not in ACCELERATE_USED and not k.startswith("dynamo_config.")]

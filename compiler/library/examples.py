@@ -21,12 +21,13 @@ from ..pipeline.resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catal
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
-    "fused_loss": False, "offloading": False, "packed": False, "bias_trains": False,
+    "fused_loss": False, "offloading": False, "autocast": False, "requires_grad": False, "packed": False, "bias_trains": False,
 }
 
 
 def example_setup(context: Mapping[str, Any]) -> Setup:
-    values, master, state = derive_bytes("bf16-mixed", Optimizer("adamw", "foreach", 0.0))
+    mode = "autocast" if context.get("autocast") else ""
+    values, master, state = derive_bytes("bf16-mixed", Optimizer("adamw", "foreach", 0.0), mode)
     values = {**values, **(context.get("bytes") or {})}
     return Setup(
         experiment="example", file="", micro_batch=1, seq_len=1, images_per_sample=context.get("images", 1),
@@ -40,6 +41,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         loss="fused_linear_cross_entropy" if context.get("fused_loss") else "cross_entropy",
         activation_offloading=bool(context.get("offloading")), packing=bool(context.get("packed")),
         tp=context.get("tp", 1), sp=bool(context.get("sp")), pp=context.get("pp", 1),
+        precision_mode=mode,
     )
 
 

@@ -38,6 +38,7 @@ SETUPS: Mapping[str, str] = {
     "tensor_parallel": "Megatron tensor parallelism (tp > 1)",
     "sequence_parallel": "Megatron sequence parallelism (sp, with tp > 1)",
     "pipeline_parallel": "pipeline parallelism (pp > 1)",
+    "autocast": "autocast: fp32 weights, the forward under torch.autocast (16-bit matmuls on per-forward weight copies, fp32 norms, softmax and loss)",
 }
 
 # Names every formula may use; `resolve` and `expand` provide their values per row.
@@ -47,6 +48,7 @@ CONTEXT_NAMES = frozenset(
         "seq",  # positions per sample in this module's stream
         "tokens",  # batch * seq
         "trainable",  # this row's parameters receive gradients
+        "requires_grad",  # this row's parameters require grad, whether or not a gradient reaches them (a layer past the feature layer)
         "bias_trains",  # only this row's parameters named `bias` train, its weights stay frozen (peft bias='all' / 'lora_only')
         "grad_in",  # the row's input requires grad (something upstream is trainable)
         "grad_flows",  # trainable or grad_in: autograd records this row
@@ -61,6 +63,7 @@ CONTEXT_NAMES = frozenset(
         "input_grads",  # enable_input_require_grads(): input embeddings' outputs require grad
         "fused_loss",  # the loss is a fused linear cross-entropy (Liger): no full logits
         "offloading",  # saved activations are offloaded to host memory (save_on_cpu)
+        "autocast",  # the forward runs under torch.autocast on fp32 weights (bytes.act is its 16-bit dtype)
         "packed",  # the micro-batch is packed into one row (position_ids restart per sequence)
         "tp",  # Megatron tensor-parallel degree
         "sp",  # Megatron sequence parallelism (activations outside the tensor-parallel regions split by tp)
@@ -360,7 +363,9 @@ class Saved:
     bytes: Expr
     # backward: freed by its charger's backward; forward: when the forward ends; gradient: it
     # becomes the layer's parameter gradient in backward (freed as the gradient appears);
-    # step: held by the training loop until the whole backward has run (the loss)
+    # step: held by the training loop until the whole backward has run (the loss); cached: as
+    # backward, and held until the forward ends where a checkpointing unit keeps nothing
+    # (autocast's cast cache holds a trainable weight's 16-bit copy for the whole forward)
     until: str = "backward"
 
 

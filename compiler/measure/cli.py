@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from .experiment import (
-    ATTENTIONS, PRECISIONS, ExperimentError, expand_matrix, label, load_experiment, with_overrides,
+    ATTENTIONS, PRECISION_MODES, PRECISIONS, ExperimentError, expand_matrix, label, load_experiment, with_overrides,
 )
 
 DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors, or by running "
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, dest="seq_len")
     parser.add_argument("--attention", choices=ATTENTIONS)
     parser.add_argument("--precision", choices=PRECISIONS)
+    parser.add_argument("--precision-mode", choices=PRECISION_MODES, dest="precision_mode",
+                        help="how bf16-mixed runs: autocast (fp32 weights, torch.autocast as accelerate wraps the forward) "
+                             "or master-weights (16-bit weights, fp32 masters: DeepSpeed)")
     parser.add_argument("--trainable", type=_modules, metavar="M[,M]", help="e.g. projector,language")
     parser.add_argument("--gradient-checkpointing", type=_modules, dest="gradient_checkpointing",
                         metavar="M[,M]", help="e.g. language,vision; 'none' for off")
@@ -81,7 +84,7 @@ def _cuda_device(text: str) -> str:
     return text
 
 
-OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "trainable", "gradient_checkpointing")
+OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "precision_mode", "trainable", "gradient_checkpointing")
 
 
 def _say(message: str) -> None:

@@ -162,6 +162,13 @@ class LayerNormStatsInFp32(TorchDispatchMode):
 def _sdpa_as_cuda(original):
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
+        if torch.is_autocast_enabled("cpu"):
+            # NB: under autocast, CUDA's policy for scaled_dot_product_attention
+            # (lower_precision_fp) casts q, k, v and a floating mask before the kernel is picked
+            low = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(low) if t.dtype == torch.float32 else t for t in (query, key, value))
+            if attn_mask is not None and attn_mask.dtype == torch.float32:
+                attn_mask = attn_mask.to(low)
         # NB: CUDA's flash kernel takes fewer KV heads natively (enable_gqa), and so do the
         # meta kernels: k and v pass as they are. No LLaVA-1.5 model uses GQA.
         head_dim = query.shape[-1]
@@ -236,3 +243,152 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bo
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
         else:
             os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = saved_env
+
+
+# --- autocast: CUDA's op policy on the CPU's autocast key -------------------------------------
+#
+# torch.autocast("cuda") dispatches through AutocastCUDA, which a CPU tensor (fake or real)
+# never reaches; torch.autocast("cpu") runs AutocastCPU, whose op lists differ
+# (aten/src/ATen/autocast_mode.cpp: the CPU list has no fp32 policy for softmax, log_softmax,
+# layer_norm, rms_norm, pow, rsqrt, exp, sum, ..., and lists ops CUDA does not, e.g. cat, stack,
+# cross_entropy_loss). `CudaAutocastPolicy` re-registers, while it is active, every AutocastCPU
+# kernel whose policy differs from CUDA's: each op of CUDA's lists gets CUDA's policy, each op
+# only CPU lists passes through uncast. The ops both list as lower_precision_fp (linear, mm,
+# matmul, addmm, bmm, baddbmm, addbmm, the convolutions, scaled_dot_product_attention, ...)
+# keep torch's own kernel, and with it the real cast cache (`cached_cast`: the 16-bit copy of
+# an fp32 leaf that requires grad, kept until the outermost autocast context exits).
+AUTOCAST_CUDA_POLICY = "autocast-cuda-op-policy"
+
+# torch 2.13 aten/src/ATen/autocast_mode.h (installed under torch/include/ATen): CUDA's lists.
+CUDA_LOWER_PRECISION_FP = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
+    "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr", "matmul",
+    "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
+    "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    # autocast_mode.cpp registers these two for CUDA besides the list
+    "cudnn_convolution", "cudnn_convolution_transpose",
+)
+CUDA_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
+    "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm", "native_layer_norm",
+    "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
+    "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
+    "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+CUDA_FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+)
+# fp32_append_dtype: norm without a dtype redispatched to its overload with one
+CUDA_FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
+                "tensordot", "scatter_add")
+# autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten, AutocastCPU, m): its lower_precision_fp list
+CPU_LOWER_PRECISION_FP = (
+    "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d", "conv3d.padding", "bmm", "mm", "linalg_vecdot",
+    "baddbmm", "addmm", "_addmm_activation", "addbmm", "linear", "_convolution.deprecated", "matmul", "conv_tbc",
+    "mkldnn_rnn_layer", "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
+    "scaled_dot_product_attention", "_native_multi_head_attention",
+)
+# The AutocastCPU kernels left in place: the same policy (lower_precision_fp) on both devices.
+KEEP_CPU_KERNEL = frozenset(CUDA_LOWER_PRECISION_FP) & frozenset(CPU_LOWER_PRECISION_FP)
+
+
+def _overload(name: str):
+    op, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, op), overload or "default")
+
+
+def _floating(x) -> bool:
+    # autocast_mode.h is_autocast_eligible / is_eligible: a defined floating tensor on the
+    # device, not double
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
+
+
+class CudaAutocastPolicy:
+    """While active, AutocastCPU applies CUDA's policy to every op whose CPU policy differs.
+
+    NB: the lower_precision_fp ops this re-registers (einsum, mv, addmv, ...) cast through a
+    cache of their own with `cached_cast`'s rule (an fp32 leaf that requires grad, not a view),
+    cleared where torch clears its own (`torch.clear_autocast_cache`, at the outermost
+    autocast exit)."""
+
+    def __init__(self) -> None:
+        self.lib = None
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved_clear = None
+
+    def _cast(self, dtype, x, cache: bool):
+        if not _floating(x) or x.dtype == dtype:
+            return x
+        if cache and dtype != torch.float32 and x.dtype == torch.float32 and x.requires_grad and x.is_leaf and not x._is_view():
+            hit = self.cache.get(id(x))
+            if hit is None or hit[0] is not x:
+                hit = self.cache[id(x)] = (x, x.to(dtype))
+            return hit[1]
+        return x.to(dtype)
+
+    def _kernel(self, name: str):
+        op = _overload(name)
+        key = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+        args_schema = op._schema.arguments
+        dtype_index = next((i for i, a in enumerate(args_schema) if a.name == "dtype"), None)
+
+        def cast_all(args, kwargs, dtype, cache):
+            return ([self._cast(dtype, a, cache) for a in args],
+                    {k: self._cast(dtype, v, cache) for k, v in kwargs.items()})
+
+        def kernel(*args, **kwargs):
+            lower = torch.get_autocast_dtype("cpu")
+            with torch._C._ExcludeDispatchKeyGuard(key):
+                if name in CUDA_LOWER_PRECISION_FP:
+                    args, kwargs = cast_all(args, kwargs, lower, True)
+                elif name in CUDA_FP32:
+                    args, kwargs = cast_all(args, kwargs, torch.float32, False)
+                elif name in CUDA_FP32_SET_OPT_DTYPE:
+                    given = kwargs.get("dtype", args[dtype_index] if dtype_index is not None and dtype_index < len(args) else None)
+                    if given is None and args and _floating(args[0]):
+                        if dtype_index is not None and dtype_index < len(args):
+                            args = list(args)
+                            args[dtype_index] = torch.float32
+                        else:
+                            kwargs = {**kwargs, "dtype": torch.float32}
+                elif name in CUDA_FP32_APPEND_DTYPE:
+                    if args and _floating(args[0]):
+                        return _overload(CUDA_FP32_APPEND_DTYPE[name])(*args, **kwargs, dtype=torch.float32)
+                elif name in CUDA_PROMOTE:
+                    tensors = [a for a in (*args, *kwargs.values()) if _floating(a)]
+                    widest = torch.float32 if any(t.dtype == torch.float32 for t in tensors) else lower
+                    args, kwargs = cast_all(args, kwargs, widest, False)
+                # else: an op only CPU's lists name: CUDA runs it uncast
+                return op(*args, **kwargs)
+        return kernel
+
+    def __enter__(self):
+        import warnings
+
+        cuda = {*CUDA_LOWER_PRECISION_FP, *CUDA_FP32, *CUDA_FP32_SET_OPT_DTYPE, *CUDA_FP32_APPEND_DTYPE, *CUDA_PROMOTE}
+        cpu = {r.removeprefix("aten::") for r in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")}
+        self.lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name in sorted((cuda | cpu) - KEEP_CPU_KERNEL):
+                self.lib.impl(name, self._kernel(name), "AutocastCPU")
+        self.saved_clear = torch.clear_autocast_cache
+
+        def clear_autocast_cache():
+            self.cache.clear()
+            self.saved_clear()
+        torch.clear_autocast_cache = clear_autocast_cache
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.clear_autocast_cache = self.saved_clear
+        self.cache.clear()
+        self.lib._destroy()
+        self.lib = None

@@ -40,7 +40,14 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading")
+OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode")
+# How a 16-bit mixed precision runs: absent, DeepSpeed's fp32 master weights of 16-bit weights
+# (the harness's mixed precision since the first record); autocast, HF Trainer / accelerate's
+# torch.autocast around the forward of an fp32 model.
+PRECISION_MODES = ("autocast", "master-weights")
+# Lightning's precision names, measured as the older ones records carry (compiler/pipeline/
+# resolve.py PRECISION_NAMES; pure fp16, "16-true", is not measured)
+PRECISION_NAMES = {"bf16-true": "bf16", "16-mixed": "fp16-mixed", "32-true": "fp32", "32": "fp32"}
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 # peft's LoraConfig defaults for what an experiment's `lora` block leaves out
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
@@ -101,6 +108,14 @@ def _check(exp: dict, where: str) -> None:
             fail(f"{key}: the model ({Path(exp['model']).name}) has no module(s) {absent}; it has {list(has)}")
     if exp["precision"] not in PRECISIONS:
         fail(f"precision {exp['precision']!r} is not one of {list(PRECISIONS)}")
+    mode = exp.get("precision_mode")
+    if mode is not None and mode not in PRECISION_MODES:
+        fail(f"precision_mode {mode!r} is not one of {list(PRECISION_MODES)}")
+    if mode == "autocast" and exp["precision"] != "bf16-mixed":
+        fail(f"precision_mode autocast is measured with precision bf16-mixed, got {exp['precision']!r} "
+             "(16-mixed adds the GradScaler's steps, not traced)")
+    if mode == "autocast" and exp["parallel"].get("fsdp") is not None:
+        fail("precision_mode autocast with FSDP2 is not measured: FSDP2's MixedPrecisionPolicy casts the weights itself")
     if exp["attention"] not in ATTENTIONS:
         fail(f"attention {exp['attention']!r} is not one of {list(ATTENTIONS)}")
     optimizer = exp["optimizer"]
@@ -215,6 +230,13 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}),
                         **exp["optimizer"]}
     exp["parallel"] = normalise_parallel(exp["parallel"])
+    exp["precision"] = PRECISION_NAMES.get(exp["precision"], exp["precision"])
+    stated = raw.get("parallel") or {}
+    if "precision" in raw and exp["precision"] in ("bf16-mixed", "fp16-mixed") and "precision_mode" not in raw \
+            and "zero" not in stated and stated.get("fsdp") is None:
+        # NB: as the estimator reads the same file (resolve.precision_mode): a mixed precision
+        # stated without a ZeRO stage is autocast on fp32 weights
+        exp["precision_mode"] = "autocast"
     exp["trainable"] = list(exp["trainable"])
     exp["gradient_checkpointing"] = list(exp["gradient_checkpointing"])
     exp["lora"] = normalise_lora(exp.get("lora"))

@@ -16,6 +16,12 @@ weights, created at the first step together with its states; at each step every 
 an fp32 copy of its 16-bit gradient first, then the optimizer steps on the masters, the
 masters are copied back into the 16-bit weights, and the fp32 gradients are freed. A
 trainable weight without a gradient gets a zero fp32 gradient (DeepSpeed's flat partition).
+With `precision_mode: autocast` ("bf16-mixed" as HF Trainer without DeepSpeed, accelerate and
+Lightning run it) the model, its gradients and the optimizer's states are fp32, and the forward
+runs as accelerate's Accelerator.prepare_model wraps it: `convert_outputs_to_fp32` around
+`torch.autocast(dtype=bf16)` around the model's forward, so the cast cache (each trainable
+weight's bf16 copy) lives until the forward returns and the output's bf16 logits get an fp32
+copy. The autocast is CPU's with CUDA's op policy (`emulation.CudaAutocastPolicy`).
 """
 
 from __future__ import annotations
@@ -96,11 +102,40 @@ def _fsdp(exp: dict) -> dict | None:
     return exp["parallel"].get("fsdp")
 
 
+def autocast(exp: dict) -> bool:
+    return exp.get("precision_mode") == "autocast"
+
+
+def weight_dtype(exp: dict) -> torch.dtype:
+    """The dtype the model is built in: fp32 under autocast (the model as from_pretrained loads
+    it), the shards' under FSDP2, else the precision's."""
+    if autocast(exp):
+        return torch.float32
+    return fsdp.storage_dtype(exp["precision"]) if _fsdp(exp) else DTYPES[exp["precision"]]
+
+
+def wrap_forward_as_accelerate(model, dtype: torch.dtype) -> None:
+    """model.forward as accelerate's Accelerator.prepare_model makes it under native AMP:
+    convert_outputs_to_fp32(autocast(forward)) (accelerate/accelerator.py; the autocast is
+    CPU's, whose op policy `emulation.CudaAutocastPolicy` makes CUDA's)."""
+    from types import MethodType
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    forward = model.forward.__func__
+
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(device_type="cpu", dtype=dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = MethodType(convert_outputs_to_fp32(autocast_forward), model)
+
+
 def build_model(config, exp: dict):
     family = family_for(exp["config"])
     # NB: under FSDP2 the model keeps its full-precision weights (sharded); the policy's
     # param_dtype copies are what the layers compute with
-    dtype = fsdp.storage_dtype(exp["precision"]) if _fsdp(exp) else DTYPES[exp["precision"]]
+    dtype = weight_dtype(exp)
     model = family.model_class()._from_config(
         config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=dtype)
     model.train()
@@ -166,7 +201,7 @@ def apply_lora(model, exp: dict, groups: dict):
     # `_move_adapter_to_device_of_base_layer`); `Module.to()` cannot swap a fake parameter
     # ("Cannot swap t1 because it has weakref"), so those moves are made no-ops.
     default, to, deepcopy = torch.get_default_dtype(), torch.nn.Module.to, copy.deepcopy
-    torch.set_default_dtype(DTYPES[exp["precision"]])
+    torch.set_default_dtype(weight_dtype(exp))
     torch.nn.Module.to = lambda self, *args, **kwargs: self
     copy.deepcopy = _same_mode_deepcopy(deepcopy)
     try:
@@ -221,7 +256,8 @@ def _check_modules_to_save(peft_model, names: list[str]) -> None:
 
 
 def make_batch(config, exp: dict) -> dict[str, torch.Tensor]:
-    return family_for(exp["config"]).make_batch(config, exp, DTYPES[exp["precision"]])
+    # NB: under autocast the pixel values come as the processor makes them, fp32
+    return family_for(exp["config"]).make_batch(config, exp, torch.float32 if autocast(exp) else DTYPES[exp["precision"]])
 
 
 def trainer_param_groups(model, trainable: list[torch.Tensor]) -> list[list[int]]:
@@ -358,7 +394,7 @@ def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
 def _make_optimizer(exp: dict, model, trainable: list[torch.Tensor], tracer: MemoryTracer):
     groups = trainer_param_groups(model, trainable) if exp["optimizer"].get("param_groups") == "trainer" else None
     # NB: FSDP2's sharded parameters are the full-precision weights the optimizer steps
-    if exp["precision"] in MIXED and not _fsdp(exp):
+    if exp["precision"] in MIXED and not _fsdp(exp) and not autocast(exp):
         scale = FP16_INITIAL_LOSS_SCALE if exp["precision"] == "fp16-mixed" else 1.0
         return MasterWeightOptimizer(trainable, exp["optimizer"], tracer, scale, groups), scale
     return PlainOptimizer(trainable, exp["optimizer"], groups), 1.0
@@ -370,6 +406,8 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
         names.append(emulation.LAYER_NORM_STATS_FP32)
     if exp["attention"] == "flash_attention_2":
         names.append(FA2_AS_SDPA)
+    if autocast(exp):
+        names.append(emulation.AUTOCAST_CUDA_POLICY)
     return tuple(names + [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH,
                           emulation.MASKED_SCATTER_SCRATCH, emulation.MASKED_SELECT_SCRATCH,
                           emulation.CUBLAS_WORKSPACE, emulation.SOFTMAX_BACKWARD_SCRATCH])
@@ -433,6 +471,8 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v)
                  for k, v in batch.items()}
 
+    if autocast(exp):
+        wrap_forward_as_accelerate(model, DTYPES[exp["precision"]])
     scope = ModuleScope(model)
     tracer = MemoryTracer(
         context=scope.context,
@@ -472,6 +512,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
 
     behaviour = emulation.cuda_behaviour(fake=fake, skip=skip, host_values=bool(host_values)) if emulate else _nothing([])
     stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
+    policy = emulation.CudaAutocastPolicy() if autocast(exp) else _nothing()
     inventory = []
 
     def take_inventory() -> None:
@@ -479,7 +520,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
 
     family_patches = getattr(family_for(exp["config"]), "host_patches", None)
     patches = family_patches() if emulate and family_patches else _nothing([])
-    with (fake_mode or _nothing()), behaviour as applied, patches as patched, stats_mode, tracer:
+    with (fake_mode or _nothing()), behaviour as applied, patches as patched, stats_mode, policy, tracer:
         for step in range(1, steps + 1):
             _train_step(step, model, batch, optimizer, scale, tracer, scope, emulate,
                         after_forward=take_inventory if step == steps else None,

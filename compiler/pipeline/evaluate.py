@@ -43,6 +43,9 @@ class Cost:
     handover: tuple[str, ...] = ()
     # saved tensors the training loop holds until the whole backward has run (until: step)
     pinned: tuple[str, ...] = ()
+    # saved tensors also alive until the forward ends when not kept (a checkpointing unit's
+    # first forward): autocast's cached 16-bit weight copies
+    cached: tuple[tuple[str, int], ...] = ()
     param_names: tuple[str, ...] = ()  # each parameter tensor's attribute name, as param_tensors
 
 
@@ -144,6 +147,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
         handover=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "gradient"),
         pinned=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "step"),
+        cached=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "cached"),
         param_names=names,
     )
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))

@@ -78,12 +78,13 @@ class Instance:
 
 
 def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool,
-             bias_trains: bool = False) -> dict[str, Any]:
+             bias_trains: bool = False, requires_grad: bool | None = None) -> dict[str, Any]:
     return {
         "batch": batch,
         "seq": seq,
         "tokens": batch * seq,
         "trainable": trainable,
+        "requires_grad": trainable if requires_grad is None else requires_grad,
         "bias_trains": bias_trains,
         "grad_in": grad_in,
         "grad_flows": trainable or grad_in or bias_trains,
@@ -98,6 +99,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "input_grads": setup.input_require_grads,
         "fused_loss": setup.loss == "fused_linear_cross_entropy",
         "offloading": setup.activation_offloading,
+        "autocast": setup.mode == "autocast",
         "packed": setup.packing,
         "tp": setup.tp,
         "sp": setup.sp,
@@ -296,8 +298,9 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     grad_in = grad_in and reaches_loss and not idle
     # Instances with the same formula, the same inputs mapping and the same context share
     # one scope (identical instances are built from one memoised inputs mapping).
-    scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing)
-    scope = _bound_scope(formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing), locate)
+    scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing, requires_grad)
+    scope = _bound_scope(formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing,
+                                                                     requires_grad=requires_grad), locate)
     bias_only = False
     if bias_ok and not requires_grad and not idle:
         _check_bias_modelled(setup, formula, scope, path)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..api import Report, image_tokens_per_sample
 from .evaluate import Row
+from .resolve import PRECISION_MODES
 from .simulate import CATEGORIES, Point
 
 GIB = 1 << 30
@@ -45,6 +46,21 @@ def _videos(s) -> str:
     return f" + {s.videos_per_sample} video(s) of {s.video_frames} frames"
 
 
+# The PRECISIONS keys by Lightning's names, and the realization of a mixed one in a few words.
+LIGHTNING_NAMES = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
+MODE_LABELS = {
+    "master-weights": "16-bit weights, fp32 master weights",
+    "autocast": "autocast on fp32 weights",
+    "fsdp-policy": "FSDP2 policy on fp32 shards",
+}
+
+
+def precision_label(s) -> str:
+    """The precision by Lightning's name, with how a mixed one is realized."""
+    name = LIGHTNING_NAMES.get(s.precision, s.precision)
+    return f"{name} ({MODE_LABELS[s.mode]})" if s.mode in MODE_LABELS else name
+
+
 def setup_line(r: Report) -> str:
     s = r.setup
     merged = image_tokens_per_sample(r.nodes)  # at the experiment's size (tiles, native resolution)
@@ -54,7 +70,7 @@ def setup_line(r: Report) -> str:
     opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
-        f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {s.precision} | {opt} | "
+        f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {precision_label(s)} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
         + (f" | {_lora_label(s.lora)}" if s.lora is not None else "")
         + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
@@ -198,7 +214,9 @@ def as_data(r: Report) -> dict[str, Any]:
             "images_per_sample": s.images_per_sample,
             **({"videos_per_sample": s.videos_per_sample, "video_frames": s.video_frames} if s.videos_per_sample else {}),
             "trainable": sorted(s.trainable),
-            "precision": s.precision,
+            "precision": LIGHTNING_NAMES.get(s.precision, s.precision),
+            "precision_mode": s.mode,
+            "precision_realization": PRECISION_MODES[s.mode],
             "optimizer": _optimizer_json(s.optimizer),
             **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
                          "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),

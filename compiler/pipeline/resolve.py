@@ -26,16 +26,49 @@ from ..memory.optimizers import TYPE_IMPLS, Optimizer
 
 # Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
 FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
+FP32_BYTES = FIXED_DTYPE_BYTES["fp32"]
 
-# precision -> (weights, gradients, activations, fp32 master copy per trainable parameter).
-# Mixed precision here is the DeepSpeed / Megatron form: 16-bit weights, gradients and
+# precision -> (weights, gradients, activations, fp32 master copy per trainable parameter),
+# for the DeepSpeed / Megatron form of mixed precision: 16-bit weights, gradients and
 # activations, with fp32 master weights inside the optimizer (DOMAIN.md, model states).
 PRECISIONS: Mapping[str, tuple[int, int, int, int]] = {
     "fp32": (4, 4, 4, 0),
     "bf16": (2, 2, 2, 0),
+    "fp16": (2, 2, 2, 0),
     "bf16-mixed": (2, 2, 2, 4),
     "fp16-mixed": (2, 2, 2, 4),
 }
+# Lightning's precision names (lightning/fabric/plugins/precision/utils.py _PRECISION_INPUT:
+# "32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true") and memspec's older ones,
+# each to the PRECISIONS key it is sized by. NB: "16-mixed" / "bf16-mixed" name one dtype and
+# two realizations (PRECISION_MODES); the key alone does not say which.
+PRECISION_NAMES: Mapping[str, str] = {
+    "32-true": "fp32", "32": "fp32", "fp32": "fp32",
+    "bf16-true": "bf16", "bf16": "bf16",
+    "16-true": "fp16",
+    "bf16-mixed": "bf16-mixed",
+    "16-mixed": "fp16-mixed", "fp16-mixed": "fp16-mixed",
+}
+# How a precision is realized in the step:
+# - "fp32": fp32 everything;
+# - "pure": 16-bit weights, gradients and optimizer states (Lightning's "bf16-true", the torch
+#   optimizer on a model loaded in bf16);
+# - "master-weights": 16-bit weights, gradients and activations, fp32 master weights and states
+#   in the optimizer: DeepSpeed's bf16 / fp16 optimizers and Megatron's, so "bf16-mixed" under
+#   Lightning's DeepSpeedStrategy and HF Trainer's --bf16 with --deepspeed;
+# - "autocast": fp32 weights, gradients and optimizer states, the forward under
+#   torch.autocast(dtype=bf16/fp16): matmuls in 16-bit on per-forward 16-bit copies of the
+#   weights, norms, softmax and the loss in fp32 (Lightning's "bf16-mixed" without DeepSpeed,
+#   HF Trainer's --bf16 on a model loaded in fp32, accelerate's mixed_precision: bf16);
+# - "fsdp-policy": FSDP2's MixedPrecisionPolicy: fp32 shards, 16-bit gathered weights.
+PRECISION_MODES: Mapping[str, str] = {
+    "fp32": "fp32 weights, gradients and optimizer states",
+    "pure": "16-bit weights, gradients and optimizer states",
+    "master-weights": "16-bit weights and gradients, fp32 master weights and optimizer states (DeepSpeed / Megatron)",
+    "autocast": "fp32 weights, gradients and optimizer states, forward under torch.autocast (16-bit matmuls)",
+    "fsdp-policy": "fp32 shards, 16-bit gathered weights (FSDP2 MixedPrecisionPolicy)",
+}
+MIXED_PRECISIONS = frozenset({"bf16-mixed", "fp16-mixed"})
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
 # The causal-LM loss: transformers' ForCausalLMLoss (full fp32 logits), or Liger's fused
 # linear cross-entropy (TrainingArguments(use_liger_kernel=True)): logits one chunk at a time.
@@ -555,7 +588,7 @@ class Setup:
     images_per_sample: int
     image_size: tuple[int, int] | None  # [h, w] pixels: the experiment's, else the spec's, else None
     trainable: frozenset[str]
-    precision: str
+    precision: str  # a PRECISIONS key
     optimizer: Optimizer
     gradient_checkpointing: frozenset[str]
     attention: str
@@ -597,6 +630,13 @@ class Setup:
     videos_per_sample: int = 0
     video_frames: int = 0
     video_temporal_patch: int = 1
+    # how the precision is realized (a PRECISION_MODES key); "" for the precision's default
+    # (precision_mode(precision, precision_stated=False))
+    precision_mode: str = ""
+
+    @property
+    def mode(self) -> str:
+        return self.precision_mode or precision_mode(self.precision, precision_stated=False)
 
     @property
     def tokens(self) -> int:
@@ -634,8 +674,36 @@ def _temporal_patches(frames: int, temporal_patch: int) -> int:
     return -(-frames // temporal_patch)
 
 
-def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], int, int]:
+def precision_mode(precision: str, stated: str | None = None, *, deepspeed_stated: bool = False,
+                   precision_stated: bool = True, fsdp: bool = False) -> str:
+    """The PRECISION_MODES key a (canonical) precision is realized by.
+
+    A 16-bit mixed precision is autocast on fp32 weights, as Lightning's "bf16-mixed", HF
+    Trainer's --bf16 and accelerate's mixed_precision name it, unless DeepSpeed is stated (its
+    bf16 / fp16 optimizer keeps fp32 masters of 16-bit weights, as under Lightning's
+    DeepSpeedStrategy) or FSDP2 shards the model (its MixedPrecisionPolicy). `stated`: the
+    experiment's own `precision_mode`, which wins. NB: an experiment that states no precision
+    at all keeps the master-weight realization it always had (the checked-in experiments,
+    goldens and measured records were made with it); state `precision: bf16-mixed` for autocast.
+    """
+    if precision == "fp32":
+        return "fp32"
+    if precision not in MIXED_PRECISIONS:
+        return "pure"
+    if stated:
+        return stated
+    if fsdp:
+        return "fsdp-policy"
+    if deepspeed_stated or not precision_stated:
+        return "master-weights"
+    return "autocast"
+
+
+def derive_bytes(precision: str, optimizer: Optimizer, mode: str = "") -> tuple[dict[str, int], int, int]:
     """bytes.* for a precision and optimizer, the master-weight bytes and one state's bytes.
+
+    Under autocast (`mode`) the weights, gradients and states are fp32 and there is no master
+    copy; bytes.act is the 16-bit dtype of autocast's matmul outputs.
 
     bytes.optim is the optimizer's bytes per trainable element where its states are
     element-wise; Adafactor's and bitsandbytes' are not (factored moments, 8-bit blocks,
@@ -643,6 +711,8 @@ def derive_bytes(precision: str, optimizer: Optimizer) -> tuple[dict[str, int], 
     (compiler/memory/optimizers.py); their bytes.optim counts the master copy only.
     """
     param, grad, act, master = PRECISIONS[precision]
+    if mode == "autocast":
+        param, grad, master = FP32_BYTES, FP32_BYTES, 0
     state = 4 if master else param
     per_element = optimizer.n_dense_states * state if optimizers.is_elementwise(optimizer) else 0
     values = {"param": param, "grad": grad, "optim": master + per_element, "act": act, **FIXED_DTYPE_BYTES}
@@ -719,6 +789,11 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     from, default the shipped formulas).
     """
     data = dict(DEFAULTS)
+    # NB: mixed precision is DeepSpeed's master weights where DeepSpeed is stated: a ZeRO stage
+    # in the experiment or on the command line, or a DeepSpeed config
+    deepspeed_stated = any(k in (overrides or {}) for k in ("deepspeed", "zero")) or (
+        doc is not None and "zero" in (doc.data.get("parallel") or {}))
+    precision_stated = "precision" in (overrides or {}) or (doc is not None and "precision" in doc.data)
     data["trainable"] = [m.name for m in spec.modules]
     # NB: a text-only model's batch has no image unless the experiment says so
     data["images_per_sample"] = 1 if spec.image_tokens else 0
@@ -767,6 +842,10 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         data["trainable"] = list(spec.lora_trainable)
     data["parallel"] = parallel
     file = doc.file if doc is not None else spec.file
+    data["precision_given"] = data["precision"]
+    data["precision"] = PRECISION_NAMES.get(data["precision"], data["precision"])
+    data["precision_mode"] = precision_mode(data["precision"], data.get("precision_mode"), deepspeed_stated=deepspeed_stated,
+                                            precision_stated=precision_stated, fsdp=parallel.get("fsdp") is not None)
 
     problems: list[Diagnostic] = []
 
@@ -874,6 +953,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                      f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
                      + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
+    if data["precision_mode"] == "autocast":
+        _check_autocast(data, parallel, complain)
     # NB: packing or offloading with images is refused above, whatever the formulas declare
     refused = _check_setups(data, parallel, spec, formulas, complain,
                             {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
@@ -906,7 +987,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                      "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
     if problems:
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
-    values, master, state = derive_bytes(data["precision"], optimizer)
+    values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
     return Setup(
         experiment=data.get("experiment", spec.model),
         file=file,
@@ -945,6 +1026,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         pp=parallel["pp"],
         alloc_conf=alloc_conf,
         margin=margin,
+        precision_mode=data["precision_mode"],
     )
 
 
@@ -1025,6 +1107,7 @@ _SETUP_KEYS: Mapping[str, tuple[str, str]] = {
     "tensor_parallel": ("tp", "E318"),
     "sequence_parallel": ("sp", "E318"),
     "pipeline_parallel": ("pp", "E318"),
+    "autocast": ("precision", "E325"),
 }
 # Setups that change only what a forward holds: a module that runs on no rows (a vision tower
 # of a text-only batch) is not concerned. tp / sp / pp also place parameters, which every
@@ -1043,6 +1126,7 @@ def wanted_setups(setup_data: Mapping[str, Any], parallel: Mapping[str, Any]) ->
         "tensor_parallel": tp > 1,
         "sequence_parallel": bool(parallel.get("sp")) and tp > 1,  # NB: sp at tp 1 is E318 of its own
         "pipeline_parallel": pp > 1,
+        "autocast": setup_data.get("precision_mode") == "autocast",
     }
     return tuple(k for k in SETUPS if on[k])
 
@@ -1120,7 +1204,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     library = formulas if formulas is not None else spec_library(spec)
     names = {m.name for m in spec.modules}
     optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
-    values, master, state = derive_bytes(data["precision"], optimizer)
+    values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
     _, consts = gpu_catalog()
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
     probe = Setup(
@@ -1133,6 +1217,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
         dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
         loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
+        precision_mode=data["precision_mode"],
     )
     try:
         refusals = setup_refusals(spec, probe, library, wanted)
@@ -1148,18 +1233,58 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
                 continue  # NB: one refusal of model parallelism
             key = next((k for k in (key, "tp", "pp") if k in flags), "parallel")
         what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
-        off = {"loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+        if name == "autocast":
+            what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
+        off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
+               "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
         if not module and layer_type:
             complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
             continue
         if not module:
             complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
             continue
-        file = library[layer_type].file
+        file = _shown(library[layer_type].file)
         declared = ", ".join(k for k in SETUPS if k in library[layer_type].setups) or "none"
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)
+
+
+def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
+    """Settings the autocast step is not measured with (specs/matrices/autocast-*.yaml: sdpa,
+    unpacked, nothing offloaded, the plain loss, one device's tensors whole, no adapters or
+    quantized weights). NB: eager
+    attention under autocast keeps fp32 probabilities and a 16-bit copy of them
+    (softmax(dtype=fp32).to(query.dtype) with an fp32 query after the fp32 rotary), which
+    attention_core does not model."""
+    given = data.get("precision_given", data["precision"])
+    unmeasured = [(key, what) for key, on, what in (
+        ("attention", data["attention"] == "eager", "eager attention"),
+        ("packing", bool(data.get("packing")), "packing"),
+        ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
+        ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
+        ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
+        # NB: the setups check instantiates the spec without adapters or quantization, so
+        # lora_linear, dora_linear and the bitsandbytes linears are refused here
+        ("lora", bool(data.get("lora")), "LoRA (peft adapters on frozen fp32 weights)"),
+        ("quantization", bool(data.get("quantization")), "bitsandbytes quantization"),
+    ) if on]
+    for key, what in unmeasured:
+        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: full or partial fine-tuning without adapters, sdpa or flash attention, unpacked, nothing offloaded)",
+                 "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32")
+
+
+def _shown(file: str) -> str:
+    """A formula file as a refusal names it: a bundled one by its place in the package's data
+    (formulas/<type>.yaml), wherever the command runs; another as given."""
+    from pathlib import Path
+
+    from ..paths import data_root
+
+    try:
+        return str(Path(file).resolve().relative_to(data_root().resolve()))
+    except ValueError:
+        return file
 
 
 def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:
@@ -1210,5 +1335,7 @@ def _lora(block: Mapping[str, Any] | None) -> Lora | None:
 def with_overrides(setup: Setup, **changes: Any) -> Setup:
     """A copy of `setup` with knobs changed; bytes re-derived when precision or optimizer move."""
     out = replace(setup, **changes)
-    values, master, state = derive_bytes(out.precision, out.optimizer)
+    if out.precision not in MIXED_PRECISIONS or (out.mode not in ("autocast", "master-weights", "fsdp-policy")):
+        out = replace(out, precision_mode="")  # NB: a precision changed from or to an unmixed one
+    values, master, state = derive_bytes(out.precision, out.optimizer, out.mode)
     return replace(out, bytes=values, master_bytes=master, state_bytes=state)

@@ -231,11 +231,17 @@ class _StepWalk:
         if first and lo == 0:
             state.charge(inst.module, node.cost.held)
             self.held.extend(node.cost.held)
+            if not keep and node.cost.cached and not self.act_offload:
+                # NB: autocast's cast cache keeps a trainable weight's 16-bit copy until the
+                # forward ends, though a checkpointing unit keeps none of its saved tensors
+                state.charge(inst.module, node.cost.cached)
+                self.held.extend(node.cost.cached)
         # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
         # would-be saved tensors still exist while it runs.
         t = push(stack, inst.module, node.cost.transient_forward + self._running(node))
         if not node.children:
-            unkept = 0 if keep else sum(b for _, b in node.cost.saved)
+            cached = {name for name, _ in node.cost.cached} if phase == "forward" and not self.act_offload else set()
+            unkept = 0 if keep else sum(b for name, b in node.cost.saved if name not in cached)
             state.observe(phase, inst.path, push(t, inst.module, unkept), (inst.module, node.cost.transient_forward))
             self._ran(node)
         for c in node.children[lo:hi]:
