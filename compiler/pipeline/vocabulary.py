@@ -1,0 +1,719 @@
+"""The setup's vocabulary: what `resolve` makes and every later stage reads.
+
+Contract: the frozen values of one estimate (`Spec` and its `Module`s, `Setup` with its
+`Optimizer`, `Lora`, `Quantization`, `Fsdp`, `DeepSpeed`, `Gpu` and `Margin`), the tables
+that name the choices (precisions and how a mixed one is realized, attention kernels, losses,
+the experiment defaults), the GPU catalog (specs/gpus.yaml), DeepSpeed's buffer sizes and the
+byte sizes a precision and optimizer derive (`derive_bytes`). Nothing here reads an
+experiment: `resolve.resolve_setup` does, and builds these.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Mapping
+
+from ..errors import did_you_mean
+from ..library.formula import Expr
+from .load import Document
+from ..memory.allocator import AllocatorConfig
+from ..memory import optimizers
+from ..memory.optimizers import Optimizer
+
+# Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
+FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
+FP32_BYTES = FIXED_DTYPE_BYTES["fp32"]
+
+# precision -> (weights, gradients, activations, fp32 master copy per trainable parameter),
+# for the DeepSpeed / Megatron form of mixed precision: 16-bit weights, gradients and
+# activations, with fp32 master weights inside the optimizer (DOMAIN.md, model states).
+PRECISIONS: Mapping[str, tuple[int, int, int, int]] = {
+    "fp32": (4, 4, 4, 0),
+    "bf16": (2, 2, 2, 0),
+    "fp16": (2, 2, 2, 0),
+    "bf16-mixed": (2, 2, 2, 4),
+    "fp16-mixed": (2, 2, 2, 4),
+}
+# Lightning's precision names (lightning/fabric/plugins/precision/utils.py _PRECISION_INPUT:
+# "32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true") and memspec's older ones,
+# each to the PRECISIONS key it is sized by. NB: "16-mixed" / "bf16-mixed" name one dtype and
+# two realizations (PRECISION_MODES); the key alone does not say which.
+PRECISION_NAMES: Mapping[str, str] = {
+    "32-true": "fp32", "32": "fp32", "fp32": "fp32",
+    "bf16-true": "bf16", "bf16": "bf16",
+    "16-true": "fp16",
+    "bf16-mixed": "bf16-mixed",
+    "16-mixed": "fp16-mixed", "fp16-mixed": "fp16-mixed",
+}
+# How a precision is realized in the step:
+# - "fp32": fp32 everything;
+# - "pure": 16-bit weights, gradients and optimizer states (Lightning's "bf16-true", the torch
+#   optimizer on a model loaded in bf16);
+# - "master-weights": 16-bit weights, gradients and activations, fp32 master weights and states
+#   in the optimizer: DeepSpeed's bf16 / fp16 optimizers and Megatron's, so "bf16-mixed" under
+#   Lightning's DeepSpeedStrategy and HF Trainer's --bf16 with --deepspeed;
+# - "autocast": fp32 weights, gradients and optimizer states, the forward under
+#   torch.autocast(dtype=bf16/fp16): matmuls in 16-bit on per-forward 16-bit copies of the
+#   weights, norms, softmax and the loss in fp32 (Lightning's "bf16-mixed" without DeepSpeed,
+#   HF Trainer's --bf16 on a model loaded in fp32, accelerate's mixed_precision: bf16);
+# - "fsdp-policy": FSDP2's MixedPrecisionPolicy: fp32 shards, 16-bit gathered weights.
+PRECISION_MODES: Mapping[str, str] = {
+    "fp32": "fp32 weights, gradients and optimizer states",
+    "pure": "16-bit weights, gradients and optimizer states",
+    "master-weights": "16-bit weights and gradients, fp32 master weights and optimizer states (DeepSpeed / Megatron)",
+    "autocast": "fp32 weights, gradients and optimizer states, forward under torch.autocast (16-bit matmuls)",
+    "fsdp-policy": "fp32 shards, 16-bit gathered weights (FSDP2 MixedPrecisionPolicy)",
+}
+MIXED_PRECISIONS = frozenset({"bf16-mixed", "fp16-mixed"})
+ATTENTION = ("flash_attention_2", "sdpa", "eager")
+# The causal-LM loss: transformers' ForCausalLMLoss (full fp32 logits), or Liger's fused
+# linear cross-entropy (TrainingArguments(use_liger_kernel=True)): logits one chunk at a time.
+LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
+DEFAULTS: Mapping[str, Any] = {
+    "images_per_sample": 1,
+    "videos_per_sample": 0,
+    "precision": "bf16-mixed",
+    "optimizer": {"type": "adamw", "impl": "foreach"},
+    "gradient_checkpointing": [],
+    "attention": "sdpa",
+    "parallel": {"dp": 1, "zero": 0, "tp": 1, "pp": 1, "sp": False},
+    "loss": "cross_entropy",
+    "activation_offloading": False,
+    "packing": False,
+    "alloc_conf": "",
+}
+# Names a spec's module context (batch, seq) may use besides the module's own inputs.
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols"})
+SGD_DEFAULT_MOMENTUM = 0.9
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    name: str
+    memory: int  # bytes
+    arch: str  # sm80, sm90, ...
+    workspace: int  # cuBLAS + cuBLASLt workspace bytes per GEMM thread
+    gemm_threads: int  # threads holding one workspace each in a steady-state step
+
+
+# Units of a memory size on the command line (--gpu 24GiB, --margin 2GiB): SI powers of 10
+# as GPU vendors print them (80GB = 80 x 10^9 bytes), binary powers of 2 as torch and
+# nvidia-smi count (MiB = 2^20 bytes). Matched without regard to case.
+SIZE_UNITS: Mapping[str, tuple[str, int]] = {
+    u.lower(): (u, n) for u, n in (("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12),
+                                   ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+SIZE_HELP = "write a number and a unit: 24GiB (GiB = 2^30 bytes) or 80GB (GB = 10^9 bytes)"
+
+
+def parse_size(text: str) -> int:
+    """'24GiB' -> 25_769_803_776, '80GB' -> 80_000_000_000, '1.5GiB' -> 1_610_612_736:
+    exact integer bytes. ValueError (what is wrong, in a few words) for anything else."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise ValueError("not a number followed by a unit")
+    number, unit = m.groups()
+    if unit.lower() not in SIZE_UNITS:
+        raise ValueError("no unit" if not unit else f"unknown unit '{unit}'")
+    size = Fraction(number) * SIZE_UNITS[unit.lower()][1]
+    if size.denominator != 1:
+        raise ValueError(f"not a whole number of bytes ({float(size):,.1f})")
+    return int(size)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Memory a "fits" verdict keeps free beyond the device figure: a percentage of the GPU's
+    memory (`percent`, exact) or a number of bytes (`size`), with where it was set."""
+
+    percent: Fraction | None
+    size: int | None
+    source: str  # "specs/gpus.yaml device.margin_pct" or "--margin"
+    summary: str = ""  # why this much, for the output
+
+    def reserve(self, memory: int) -> int:
+        """Bytes kept free on a GPU of `memory` bytes; a percentage is rounded up to a byte."""
+        return self.size if self.size is not None else math.ceil(memory * self.percent / 100)
+
+    def budget(self, memory: int) -> int:
+        """The most a device figure may be on that GPU and fit."""
+        return memory - self.reserve(memory)
+
+    @property
+    def text(self) -> str:
+        """'0.5 %' or '2.00 GiB', as written in the output."""
+        return f"{float(self.percent):g} %" if self.percent is not None else f"{self.size / 2**30:.2f} GiB"
+
+
+def parse_margin(text: str) -> Margin:
+    """--margin: '5%' or '5' (percent of the GPU's memory), '2GiB' or '500MB' (bytes)."""
+    body = text.strip().removesuffix("%").strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", body):
+        return Margin(Fraction(body), None, "--margin")
+    return Margin(None, parse_size(text), "--margin")
+
+
+@dataclass(frozen=True)
+class DeviceConstants:
+    cuda_context: int
+    nccl_per_communicator: int
+    default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
+    margin: Margin = Margin(Fraction(0), None, "")  # what a verdict keeps free unless --margin says
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A named constant an estimate used: where it is set, its value, and what pins it."""
+
+    name: str
+    value: int | str
+    unit: str
+    source: str
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> Document:
+    """specs/gpus.yaml, validated."""
+    from .. import checked
+    from ..paths import specs_dir
+
+    return checked.document(specs_dir() / "gpus.yaml", "gpus")
+
+
+def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
+    values = entry["value"]
+    return values.get(arch, values["default"])
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
+    """specs/gpus.yaml: the GPU catalog and the device-side constants."""
+    doc = _catalog()
+    alloc = doc.data["allocator"]
+
+    def per_arch(key: str, arch: str) -> int:
+        return _per_arch(alloc[key], arch)
+
+    gpus = {
+        k: Gpu(
+            k, v["name"], v["memory_mib"] * MIB, v["arch"],
+            (per_arch("cublas_workspace_kib", v["arch"]) + per_arch("cublaslt_workspace_kib", v["arch"])) * KIB,
+            per_arch("gemm_threads", v["arch"]),
+        )
+        for k, v in doc.data["gpus"].items()
+    }
+    d = doc.data["device"]
+    m = d["margin_pct"]
+    margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
+    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB,
+                             gpus[doc.data["default_gpu"]], margin)
+    return gpus, consts
+
+
+def find_gpu(text: str, gpus: Mapping[str, Gpu], consts: DeviceConstants) -> Gpu | tuple[str, str, str]:
+    """The GPU `--gpu` (or an experiment's `gpu:`) names: a catalog key, or a memory size
+    (24GiB, 80GB) for a GPU the catalog lacks, which gets the default GPU's architecture
+    constants. Else (code, message, help) of what is wrong."""
+    if text in gpus:
+        return gpus[text]
+    if not text[:1].isdigit():
+        return "E503", f"unknown GPU '{text}'", did_you_mean(text, gpus) or f"known GPUs: {', '.join(gpus)}, or a memory size such as 24GiB"
+    try:
+        memory = parse_size(text)
+    except ValueError as error:
+        return "E506", f"'{text}' is neither a GPU of specs/gpus.yaml nor a memory size: {error}", f"{SIZE_HELP}, or a catalog GPU such as {consts.default_gpu.key}"
+    if memory <= consts.cuda_context:
+        return ("E506", f"a {text} GPU cannot hold the CUDA context ({consts.cuda_context // MIB} MiB, specs/gpus.yaml device.cuda_context_mib)",
+                "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB")
+    base = consts.default_gpu
+    return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads)
+
+
+def catalog_constants(target: Gpu, dp: int) -> tuple[Constant, ...]:
+    """The constants of specs/gpus.yaml an estimate on `target` at data-parallel degree `dp`
+    used, each with the catalog's `source` text."""
+    data = _catalog().data
+    out = []
+    for key, unit in (("cublas_workspace_kib", "KiB"), ("cublaslt_workspace_kib", "KiB"), ("gemm_threads", "threads")):
+        entry = data["allocator"][key]
+        arch = target.arch if target.arch in entry["value"] else f"default, for {target.arch}"
+        out.append(Constant(f"specs/gpus.yaml allocator.{key} ({arch})", _per_arch(entry, target.arch), unit, " ".join(entry["source"].split())))
+    for key in ("cuda_context_mib",) + (("nccl_per_communicator_mib",) if dp > 1 else ()):
+        entry = data["device"][key]
+        out.append(Constant(f"specs/gpus.yaml device.{key}", entry["value"], "MiB", " ".join(entry["source"].split())))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    type: str
+    inputs: Mapping[str, Any]
+    batch: Expr
+    seq: Expr
+    parameters: int  # the checkpoint's count for this module
+    path: str
+
+
+@dataclass(frozen=True)
+class Anyres:
+    """LLaVA-NeXT's anyres tiling: the crop size and the grid pinpoints [(h, w), ...] in pixels."""
+
+    tile: int
+    pinpoints: tuple[tuple[int, int], ...]
+
+    def grid(self, image_h: int, image_w: int) -> tuple[int, int]:
+        """(rows, cols) of tiles for an image: the pinpoint `select_best_resolution` picks.
+
+        transformers/image_processing_utils.py select_best_resolution: the pinpoint with the
+        largest effective resolution (the image scaled to fit inside it, no larger than the
+        original), ties to the least wasted area, then to the first listed. The scaled sides
+        are int(side * scale) with scale = min(W / w, H / h); in integers, the side that
+        limits the scale is the pinpoint's and the other is floor(side * W / w)."""
+        best, best_key = (0, 0), None
+        for h, w in self.pinpoints:
+            if w * image_h <= h * image_w:  # width limits: scale = w / image_w
+                scaled = w * (image_h * w // image_w)
+            else:
+                scaled = (image_w * h // image_h) * h
+            effective = min(scaled, image_h * image_w)
+            key = (effective, -(h * w - effective))
+            if best_key is None or key > best_key:
+                best, best_key = (h, w), key
+        return best[0] // self.tile, best[1] // self.tile
+
+
+@dataclass(frozen=True)
+class ImageResize:
+    """The image processor's smart_resize (Qwen2-VL, Qwen2.5-VL): the size the vision tower sees."""
+
+    factor: int  # patch x merge
+    min_pixels: int
+    max_pixels: int
+    MAX_ASPECT = 200  # smart_resize refuses an aspect ratio above it
+
+    def apply(self, height: int, width: int) -> tuple[int, int]:
+        """transformers/models/qwen2_vl/image_processing_qwen2_vl.py `smart_resize`: each side
+        to the nearest multiple of factor (Python's round, halves to even); an image that then
+        lies outside [min_pixels, max_pixels] is rescaled by the square root of the ratio,
+        rounding down (too large) or up (too small) to multiples of factor."""
+        f = self.factor
+        h, w = round(height / f) * f, round(width / f) * f
+        if h * w > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+        elif h * w < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+        return h, w
+
+
+@dataclass(frozen=True)
+class Spec:
+    model: str
+    file: str
+    source: Mapping[str, str]
+    image_tokens: int
+    hidden_size: int | None  # the config's hidden_size as HF Trainer reads it (DeepSpeed "auto")
+    modules: tuple[Module, ...]
+    doc: Document = field(compare=False, repr=False)
+    image_size: tuple[int, int] | None = None  # native-resolution towers: the default [h, w]
+    anyres: Anyres | None = None  # LLaVA-NeXT's tiling
+    image_resize: ImageResize | None = None  # the processor's smart_resize (Qwen2-VL)
+    context_length: int | None = None  # max_position_embeddings, where the spec gives it
+    # What a LoRA run trains in full besides the adapters when the experiment does not say
+    # (the model's own recipe; peft alone freezes every base weight).
+    lora_trainable: tuple[str, ...] = ()
+    # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
+    video_temporal_patch: int | None = None
+    # The attention implementations transformers accepts for the model, its default first;
+    # () when the spec does not say (all three, sdpa the default).
+    attention: tuple[str, ...] = ()
+    # Where a launch script named this model (--from-command SCRIPT given no model file): the
+    # script, line and flags, and what they resolved to, for the output's `from` line.
+    origin: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    def module(self, name: str) -> Module | None:
+        return next((m for m in self.modules if m.name == name), None)
+
+
+@dataclass(frozen=True)
+class DeepSpeed:
+    """The ZeRO buffers the engine allocates besides the sharded states (elements)."""
+
+    reduce_bucket: int  # zero_optimization.reduce_bucket_size
+    prefetch_bucket: int  # stage3_prefetch_bucket_size
+    overlap_comm: bool
+    contiguous_gradients: bool
+    offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2/3) | nvme (ZeRO-3)
+    offload_param: str = "none"  # zero_optimization.offload_param.device: none | cpu | nvme (ZeRO-3, with offload_optimizer)
+    persistence_threshold: int = 100_000  # stage3_param_persistence_threshold: parameters below it stay whole
+    max_live_parameters: int = 1_000_000_000  # stage3_max_live_parameters: caps what the prefetcher gathers
+    max_reuse_distance: int = 1_000_000_000  # stage3_max_reuse_distance: a parameter used again within it stays gathered
+    sub_group_size: int = 1_000_000_000  # sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
+    comm_bytes: int | None = None  # communication_data_type's element size; None: the gradients' dtype
+
+
+# deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig, deepspeedai/DeepSpeed at 1b88ac36):
+# reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold
+# 1e5, stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9, sub_group_size 1e9,
+# contiguous_gradients True, overlap_comm False except for stage 3 (overlap_comm_valid).
+DEEPSPEED_DEFAULT_REDUCE_BUCKET = 500_000_000
+DEEPSPEED_DEFAULT_PREFETCH_BUCKET = 50_000_000
+DEEPSPEED_DEFAULT_PERSISTENCE = 100_000
+DEEPSPEED_DEFAULT_MAX_LIVE = 1_000_000_000
+DEEPSPEED_DEFAULT_REUSE_DISTANCE = 1_000_000_000
+DEEPSPEED_DEFAULT_SUB_GROUP = 1_000_000_000
+# transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_finalize):
+# "auto" sizes from the model's hidden size h: reduce_bucket_size h^2,
+# stage3_prefetch_bucket_size int(0.9 h^2), stage3_param_persistence_threshold 10 h.
+HF_AUTO_PREFETCH_FRACTION = 0.9
+HF_AUTO_PERSISTENCE_FACTOR = 10
+# When ZeRO creates the optimizer's states (Adam's exp_avg / exp_avg_sq of the fp32 partition).
+# Up to DeepSpeed 0.13 every ZeRO stage ran one optimizer step at engine initialization on zero
+# gradients (stage3.py, DeepSpeedZeroOptimizer_Stage3.initialize_optimizer_states calls
+# self._optimizer_step(i) per sub-group, microsoft/DeepSpeed at 0003660d; stage_1_and_2.py
+# likewise), so the states exist before the first forward. At 02aa38c3 stage_1_and_2.py's
+# DeepSpeedZeroOptimizer.initialize_optimizer_states makes a zero fp32 gradient per group and
+# sets it back to None without stepping: lazy under ZeRO-1/2 as well. deepspeedai/DeepSpeed PR #5104
+# ("Remove optimizer step on initialization", 2024-02) made them lazy: initialize_optimizer_states
+# at 007cca6a only sizes a zero gradient buffer and steps nothing, so torch's Adam creates the
+# states in the first step(). The fp32 master partition (_create_fp32_partitions) and, under
+# ZeRO-3, the 16-bit gradient partition (grad_partitions_flat_buffer) are made at
+# initialization in both. Modelled: the lazy form (the current release); a run on DeepSpeed
+# <= 0.13 (LLaVA pins 0.12.6) has its first step equal to the steady state.
+DEEPSPEED_STATES_AT_INIT = False
+# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer.__init__:
+# nccl_start_alignment_factor 2 ("4-byte alignment/sizeof(fp16)"); each parameter group's flat
+# 16-bit buffer is padded to a multiple of 2 x dp elements (flatten_dense_tensors_aligned)
+# before it is cut into dp partitions, so a rank's fp32 partition is that over dp.
+ZERO12_ALIGNMENT = 2
+# communication_data_type -> bytes per element (deepspeed/runtime/config.py, get_communication_data_type);
+# unset, engine.communication_data_type follows the precision: fp16, bf16, else fp32.
+COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+_AUTO_KEYS = {"reduce_bucket_size": lambda h: h * h,
+              "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
+              "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h}
+
+
+def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, tuple[str, str, str] | None]:
+    """The DeepSpeed buffer sizes of a `parallel` block, or a problem: (code, message, help)."""
+    problem = offload_problem(parallel)
+    if problem:
+        return None, problem
+    if parallel["zero"] == 0:
+        return None, None
+    sizes = {
+        "reduce_bucket_size": parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET),
+        "prefetch_bucket_size": parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET),
+        "param_persistence_threshold": parallel.get("param_persistence_threshold", DEEPSPEED_DEFAULT_PERSISTENCE),
+    }
+    auto = [k for k, v in sizes.items() if v == "auto"]
+    if auto:
+        if hidden_size is None:
+            return None, ("E505", f"'auto' {', '.join(auto)} need(s) the spec's hidden_size (HF Trainer fills them from it)",
+                          "write the sizes as numbers, or add hidden_size to the model spec")
+        sizes.update({k: _AUTO_KEYS[k](hidden_size) for k in auto})
+    overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
+    return DeepSpeed(int(sizes["reduce_bucket_size"]), int(sizes["prefetch_bucket_size"]), bool(overlap),
+                     bool(parallel.get("contiguous_gradients", True)),
+                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none"),
+                     int(sizes["param_persistence_threshold"]),
+                     int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
+                     int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
+                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP)),
+                     COMM_BYTES.get(parallel.get("communication_data_type"))), None
+
+
+def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """What DeepSpeed (or the estimate) does not allow in the offload settings of a `parallel` block.
+
+    deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading:
+    parameter offload needs optimizer offload; NVMe is reached only through the ZeRO-3
+    swappers (deepspeed/runtime/swap_tensor/); stage_1_and_2.py offloads to the CPU only.
+    """
+    zero = parallel["zero"]
+    optimizer, param = parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")
+    if optimizer != "none" and zero == 0:
+        return ("E311", f"offload_optimizer {optimizer} needs a ZeRO stage: ZeRO-0 has no optimizer partition to offload",
+                "use zero: 1 or 2 with offload_optimizer: cpu, or zero: 3 with cpu or nvme")
+    if optimizer == "nvme" and zero in (1, 2):
+        return ("E311", f"offload_optimizer nvme is a ZeRO-3 feature, not ZeRO-{zero} (DeepSpeed offloads to NVMe only with ZeRO-3; stage_1_and_2.py has no swapper)",
+                "use offload_optimizer: cpu, or zero: 3")
+    if param != "none" and zero != 3:
+        return ("E806", f"offload_param {param} is a ZeRO-3 feature, not ZeRO-{zero}",
+                "use zero: 3, or remove offload_param (ZeRO-1/2 keep every 16-bit weight on the GPU)")
+    if param != "none" and optimizer == "none":
+        return ("E807", f"offload_param {param} without offload_optimizer",
+                "DeepSpeed refuses it (stage3.py: \"parameter offload is only available with optimizer state offload\"); "
+                "add offload_optimizer: cpu")
+    return None
+
+
+def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
+    """The DeepSpeed sizes and assumptions an estimate used (they size what the simulator adds)."""
+    if ds is None:
+        return ()
+    given = "the experiment's or DeepSpeed config's value, else"
+    config = "deepspeed/runtime/zero/config.py"
+    out = [
+        Constant("zero_optimization.reduce_bucket_size", ds.reduce_bucket, "elements",
+                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} ({config}); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
+        Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "",
+                 f"{given} DeepSpeed's default: true for ZeRO-3, false below ({config})"),
+        Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "",
+                 f"{given} DeepSpeed's default true ({config})"),
+    ]
+    if zero == 3:
+        out += [
+            Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} ({config}); "
+                     f"\"auto\": int({HF_AUTO_PREFETCH_FRACTION} x hidden_size^2) (transformers/integrations/deepspeed.py)"),
+            Constant("zero_optimization.stage3_param_persistence_threshold", ds.persistence_threshold, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_PERSISTENCE:,} ({config}); \"auto\": {HF_AUTO_PERSISTENCE_FACTOR} x hidden_size "
+                     "(transformers/integrations/deepspeed.py); smaller parameters stay whole on every rank"),
+            Constant("zero_optimization.stage3_max_live_parameters", ds.max_live_parameters, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_MAX_LIVE:,} ({config}); caps the prefetch "
+                     "(partitioned_param_coordinator.py, fetch_sub_module: min(max_live - available, prefetch_bucket))"),
+            Constant("zero_optimization.stage3_max_reuse_distance", ds.max_reuse_distance, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
+                     "(partitioned_param_coordinator.py, __params_to_release)"),
+            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
+                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+                     "__avg_scatter_grads convert each bucket's gradients (stage3.py)"),
+            Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
+                     f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
+                     "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),
+        ]
+    if zero in (1, 2):
+        out += [
+            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
+                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+                     "allreduce_bucket convert each flattened bucket (stage_1_and_2.py)"),
+            Constant("ZeRO-1/2 partition alignment", ZERO12_ALIGNMENT, "elements x dp",
+                     "stage_1_and_2.py, nccl_start_alignment_factor: each group's flat buffer is padded to a multiple of "
+                     "it times dp before it is cut into partitions"),
+        ]
+    out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
+                        "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
+                        "initialization, so its first step equals the steady state (compiler/pipeline/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Fsdp:
+    """PyTorch FSDP2 (`fully_shard`) over the `dp` ranks: every decoder/encoder layer a unit,
+    the root module the last one (accelerate's auto wrap)."""
+
+    reshard_after_forward: bool  # fully_shard(reshard_after_forward=...)
+    reduce_dtype: str  # MixedPrecisionPolicy.reduce_dtype: fp32 | bf16 | fp16
+    reduce_bytes: int
+    sharded_bytes: int  # the sharded (full-precision) parameters' dtype: fp32 under bf16-mixed
+
+
+# MixedPrecisionPolicy.reduce_dtype -> bytes per gradient element in the reduce-scatter
+FSDP_REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What an experiment's `parallel.fsdp` block leaves out: fully_shard's reshard_after_forward
+# default, and gradients reduced in the sharded parameters' dtype (fp32 under mixed precision).
+FSDP_DEFAULTS: Mapping[str, Any] = {"reshard_after_forward": True, "reduce_dtype": "fp32"}
+
+
+def fsdp_setup(block: Mapping[str, Any] | None, precision: str) -> Fsdp | None:
+    if block is None:
+        return None
+    b = {**FSDP_DEFAULTS, **block}
+    param, _, _, master = PRECISIONS[precision]
+    return Fsdp(bool(b["reshard_after_forward"]), b["reduce_dtype"], FSDP_REDUCE_BYTES[b["reduce_dtype"]], master or param)
+
+
+# peft LoraConfig defaults (peft/tuners/lora/config.py) for what an experiment's `lora`
+# block leaves out; `modules` restricts the targets to memspec modules.
+LORA_DEFAULTS: Mapping[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
+                                    "modules": ["language"], "modules_to_save": [], "bias": "none",
+                                    "use_dora": False}
+
+
+@dataclass(frozen=True)
+class Lora:
+    """peft LoRA on the linear layers of `modules` that `target_modules` names."""
+
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: str | tuple[str, ...]  # "all-linear" or peft-style names
+    modules: frozenset[str]  # their base weights are frozen
+    modules_to_save: tuple[str, ...]  # peft names: a module whose full name ends with one is copied and trained
+    bias: str  # none | all | lora_only
+    use_dora: bool = False  # DoRA: a trainable magnitude per output row, the weight's row norms each forward
+    # where each modules_to_save name and the bias were given: (file, line, col, path), for
+    # the diagnostics expand raises once it knows the layers
+    saves_at: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False)
+    bias_at: tuple[str, int, int, str] | None = field(default=None, compare=False)
+
+
+# transformers' BitsAndBytesConfig defaults for what an experiment's `quantization` block leaves
+# out (bnb_4bit_quant_type "fp4", bnb_4bit_use_double_quant False); `modules` are the memspec
+# modules whose linear layers are quantized (LLaVA's --bits loads the language model quantized
+# and the vision tower after it, unquantized; llm_int8_skip_modules keeps mm_projector).
+QUANTIZATION_DEFAULTS: Mapping[str, Any] = {"quant_type": "fp4", "double_quant": False, "modules": ["language"], "skip_modules": []}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """bitsandbytes weights of the linear layers of `modules` (QLoRA: 4-bit; LLM.int8(): 8-bit)."""
+
+    bits: int  # 4 | 8
+    quant_type: str  # nf4 | fp4 (4-bit; same memory)
+    double_quant: bool
+    modules: frozenset[str]
+    skip_modules: tuple[str, ...]  # llm_int8_skip_modules: names (or name suffixes) kept in 16 bits
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One training setup, every knob explicit."""
+
+    experiment: str
+    file: str  # the experiment file, or the spec file for a bare spec
+    micro_batch: int
+    seq_len: int
+    images_per_sample: int
+    image_size: tuple[int, int] | None  # [h, w] pixels: the experiment's, else the spec's, else None
+    trainable: frozenset[str]
+    precision: str  # a PRECISIONS key
+    optimizer: Optimizer
+    gradient_checkpointing: frozenset[str]
+    attention: str
+    dp: int
+    zero: int
+    deepspeed: DeepSpeed | None  # ZeRO's buffers when zero >= 1
+    gpu: Gpu | None  # the GPU asked about (fits / headroom)
+    target: Gpu  # the GPU whose architecture the estimate assumes: `gpu`, else the catalog's default
+    bytes: Mapping[str, int]  # param, grad, optim, act + the fixed dtypes
+    master_bytes: int  # fp32 master copy per trainable parameter (inside bytes.optim)
+    state_bytes: int  # one optimizer state element (fp32 with a master copy, else the weight dtype)
+    lora: Lora | None = None
+    fsdp: Fsdp | None = None  # FSDP2 sharding over the dp ranks (zero is then 0)
+    quantization: Quantization | None = None
+    # enable_input_require_grads(): the outputs of every input embedding (token embeddings,
+    # a vision tower's patch embedding) require grad, so frozen towers record autograd.
+    input_require_grads: bool = False
+    anyres: Anyres | None = None  # the spec's anyres tiling (LLaVA-NeXT), for grid_rows / grid_cols
+    image_resize: ImageResize | None = None  # the spec's processor resize (Qwen2-VL), for image_h / image_w
+    loss: str = "cross_entropy"  # one of LOSSES
+    # torch.autograd.graph.save_on_cpu around the forward: every saved tensor goes to host
+    # memory as it is saved and comes back (a device copy) when its backward node runs.
+    activation_offloading: bool = False
+    # DataCollatorWithFlattening: the micro-batch's samples concatenated into one row of
+    # micro_batch x seq_len tokens, position_ids restarting per sample, no padding.
+    packing: bool = False
+    # Megatron-style model parallelism of a Llama-style causal LM: tensor-parallel degree,
+    # sequence parallelism (norm and residual activations split by tp) and pipeline stages;
+    # an estimate is for tensor rank 0 of the first pipeline stage.
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    # PYTORCH_CUDA_ALLOC_CONF as the job sets it: what the allocator's replay assumes
+    alloc_conf: AllocatorConfig = AllocatorConfig()
+    # what the "fits" verdict keeps free on `gpu` (None: the catalog's device.margin_pct)
+    margin: Margin | None = None
+    # Videos per sample, each of video_frames frames of image_size, which the vision tower
+    # reads video_temporal_patch frames at a time (the spec's; 1 where it takes no video).
+    videos_per_sample: int = 0
+    video_frames: int = 0
+    video_temporal_patch: int = 1
+    # how the precision is realized (a PRECISION_MODES key); "" for the precision's default
+    # (precision_mode(precision, precision_stated=False))
+    precision_mode: str = ""
+
+    @property
+    def mode(self) -> str:
+        return self.precision_mode or precision_mode(self.precision, precision_stated=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def vision_items(self) -> int:
+        """What the vision tower reads per sample, in images of image_size: each image, and
+        each video's temporal patches (its frames padded to a multiple of the temporal patch
+        with the last frame, as Qwen2VLVideoProcessor does), which attend one by one."""
+        return self.images_per_sample + self.videos_per_sample * _temporal_patches(self.video_frames, self.video_temporal_patch)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(batch, seq) of the language model's input: [1, b * s] when packed."""
+        return (1, self.tokens) if self.packing else (self.micro_batch, self.seq_len)
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """(image_h, image_w) as formulas see them, after the processor's resize where the spec
+        has one: 0, 0 when no size applies (fixed-size towers)."""
+        if self.image_size is None:
+            return (0, 0)
+        return self.image_resize.apply(*self.image_size) if self.image_resize else self.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(grid_rows, grid_cols): the anyres tile grid of the image; 0, 0 without tiling."""
+        if self.anyres is None or self.image_size is None:
+            return (0, 0)
+        return self.anyres.grid(*self.image_size)
+
+
+def _temporal_patches(frames: int, temporal_patch: int) -> int:
+    return -(-frames // temporal_patch)
+
+
+def precision_mode(precision: str, stated: str | None = None, *, deepspeed_stated: bool = False,
+                   precision_stated: bool = True, fsdp: bool = False) -> str:
+    """The PRECISION_MODES key a (canonical) precision is realized by.
+
+    A 16-bit mixed precision is autocast on fp32 weights, as Lightning's "bf16-mixed", HF
+    Trainer's --bf16 and accelerate's mixed_precision name it, unless DeepSpeed is stated (its
+    bf16 / fp16 optimizer keeps fp32 masters of 16-bit weights, as under Lightning's
+    DeepSpeedStrategy) or FSDP2 shards the model (its MixedPrecisionPolicy). `stated`: the
+    experiment's own `precision_mode`, which wins. NB: an experiment that states no precision
+    at all keeps the master-weight realization it always had (the checked-in experiments,
+    goldens and measured records were made with it); state `precision: bf16-mixed` for autocast.
+    """
+    if precision == "fp32":
+        return "fp32"
+    if precision not in MIXED_PRECISIONS:
+        return "pure"
+    if stated:
+        return stated
+    if fsdp:
+        return "fsdp-policy"
+    if deepspeed_stated or not precision_stated:
+        return "master-weights"
+    return "autocast"
+
+
+def derive_bytes(precision: str, optimizer: Optimizer, mode: str = "") -> tuple[dict[str, int], int, int]:
+    """bytes.* for a precision and optimizer, the master-weight bytes and one state's bytes.
+
+    Under autocast (`mode`) the weights, gradients and states are fp32 and there is no master
+    copy; bytes.act is the 16-bit dtype of autocast's matmul outputs.
+
+    bytes.optim is the optimizer's bytes per trainable element where its states are
+    element-wise; Adafactor's and bitsandbytes' are not (factored moments, 8-bit blocks,
+    fp32 states whatever the weight's dtype), and the evaluator computes those per tensor
+    (compiler/memory/optimizers.py); their bytes.optim counts the master copy only.
+    """
+    param, grad, act, master = PRECISIONS[precision]
+    if mode == "autocast":
+        param, grad, master = FP32_BYTES, FP32_BYTES, 0
+    state = 4 if master else param
+    per_element = optimizer.n_dense_states * state if optimizers.is_elementwise(optimizer) else 0
+    values = {"param": param, "grad": grad, "optim": master + per_element, "act": act, **FIXED_DTYPE_BYTES}
+    return values, master, state
