@@ -73,7 +73,7 @@ def _script(tmp_path, text):
 
 def test_hf_trainer_bf16_is_autocast_without_deepspeed_and_masters_with_it(tmp_path):
     from compiler.cli import parser
-    from tests.test_accelerate import _report
+    from compiler.cli import _report
 
     base = ("torchrun --nproc_per_node 1 train.py --per_device_train_batch_size 1 --model_max_length 1024 "
             "--bf16 True{}\n")

@@ -37,10 +37,12 @@ CODES = {"pack": "E316", "offload": "E316", "fused": "E317", "tp": "E318", "sp":
 # every vision tower list no tp / sp / pp; towers and projectors list the fused loss, which
 # does not change them, and run on no rows of a text-only batch.
 ALLOWED = {
+    "falcon/falcon-40b.yaml": "",  # GPT-NeoX, Phi and Falcon: measured on plain steps only
     "gemma/gemma-2b.yaml": "",
     "gemma2/gemma-2-2b.yaml": "",
     "gemma2/gemma-2-9b.yaml": "",
     "gemma3/gemma-3-1b-pt.yaml": "",
+    "gpt_neox/pythia-1.4b.yaml": "",
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",
@@ -62,6 +64,8 @@ ALLOWED = {
     "paligemma/paligemma-3b-pt-224.yaml": "",
     "paligemma/paligemma2-3b-pt-448.yaml": "",
     "paligemma/paligemma2-3b-pt-896.yaml": "",
+    "phi/phi-1_5.yaml": "",
+    "phi/phi-2.yaml": "",
     "phi3/phi-3-mini-4k-instruct.yaml": "pack offload fused",
     "qwen2/qwen2.5-0.5b.yaml": "pack offload fused tp sp pp",
     "qwen2/qwen2.5-7b.yaml": "pack offload fused tp sp pp",

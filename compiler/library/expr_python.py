@@ -1,0 +1,90 @@
+"""Formula expressions as plain Python: a checked expression (the grammar formula.py's
+`_check_node` allows) written as Python source over its scope and compiled once per text.
+`FUNCTIONS` are the functions expressions may call, the same in Jinja2's sandbox and here;
+`MAX_POWER_BITS` bounds a power in both."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (triton.next_power_of_2; 1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2}
+
+# A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
+# any byte count, and the bound keeps an expression's evaluation instant.
+MAX_POWER_BITS = 4096
+
+
+# --------------------------------------------------------------------------- plain Python
+#
+# A checked expression (the grammar `_check_node` allows) is also written as Python source
+# over the scope `s` and compiled once per source text: the same operators and functions as
+# the sandbox's generated code, some forty times faster a call. Anything that raises there
+# (an undefined name, a division by zero, a power past MAX_POWER_BITS) is evaluated again by
+# Jinja2, so that errors, and any value Jinja2 would give in their place, stay its own.
+
+_PY_BINOPS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FloorDiv": "//", "Mod": "%", "And": "and", "Or": "or"}
+_PY_UNOPS = {"Neg": "-", "Pos": "+", "Not": "not "}
+_PY_COMPARE = {"eq": "==", "ne": "!=", "gt": ">", "gteq": ">=", "lt": "<", "lteq": "<=", "in": "in", "notin": "not in"}
+
+
+def _python_of(node) -> str | None:
+    """Python source for a checked expression's AST; None for a node outside the grammar."""
+    try:
+        return _py(node)
+    except KeyError:
+        return None
+
+
+def _py(node) -> str:
+    kind = type(node).__name__
+    if kind == "Const":
+        value = node.value
+        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+            raise KeyError(kind)  # NB: no literal for these; Jinja2 keeps them
+        return repr(value)
+    if kind == "Name":
+        if node.name in FUNCTIONS:  # NB: a scope value of that name wins, as in Jinja2's lookup
+            return f"(s[{node.name!r}] if {node.name!r} in s else _F[{node.name!r}])"
+        return f"s[{node.name!r}]"
+    if kind == "Getattr":  # bytes.<dtype>: a dict lookup, as the sandbox's getattr falls back to
+        return f"{_py(node.node)}[{node.attr!r}]"
+    if kind == "Pow":
+        return f"_pow({_py(node.left)}, {_py(node.right)})"
+    if kind in _PY_BINOPS:
+        return f"({_py(node.left)} {_PY_BINOPS[kind]} {_py(node.right)})"
+    if kind in _PY_UNOPS:
+        return f"({_PY_UNOPS[kind]}{_py(node.node)})"
+    if kind == "Compare":
+        return "(" + _py(node.expr) + "".join(f" {_PY_COMPARE[o.op]} {_py(o.expr)}" for o in node.ops) + ")"
+    if kind == "CondExpr":
+        return f"({_py(node.expr1)} if {_py(node.test)} else {_py(node.expr2)})"
+    if kind == "Call":
+        return f"{_py(node.node)}(" + ", ".join(_py(a) for a in node.args) + ")"
+    raise KeyError(kind)
+
+
+def _pow(left: Any, right: Any) -> Any:
+    if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 and right * abs(left).bit_length() > MAX_POWER_BITS:
+        raise ValueError("power past MAX_POWER_BITS")  # NB: Jinja2's evaluation gives the message
+    return left ** right
+
+
+_PY_GLOBALS: dict[str, Any] = {"__builtins__": {}, "_F": FUNCTIONS, "_pow": _pow}
+_CALLABLES: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+
+
+def _callable(python: str) -> Callable[[Mapping[str, Any]], Any]:
+    found = _CALLABLES.get(python)
+    if found is None:
+        found = _CALLABLES[python] = eval(compile(f"lambda s: {python}", "<formula>", "eval"), _PY_GLOBALS)  # noqa: S307
+    return found
