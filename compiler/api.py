@@ -170,7 +170,8 @@ def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool =
     est = simulate(nodes, setup)
     _, consts = gpu_catalog()
     device = est.reserved + device_overhead(setup)
-    params = {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
+    # NB: a quantized linear's packed codes are not elements: its weight's own count (_elements)
+    params = {n.inst.module: sum(_elements(x, setup) for x in n.walk()) for n in nodes}
     return Report(spec, setup, nodes, rows, est, est.peak.total, est.reserved, device, consts, setup.gpu, params)
 
 

@@ -151,3 +151,13 @@ def test_a_checkpointed_layer_counts_its_input_during_its_first_forward():
     at = {path: alloc for phase, path, alloc in r.estimate.timeline if phase == "forward"}
     assert 15_737_281_024 - at["language.layers[31].self_attn.q_proj.base_layer"] == 4_535_808
     assert 15_872_547_328 - at["language.layers[31].mlp.mul"] == 4_535_808 + 33_554_432
+
+
+def test_qlora_counts_the_models_parameters_not_its_packed_codes():
+    # 4-bit weights are packed two codes to a byte: the bytes over bytes.param made Vicuna-7B
+    # 1,921,912,832 "parameters". Counted as elements: 6,738,939,904 plus the r16 all-linear
+    # adapters, per layer 4 x 16 x (4096 + 4096) (q, k, v, o) + 2 x 16 x (4096 + 11008) (gate,
+    # up) + 16 x (11008 + 4096) (down) = 1,249,280, x 32 layers = 39,976,960
+    r = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=1, seq_len=2048, lora={"r": 16}, quantization={"bits": 4})
+    assert r.parameters["language"] == 6_738_939_904 + 32 * 1_249_280 == 6_778_916_864
+    assert r.parameters["vision"] == 303_507_456 and r.parameters["projector"] == 20_979_712
