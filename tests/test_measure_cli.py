@@ -57,6 +57,18 @@ def test_a_sequence_shorter_than_the_image_tokens_is_refused(capsys):
     assert "shorter than the 16 image tokens" in capsys.readouterr().err
 
 
+def test_an_attention_kernel_transformers_refuses_is_an_input_error(tmp_path, capsys):
+    # Gemma 2 takes no sdpa in transformers (Gemma2ForCausalLM._sdpa_can_dispatch raises): an
+    # input error naming the kernel, not a traceback (exit 3)
+    root = Path(__file__).resolve().parent.parent
+    experiment = tmp_path / "gemma2-sdpa.yaml"
+    experiment.write_text(f"experiment: gemma2-sdpa\nmodel: {root / 'specs/gemma2/gemma-2-2b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
+                          "images_per_sample: 0\nattention: sdpa\nprecision: bf16\n")
+    assert run([str(experiment), "-o", str(tmp_path / "out.json")]) == 1
+    assert "transformers does not build Gemma2ForCausalLM with attention 'sdpa'" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_format_text_prints_the_summary_instead_of_the_record(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert run([str(TINY / "tiny-pretrain.yaml"), "--steps", "2", "--format", "text", "-o", str(out)]) == 0

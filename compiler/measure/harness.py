@@ -35,7 +35,7 @@ import torch
 
 from ..memory.allocator import Allocator
 from . import emulation, fsdp, tricks
-from .experiment import check_measurable
+from .experiment import ExperimentError, check_measurable
 from .families import family_for
 from .tracer import (
     BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
@@ -136,8 +136,15 @@ def build_model(config, exp: dict):
     # NB: under FSDP2 the model keeps its full-precision weights (sharded); the policy's
     # param_dtype copies are what the layers compute with
     dtype = weight_dtype(exp)
-    model = family.model_class()._from_config(
-        config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=dtype)
+    try:
+        model = family.model_class()._from_config(
+            config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=dtype)
+    except ValueError as error:
+        if "attention implementation" not in str(error):
+            raise
+        # NB: transformers refuses a kernel the architecture does not support (Gemma 2: no sdpa)
+        raise ExperimentError(f"experiment {exp['experiment']!r}: transformers does not build {family.model_class().__name__} "
+                              f"with attention {exp['attention']!r} ({str(error).splitlines()[0][:160]})") from None
     model.train()
     model.requires_grad_(False)
     groups = family.module_groups(model)
