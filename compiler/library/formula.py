@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import Diagnostic, MemspecError, did_you_mean
 from ..pipeline.load import Document, child_path, load_yaml
 from ..paths import display
-from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of  # noqa: F401  (FUNCTIONS, MAX_POWER_BITS: the sandbox's)
+from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates

@@ -30,7 +30,7 @@ from .vocabulary import (  # noqa: F401  (re-exported: callers take the vocabula
     DEEPSPEED_DEFAULT_SUB_GROUP, HF_AUTO_PREFETCH_FRACTION, HF_AUTO_PERSISTENCE_FACTOR,
     DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, COMM_BYTES, _AUTO_KEYS, deepspeed_buffers,
     offload_problem, deepspeed_constants, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS, fsdp_setup,
-    LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, _temporal_patches,
+    LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items,
     precision_mode, derive_bytes,
 )
 
@@ -229,8 +229,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
     # another size has its token count in the formulas only, so the check needs the default.
     if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size:
-        items = data["images_per_sample"] + (data["videos_per_sample"] * _temporal_patches(data.get("video_frames") or 0, spec.video_temporal_patch)
-                                             if spec.video_temporal_patch else 0)
+        # NB: videos on a model that takes none are refused above (E327), not counted here
+        items = vision_items(data["images_per_sample"], data["videos_per_sample"] if spec.video_temporal_patch else 0,
+                             data.get("video_frames") or 0, spec.video_temporal_patch or 1)
         need = items * spec.image_tokens
         if data["seq_len"] < need:
             what = f"{data['images_per_sample']} x {spec.image_tokens}" if items == data["images_per_sample"] else \

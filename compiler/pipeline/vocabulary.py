@@ -644,10 +644,8 @@ class Setup:
 
     @property
     def vision_items(self) -> int:
-        """What the vision tower reads per sample, in images of image_size: each image, and
-        each video's temporal patches (its frames padded to a multiple of the temporal patch
-        with the last frame, as Qwen2VLVideoProcessor does), which attend one by one."""
-        return self.images_per_sample + self.videos_per_sample * _temporal_patches(self.video_frames, self.video_temporal_patch)
+        """What the vision tower reads per sample, in images of image_size (`vision_items`)."""
+        return vision_items(self.images_per_sample, self.videos_per_sample, self.video_frames, self.video_temporal_patch)
 
     @property
     def rows(self) -> tuple[int, int]:
@@ -670,8 +668,11 @@ class Setup:
         return self.anyres.grid(*self.image_size)
 
 
-def _temporal_patches(frames: int, temporal_patch: int) -> int:
-    return -(-frames // temporal_patch)
+def vision_items(images: int, videos: int, frames: int, temporal_patch: int) -> int:
+    """Each image, and each video's temporal patches (its frames padded to a multiple of the
+    temporal patch with the last frame, as Qwen2VLVideoProcessor does), which the vision tower
+    reads one by one as images of the frame size."""
+    return images + videos * -(-frames // temporal_patch)
 
 
 def precision_mode(precision: str, stated: str | None = None, *, deepspeed_stated: bool = False,
