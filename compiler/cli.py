@@ -105,6 +105,9 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
     add("--alloc-conf", metavar="CONF", dest="alloc_conf",
         help="PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
              "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True")
+    add("--transformers-version", metavar="X.Y.Z", dest="transformers_version",
+        help="the transformers release the job runs, e.g. 4.46.3: the loss of that release "
+             "(modelled: 4.43 and later, older ones on Llama-style causal LMs; default: the formulas' own, 5.23.0)")
     add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
     add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
     add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
@@ -159,6 +162,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if key in out and not low <= out[key] <= (high if high is not None else out[key]):
             bounds = f">= {low}" if high is None else f"between {low} and {high:,}"
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be {bounds}, got {out[key]:,}"))
+    if getattr(args, "transformers_version", None) is not None:
+        out["versions"] = {"transformers": args.transformers_version}
     lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"),
                                                          ("modules_to_save", "save"), ("bias", "bias"))}
     if any(v is not None for v in lora.values()):

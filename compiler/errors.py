@@ -36,6 +36,7 @@ Codes (stable; never reuse a retired one):
     E503 unknown GPU                                          E505 DeepSpeed 'auto' sizes without the spec's hidden_size
     E506 a memory size (--gpu 24GiB, --margin 2GiB) that cannot be read: no unit, an unknown one, not whole bytes, or a GPU too small for the CUDA context
     E330 PYTORCH_CUDA_ALLOC_CONF option or value the caching allocator does not take
+    E331 versions.transformers that is no release, one not modelled (before 4.43), or one before 4.49 with a formula the spec instantiates that does not list older_transformers in `setups:`
     E601 the measuring side (torch, transformers) is not installed
 
     memspec import (a hub id or a model folder; each message names the repo and revision):

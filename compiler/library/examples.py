@@ -17,11 +17,12 @@ from ..pipeline.evaluate import evaluate
 from ..pipeline.expand import _MEMO, _instance
 from .formula import Example, Formula, Library
 from ..pipeline.load import child_path
-from ..pipeline.resolve import Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
+from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
     "fused_loss": False, "offloading": False, "autocast": False, "requires_grad": False, "packed": False, "bias_trains": False,
+    "transformers": TRANSFORMERS,
 }
 
 
@@ -41,7 +42,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         loss="fused_linear_cross_entropy" if context.get("fused_loss") else "cross_entropy",
         activation_offloading=bool(context.get("offloading")), packing=bool(context.get("packed")),
         tp=context.get("tp", 1), sp=bool(context.get("sp")), pp=context.get("pp", 1),
-        precision_mode=mode,
+        precision_mode=mode, transformers=context.get("transformers", TRANSFORMERS),
     )
 
 

@@ -40,6 +40,7 @@ SETUPS: Mapping[str, str] = {
     "sequence_parallel": "Megatron sequence parallelism (sp, with tp > 1)",
     "pipeline_parallel": "pipeline parallelism (pp > 1)",
     "autocast": "autocast: fp32 weights, the forward under torch.autocast (16-bit matmuls on per-forward weight copies, fp32 norms, softmax and loss)",
+    "older_transformers": "transformers 4.43 to 4.48: the releases' own loss (versions.transformers)",
 }
 
 # Names every formula may use; `resolve` and `expand` provide their values per row.
@@ -69,6 +70,7 @@ CONTEXT_NAMES = frozenset(
         "tp",  # Megatron tensor-parallel degree
         "sp",  # Megatron sequence parallelism (activations outside the tensor-parallel regions split by tp)
         "pp",  # pipeline stages; the estimate is for the first
+        "transformers",  # the transformers release, major * 1_000_000 + minor * 1_000 + patch (4.46.3: 4_046_003)
     }
 )
 # bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the

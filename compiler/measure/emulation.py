@@ -212,10 +212,13 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bo
     `host_values`: the batch has fake tensors with constants (see `HOST_VALUES`)."""
     import torch.nn.functional as F
     from torch._subclasses import fake_tensor
-    from transformers import masking_utils
+    try:
+        from transformers import masking_utils
+    except ImportError:  # NB: transformers 4.x builds its masks in each model, packed sequences unseen
+        masking_utils = None
 
     saved_sdpa, saved_dropout = F.scaled_dot_product_attention, F.dropout
-    saved_packed = masking_utils.find_packed_sequence_indices
+    saved_packed = masking_utils.find_packed_sequence_indices if masking_utils else None
     saved_env = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
     saved_limit = fake_tensor.CONSTANT_NUMEL_LIMIT
     applied = []
@@ -230,14 +233,15 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bo
         applied.append(NATIVE_DROPOUT)
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
     applied.append(NO_TORCH_CHECK)
-    if fake and NO_PACKED_SEQUENCE_MASK not in skip:
+    if fake and NO_PACKED_SEQUENCE_MASK not in skip and masking_utils is not None:
         masking_utils.find_packed_sequence_indices = _packed_sequences_as_cuda(saved_packed)
         applied.append(NO_PACKED_SEQUENCE_MASK)
     try:
         yield applied
     finally:
         F.scaled_dot_product_attention, F.dropout = saved_sdpa, saved_dropout
-        masking_utils.find_packed_sequence_indices = saved_packed
+        if masking_utils is not None:
+            masking_utils.find_packed_sequence_indices = saved_packed
         fake_tensor.CONSTANT_NUMEL_LIMIT = saved_limit
         if saved_env is None:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)

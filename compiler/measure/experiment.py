@@ -40,7 +40,11 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode")
+OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode",
+                 "versions")
+# Libraries whose release an experiment may name (`versions: {transformers: 4.46.3}`): the
+# measurement runs only under that release (the record's own `versions` say what ran).
+VERSIONED = ("transformers",)
 # How a 16-bit mixed precision runs: absent, DeepSpeed's fp32 master weights of 16-bit weights
 # (the harness's mixed precision since the first record); autocast, HF Trainer / accelerate's
 # torch.autocast around the forward of an fp32 model.
@@ -164,10 +168,32 @@ def _check(exp: dict, where: str) -> None:
     for key in ("packing", "activation_offloading"):
         if exp.get(key) and exp["images_per_sample"]:
             fail(f"{key} is measured for text-only batches (images_per_sample 0)")
+    _check_versions(exp.get("versions"), fail)
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
         fail(f"image_size must be [height, width] in pixels, got {size!r}")
+
+
+def _check_versions(versions: Any, fail) -> None:
+    if versions is None:
+        return
+    if not isinstance(versions, dict) or sorted(set(versions) - set(VERSIONED)):
+        fail(f"versions must map {list(VERSIONED)} to a release, got {versions!r}")
+    for name, release in versions.items():
+        if not isinstance(release, str):
+            fail(f"versions.{name} must be a release string such as '4.46.3', got {release!r}")
+
+
+def check_installed(exp: dict) -> None:
+    """Refuse an experiment that names a library release other than the one installed: the
+    trace is of the code that runs (install that release to measure it)."""
+    from importlib.metadata import version
+
+    for name, release in (exp.get("versions") or {}).items():
+        if version(name) != release:
+            raise ExperimentError(f"experiment {exp['experiment']!r} names {name} {release}; {version(name)} is installed "
+                                  f"(measure it with {name}=={release} installed, e.g. on PYTHONPATH)")
 
 
 def _check_lora(lora: dict, fail) -> None:
@@ -205,7 +231,9 @@ def normalise_lora(lora: dict | None) -> dict | None:
 
 def check_measurable(exp: dict) -> None:
     """Refuse what one process cannot measure: ZeRO sharding, and data parallelism other
-    than FSDP2 (which runs as rank 0 of a fake process group)."""
+    than FSDP2 (which runs as rank 0 of a fake process group); and a library release other
+    than the installed one."""
+    check_installed(exp)
     parallel = exp["parallel"]
     if parallel.get("fsdp") is not None and parallel.get("zero", 0) == 0:
         return

@@ -62,6 +62,8 @@ MIN_STEPS = 2
 # v, out and the fp32 logsumexp and allocate the same backward accumulators), so it runs as
 # SDPA routed to flash.
 ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "sdpa"}
+# transformers 5 names a model's dtype `dtype`; 4.x `torch_dtype`
+DTYPE_KWARG = "dtype" if int(__import__("transformers").__version__.split(".")[0]) >= 5 else "torch_dtype"
 FA2_AS_SDPA = "flash_attention_2-measured-as-sdpa-flash"
 
 
@@ -138,7 +140,7 @@ def build_model(config, exp: dict):
     dtype = weight_dtype(exp)
     try:
         model = family.model_class()._from_config(
-            config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], dtype=dtype)
+            config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], **{DTYPE_KWARG: dtype})
     except ValueError as error:
         if "attention implementation" not in str(error):
             raise

@@ -104,6 +104,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "tp": setup.tp,
         "sp": setup.sp,
         "pp": setup.pp,
+        "transformers": setup.transformers,
     }
 
 

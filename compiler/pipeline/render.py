@@ -13,7 +13,7 @@ from typing import Any
 
 from ..api import Report, image_tokens_per_sample
 from .evaluate import Row
-from .resolve import PRECISION_MODES
+from .resolve import PRECISION_MODES, TRANSFORMERS, release_text
 from .simulate import CATEGORIES, Point
 
 GIB = 1 << 30
@@ -77,6 +77,7 @@ def setup_line(r: Report) -> str:
         + (f" | peft bias {s.lora.bias}" if s.lora is not None and s.lora.bias != "none" else "")
         + (f" | {quantization_label(s.quantization)}" if s.quantization is not None else "")
         + _tricks(s)
+        + (f" | transformers {release_text(s.transformers)}" if s.transformers != TRANSFORMERS else "")
     )
 
 
@@ -217,6 +218,7 @@ def as_data(r: Report) -> dict[str, Any]:
             "precision": LIGHTNING_NAMES.get(s.precision, s.precision),
             "precision_mode": s.mode,
             "precision_realization": PRECISION_MODES[s.mode],
+            **({"versions": {"transformers": release_text(s.transformers)}} if s.transformers != TRANSFORMERS else {}),
             "optimizer": _optimizer_json(s.optimizer),
             **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
                          "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),

@@ -31,7 +31,8 @@ from .vocabulary import (  # noqa: F401  (re-exported: callers take the vocabula
     DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, COMM_BYTES, _AUTO_KEYS, deepspeed_buffers,
     offload_problem, deepspeed_constants, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS, fsdp_setup,
     LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items,
-    precision_mode, derive_bytes,
+    precision_mode, derive_bytes, TRANSFORMERS, TRANSFORMERS_RELEASE, OLDER_TRANSFORMERS,
+    UNMODELLED_TRANSFORMERS, release_code, release_text,
 )
 
 
@@ -151,6 +152,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         # NB: an experiment that names no implementation gets the one transformers picks
         data["attention"] = spec.attention[0]
     stated = "trainable" in overrides or (doc is not None and "trainable" in doc.data)
+    if "versions" in overrides:
+        # NB: --transformers-version changes one key of the experiment's versions block
+        overrides["versions"] = {**(data.get("versions") or {}), **overrides["versions"]}
     data.update(overrides)
     if data.get("lora") and not stated:
         # NB: peft's get_peft_model freezes every base weight; the spec names what the
@@ -168,7 +172,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     def where(key: str) -> tuple[str, str]:
         """(file, path) of a key: the flag when overridden, else the experiment's key."""
         if key in overrides:
-            return "", "--" + key.replace("_", "-")
+            return "", FLAGS.get(key, "--" + key.replace("_", "-"))
         return file, "$." + key
 
     def complain(key: str, code: str, message: str, help: str | None = None, index: int | None = None):
@@ -188,6 +192,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
             if name not in module_names:
                 complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
     optimizer = _optimizer(data["optimizer"], complain)
+    data["transformers"] = _transformers(data.get("versions") or {}, complain)
     try:
         alloc_conf = AllocatorConfig.parse(data.get("alloc_conf") or "")
     except AllocConfError as error:
@@ -272,6 +277,8 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                      f"set images_per_sample: 0 (a text-only model), or {key}: false")
     if data["precision_mode"] == "autocast":
         _check_autocast(data, parallel, complain)
+    if data["transformers"] < OLDER_TRANSFORMERS:
+        _check_older_transformers(data, parallel, complain)
     # NB: packing or offloading with images is refused above, whatever the formulas declare
     refused = _check_setups(data, parallel, spec, formulas, complain,
                             {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
@@ -344,7 +351,30 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         alloc_conf=alloc_conf,
         margin=margin,
         precision_mode=data["precision_mode"],
+        transformers=data["transformers"],
     )
+
+
+# Flags whose key in the experiment is spelled otherwise
+FLAGS: Mapping[str, str] = {"versions": "--transformers-version"}
+
+
+def _transformers(versions: Mapping[str, Any], complain) -> int:
+    """The release code of the experiment's versions.transformers (TRANSFORMERS without one)."""
+    text = versions.get("transformers")
+    if text is None:
+        return TRANSFORMERS
+    code = release_code(str(text))
+    if code is None:
+        complain("versions", "E331", f"versions.transformers '{text}' is not a release",
+                 f"write major.minor.patch as pip shows it, e.g. 4.46.3 (the formulas' own: {TRANSFORMERS_RELEASE})")
+        return TRANSFORMERS
+    for first, end, why in UNMODELLED_TRANSFORMERS:
+        if first <= code < end:
+            complain("versions", "E331", f"transformers {release_text(code)} is not modelled: {why}",
+                     f"name 4.43 or later ({TRANSFORMERS_RELEASE}, the formulas' own, by default)")
+            return TRANSFORMERS
+    return code
 
 
 def _lora_located(lora: Lora, flags: set, file: str, doc) -> Lora:
@@ -425,6 +455,7 @@ _SETUP_KEYS: Mapping[str, tuple[str, str]] = {
     "sequence_parallel": ("sp", "E318"),
     "pipeline_parallel": ("pp", "E318"),
     "autocast": ("precision", "E325"),
+    "older_transformers": ("versions", "E331"),
 }
 # Setups that change only what a forward holds: a module that runs on no rows (a vision tower
 # of a text-only batch) is not concerned. tp / sp / pp also place parameters, which every
@@ -444,6 +475,7 @@ def wanted_setups(setup_data: Mapping[str, Any], parallel: Mapping[str, Any]) ->
         "sequence_parallel": bool(parallel.get("sp")) and tp > 1,  # NB: sp at tp 1 is E318 of its own
         "pipeline_parallel": pp > 1,
         "autocast": setup_data.get("precision_mode") == "autocast",
+        "older_transformers": setup_data.get("transformers", TRANSFORMERS) < OLDER_TRANSFORMERS,
     }
     return tuple(k for k in SETUPS if on[k])
 
@@ -534,7 +566,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
         dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
         loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
-        precision_mode=data["precision_mode"],
+        precision_mode=data["precision_mode"], transformers=data.get("transformers", TRANSFORMERS),
     )
     try:
         refusals = setup_refusals(spec, probe, library, wanted)
@@ -552,8 +584,11 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
         if name == "autocast":
             what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
+        if name == "older_transformers":
+            what = f"transformers {release_text(data['transformers'])}"
         off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
-               "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+               "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1",
+               "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
         if not module and layer_type:
             complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
             continue
@@ -565,6 +600,18 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)
+
+
+def _check_older_transformers(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
+    """An older transformers release is measured on a plain step with sdpa (flash_attention_2
+    traced as its flash kernel): refuse the rest."""
+    release = release_text(data["transformers"])
+    others = [SETUPS[k].split(":")[0] for k in wanted_setups(data, parallel) if k != "older_transformers"]
+    if data["attention"] == "eager":
+        others.insert(0, "eager attention")
+    if others:
+        complain("versions", "E331", f"transformers {release} is modelled for a plain step with sdpa or flash_attention_2; not with {', '.join(others)}",
+                 f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later")
 
 
 def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:

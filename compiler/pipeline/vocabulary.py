@@ -93,6 +93,41 @@ KIB = 1 << 10
 MIB = 1 << 20
 
 
+# The transformers release the formulas are measured on (pyproject.toml's measure extra); an
+# experiment's `versions: {transformers: X}` names the release a job runs instead. In a
+# formula, `transformers` is a release as one integer, major * 1_000_000 + minor * 1_000 +
+# patch (4.46.3 is 4_046_003).
+TRANSFORMERS_RELEASE = "5.23.0"
+# Releases before this one run under the `older_transformers` setup: a formula lists it once
+# its figures follow those releases (4.49 is the first whose ForCausalLMLoss pads the labels
+# instead of copying the shifted logits, as the pinned release does).
+OLDER_TRANSFORMERS = 4_049_000
+# Older releases no formula models, each band (first, end, why): before 4.43 the Llama-style
+# attention makes its own cos and sin per layer (4.37: slices of per-layer caches, indexed by
+# position_ids; 4.38 to 4.42: computed in each layer), where 4.43 on makes them once per
+# forward (LlamaModel.rotary_emb) as the pinned release does.
+UNMODELLED_TRANSFORMERS: tuple[tuple[int, int, str], ...] = (
+    (0, 4_043_000, "releases before 4.43 make the rotary cos and sin in every attention layer, which the formulas do not model "
+                   "(measured: 4.44.2, 4.46.3, 4.57.1 and 5.23.0)"),
+)
+
+
+def release_code(text: str) -> int | None:
+    """A release such as "4.46.3" (or "4.46", patch 0; a suffix such as ".dev0" or "rc1" after the
+    patch is ignored) as major * 1_000_000 + minor * 1_000 + patch; None when `text` is none."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z][A-Za-z0-9.+-]*)?", text.strip())
+    if m is None or int(m[2]) >= 1000 or int(m[3] or 0) >= 1000:
+        return None
+    return int(m[1]) * 1_000_000 + int(m[2]) * 1_000 + int(m[3] or 0)
+
+
+def release_text(code: int) -> str:
+    return f"{code // 1_000_000}.{code // 1_000 % 1_000}.{code % 1_000}"
+
+
+TRANSFORMERS = release_code(TRANSFORMERS_RELEASE)
+
+
 @dataclass(frozen=True)
 class Gpu:
     key: str
@@ -633,6 +668,8 @@ class Setup:
     # how the precision is realized (a PRECISION_MODES key); "" for the precision's default
     # (precision_mode(precision, precision_stated=False))
     precision_mode: str = ""
+    # the transformers release the job runs (release_code; default TRANSFORMERS_RELEASE)
+    transformers: int = TRANSFORMERS
 
     @property
     def mode(self) -> str:
