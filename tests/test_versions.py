@@ -19,7 +19,8 @@ RECORDS = sorted((ROOT / "tests" / "measured" / "cpu-trace").glob("transformers-
 
 
 def _lora(**kw):
-    return estimate(LLAMA, micro_batch=4, seq_len=2048, images_per_sample=0, attention="sdpa", trainable=[],
+    kw = {"attention": "sdpa", **kw}
+    return estimate(LLAMA, micro_batch=4, seq_len=2048, images_per_sample=0, trainable=[],
                     gradient_checkpointing=["language"], lora={"r": 16}, **kw)
 
 
@@ -46,14 +47,21 @@ def test_each_release_band_has_its_loss():
     assert t444.allocated > pinned.allocated
 
 
+# From 4.49 on the peak is the loss's backward, where causal_lm_loss charges nll_loss's saved
+# targets a little long (its NB): [4, 2048] int64 65_536 B and their 512-B block
+TARGETS = 4 * 2048 * 8 + 512
+
+
 @pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
 def test_the_traced_releases_are_reproduced(path):
-    """Each record, traced with its release installed, at or at most one 512-B block above."""
+    """Each record, traced with its release installed: at or above the trace by one 512-B block
+    (a buffer the tracer and the formulas place apart) before 4.49, by the saved targets from 4.49 on."""
     rec = json.loads(path.read_text())
     assert rec["versions"]["transformers"] == rec["experiment"]["versions"]["transformers"]
     exp = dict(rec["experiment"])
     r = estimate(str(ROOT / exp.pop("model")), **{k: v for k, v in exp.items() if k != "experiment"})
-    assert 0 <= r.allocated - rec["allocated"] <= 512
+    over = TARGETS if release_code(rec["versions"]["transformers"]) >= 4_049_000 else 512
+    assert r.allocated - rec["allocated"] == over
 
 
 def test_the_matrix_covers_three_releases_on_two_models():
