@@ -19,7 +19,8 @@ from .cli_help import (
     MAIN_EXAMPLES, REPORT_EXAMPLES, SWEEP_EXAMPLES, TABLE_EXAMPLES, VALIDATE_EXAMPLES,
 )
 from .errors import Diagnostic, MemspecError, UsageError
-from .memory.optimizers import HF_OPTIM, IMPLS, TYPES
+from .knobs import KNOBS
+from .memory.optimizers import HF_OPTIM, TYPES
 
 # `memspec estimate --fail-if-oom` when the job would not fit; distinct from the error codes
 # 1 (input), 2 (usage) and 3 (bug) so that a scheduler can tell "too big" from "broken".
@@ -29,99 +30,13 @@ EXIT_DOES_NOT_FIT = 4
 FILE_VERBS = ("estimate", "table", "report", "fit", "sweep")
 
 
-def _list(text: str) -> list[str]:
-    return [] if text in ("", "none") else [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _image_size(text: str) -> list[int]:
-    """'448x448' -> [448, 448] (height, width)."""
-    try:
-        h, w = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW in pixels, e.g. 448x448, got {text!r}") from None
-    if h < 1 or w < 1:
-        raise argparse.ArgumentTypeError(f"image height and width must be positive, got {text!r}")
-    return [h, w]
-
-
 def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
-    """The training-setup flags; `skip` leaves out those a verb takes differently (sweep)."""
+    """The training-setup flags (compiler/knobs.py); `skip` leaves out those a verb takes
+    differently (sweep)."""
     g = p.add_argument_group("training setup (override the experiment file)")
-
-    def add(name: str, **kw: Any) -> None:
-        if name not in skip:
-            g.add_argument(name, **kw)
-
-    add("--micro-batch", type=int, metavar="N", help="samples per GPU per step")
-    add("--seq-len", type=int, metavar="N", help="LLM positions per sample, image tokens included")
-    add("--images-per-sample", type=int, metavar="N")
-    add("--videos-per-sample", type=int, metavar="N", help="videos per sample (Qwen2-VL), each of --video-frames frames of --image-size")
-    add("--video-frames", type=int, metavar="N", help="frames sampled per video")
-    add("--image-size", type=_image_size, metavar="HxW", help="input image height x width in pixels (native-resolution towers, Qwen2-VL)")
-    add("--trainable", type=_list, metavar="M,M", help="trainable modules, e.g. projector,language ('none' for none)")
-    add("--precision", choices=["bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"],
-        help="Lightning's names: bf16-mixed / 16-mixed is torch.autocast on fp32 weights, or 16-bit weights with fp32 masters "
-             "when a ZeRO stage (--zero, --deepspeed) is given; bf16-true / 16-true pure 16-bit; 32-true fp32. "
-             "bf16 = bf16-true, fp16-mixed = 16-mixed. Unset: bf16-mixed with fp32 master weights")
-    add("--precision-mode", choices=["autocast", "master-weights"], dest="precision_mode",
-        help="how bf16-mixed / 16-mixed runs when the rule above is not what the job does: autocast (fp32 weights, "
-             "torch.autocast) or master-weights (16-bit weights, fp32 masters: DeepSpeed, Megatron)")
-    add("--optimizer", choices=list(TYPES) + [n for n in HF_OPTIM if n not in TYPES], metavar="NAME",
-        help=f"{', '.join(TYPES)}, or a Hugging Face --optim name ({', '.join(n for n in HF_OPTIM if n not in TYPES)}), "
-             "e.g. --optimizer paged_adamw_8bit")
-    add("--optimizer-impl", choices=list(IMPLS))
-    add("--momentum", type=float, metavar="X", help="SGD momentum (0 for none); Adafactor beta1 (0: no first moment)")
-    add("--weight-decay", type=float, metavar="X", help="weight decay; changes memory only for adam and sgd (coupled: a gradient copy)")
-    add("--param-groups", choices=["one", "trainer"],
-        help="optimizer parameter groups: one (every tensor), or trainer (Hugging Face Trainer's weight-decay and "
-             "no-decay groups; torch steps one group at a time), e.g. --param-groups trainer")
-    add("--gradient-checkpointing", type=_list, metavar="M,M", help="modules whose layers are checkpointed ('none' for none)")
-    add("--attention", choices=["flash_attention_2", "sdpa", "eager"])
-    add("--dp", type=int, metavar="N", help="data-parallel degree")
-    add("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
-    add("--offload-optimizer", choices=["none", "cpu", "nvme"], dest="offload_optimizer",
-        help="DeepSpeed zero_optimization.offload_optimizer.device: fp32 master weights, gradient partition and "
-             "optimizer states in host memory (cpu: ZeRO 1-3; nvme: ZeRO-3), e.g. --zero 2 --offload-optimizer cpu")
-    add("--offload-param", choices=["none", "cpu", "nvme"], dest="offload_param",
-        help="DeepSpeed zero_optimization.offload_param.device (ZeRO-3, with --offload-optimizer): the 16-bit partitions "
-             "in host memory, e.g. --zero 3 --offload-optimizer cpu --offload-param cpu")
-    add("--fsdp", action="store_true", help="PyTorch FSDP2 (fully_shard) over the --dp ranks, e.g. --fsdp --dp 8")
-    add("--fsdp-reshard-after-forward", choices=["true", "false"], dest="fsdp_reshard", help="FSDP2 reshard_after_forward (default true; false keeps every layer gathered until its backward); implies --fsdp")
-    add("--fsdp-reduce-dtype", choices=["fp32", "bf16", "fp16"], dest="fsdp_reduce", help="FSDP2 MixedPrecisionPolicy.reduce_dtype (default fp32); implies --fsdp")
-    add("--tp", type=int, metavar="N", help="Megatron tensor-parallel degree (Llama-style text-only models), e.g. --tp 8")
-    add("--sp", action=argparse.BooleanOptionalAction, default=None, help="Megatron sequence parallelism (with --tp > 1)")
-    add("--pp", type=int, metavar="N", help="pipeline stages (1F1B); the estimate is the first stage's, e.g. --pp 4")
-    add("--loss", choices=["cross_entropy", "fused_linear_cross_entropy"],
-        help="causal-LM loss: transformers' cross-entropy over fp32 logits (default), or Liger's fused linear cross-entropy "
-             "(use_liger_kernel), which never holds the full logits")
-    add("--packing", action=argparse.BooleanOptionalAction, default=None,
-        help="pack the micro-batch into one row of micro-batch x seq-len tokens (DataCollatorWithFlattening; text-only)")
-    add("--activation-offloading", action=argparse.BooleanOptionalAction, default=None, dest="activation_offloading",
-        help="torch.autograd.graph.save_on_cpu around the forward: saved tensors wait in host memory (not with checkpointing)")
-    add("--gpu", metavar="NAME|SIZE", help="GPU from specs/gpus.yaml, e.g. h100-80gb, or its memory as nvidia-smi's memory.total, "
-        "e.g. 24GiB (2^30 bytes) or 80GB (10^9 bytes): say whether it fits")
-    add("--margin", metavar="PCT|SIZE", help="memory a 'fits' verdict keeps free beyond the device figure: a percentage of the GPU "
-        "(5%%) or a size (2GiB); default specs/gpus.yaml device.margin_pct, the estimate's measured error; --margin 0 for none")
-    add("--alloc-conf", metavar="CONF", dest="alloc_conf",
-        help="PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
-             "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True")
-    add("--transformers-version", metavar="X.Y.Z", dest="transformers_version",
-        help="the transformers release the job runs, e.g. 4.46.3: the loss of that release "
-             "(modelled: 4.43 and later, older ones on Llama-style causal LMs; default: the formulas' own, 5.23.0)")
-    add("--lora-r", type=int, metavar="N", help="LoRA (peft) rank on the language model: its base weights freeze")
-    add("--lora-alpha", type=float, metavar="X", help="LoRA alpha (no effect on memory)")
-    add("--lora-dropout", type=float, metavar="P", help="LoRA dropout probability (0 for none)")
-    add("--lora-targets", type=_list, metavar="M,M", help="peft target_modules, e.g. q_proj,v_proj, or all-linear")
-    add("--lora-dora", action="store_const", const=True, help="DoRA (peft use_dora=True), e.g. --lora-r 16 --lora-dora")
-    add("--lora-modules-to-save", type=_list, metavar="M,M", dest="lora_save",
-        help="peft modules_to_save: a trained copy of each module whose name ends with one, beside its frozen original "
-             "('none' for none), e.g. --lora-modules-to-save lm_head,embed_tokens or multi_modal_projector")
-    add("--lora-bias", choices=["none", "all", "lora_only"],
-        help="peft bias: 'all' trains every bias of the model (frozen towers included), 'lora_only' those of the adapted layers, "
-             "e.g. --lora-r 16 --lora-bias all")
-    add("--quantization", type=int, choices=[4, 8, 16], metavar="BITS", help="bitsandbytes weights of the language model's linear layers: 4 (QLoRA, NF4/FP4) or 8 (LLM.int8()), e.g. --quantization 4 --double-quant --lora-r 64")
-    add("--quant-type", choices=["nf4", "fp4"], help="4-bit data type (same memory)")
-    add("--double-quant", action="store_const", const=True, help="bnb_4bit_use_double_quant: 8-bit absmax")
+    for knob in KNOBS:
+        if knob.flag not in skip:
+            knob.add_to(g)
     r = p.add_argument_group("read what you already have")
     r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2, offload_optimizer and offload_param to cpu or nvme under ZeRO-3")
     r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
@@ -153,11 +68,9 @@ def _count_bounds() -> dict[str, tuple[int, int | None]]:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames", "image_size", "trainable", "precision", "precision_mode", "gradient_checkpointing", "attention", "dp", "zero", "tp", "sp", "pp", "gpu", "loss", "packing", "activation_offloading",
-                "offload_optimizer", "offload_param", "alloc_conf", "margin"):
-        value = getattr(args, key, None)
-        if value is not None:
-            out[key] = value
+    for knob in KNOBS:
+        if knob.key is not None and getattr(args, knob.attribute, None) is not None:
+            out[knob.key] = getattr(args, knob.attribute)
     for key, (low, high) in _count_bounds().items():
         if key in out and not low <= out[key] <= (high if high is not None else out[key]):
             bounds = f">= {low}" if high is None else f"between {low} and {high:,}"
@@ -192,7 +105,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             opt["weight_decay"] = args.weight_decay
         out["optimizer"] = opt
     if getattr(args, "param_groups", None):
-        out["param_groups"] = args.param_groups
+        out["param_groups"] = args.param_groups  # NB: resolve sets it in whichever optimizer block applies
     return out
 
 
@@ -204,13 +117,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\nsee '{self.prog} --help' for the options and examples\n")
 
 
-def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The command line's parser. With `argv`, `measure`'s own flags are added only when
-    `argv` names it: the measuring side's imports stay out of every other command's start."""
-    p = _Parser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
-                                epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="command")
-
+def _setup_verbs(sub) -> None:
+    """The verbs that take a training setup: estimate, table, report, import, fit, sweep."""
     e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("file", nargs="?", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
     _knobs(e)
@@ -256,6 +164,16 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     w.add_argument("--force", action="store_true", help="replace existing output files (-o, --svg)")
     w.add_argument("--x", metavar="KNOB", help="the chart's x axis, e.g. seq-len (default: the first knob, in the order listed below, with two or more values)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. With `argv`, `measure`'s own flags are added only when
+    `argv` names it: the measuring side's imports stay out of every other command's start."""
+    p = _Parser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
+                                epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    _setup_verbs(sub)
 
     d = sub.add_parser("diff", help="what a change to formulas, specs or the compiler does to every checked-in case", epilog=DIFF_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--base", metavar="REV", help="the revision to compare with (default: the merge-base of HEAD and main, else origin/main, else HEAD)")

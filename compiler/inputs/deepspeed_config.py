@@ -123,13 +123,35 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         raise MemspecError(doc.diag("E801", "$", "a DeepSpeed config is a JSON object", "see https://www.deepspeed.ai/docs/config-json/"))
     flat = _flatten(doc.data)
     problems: list[Diagnostic] = []
-    ds: dict[str, Any] = {}
     out: dict[str, Any] = {}
 
     def bad(key: str, message: str, help: str, code: str = "E801") -> None:
         problems.append(doc.diag(code, _json_path(key), message, help))
 
-    used = set()
+    used: set[str] = set()
+    ds = _zero_optimization(flat, used, bad)
+    precision, seen = _precision(flat, used, bad)
+    if precision:
+        out["precision"] = precision
+    if "train_micro_batch_size_per_gpu" in flat:
+        used.add("train_micro_batch_size_per_gpu")
+        mb = flat["train_micro_batch_size_per_gpu"]
+        if mb != "auto":
+            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+                bad("train_micro_batch_size_per_gpu", f"expected a positive integer or \"auto\", got {mb!r}", "write \"auto\" to follow --per_device_train_batch_size, or a number")
+            else:
+                out["micro_batch"] = mb
+    problems += _mismatches(doc, out, explicit or {})
+    if problems:
+        raise MemspecError(problems)
+    out["deepspeed"] = ds
+    return Reading(out, _ds_notes(path, flat, used | seen))
+
+
+def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str, Any]:
+    """The config's DeepSpeed keys the estimate reads (the ZeRO stage, its overlap, buckets and
+    offloads, the communication dtype), each key read added to `used`, problems to `bad`."""
+    ds: dict[str, Any] = {}
     # NB: the config replaces the experiment's DeepSpeed keys as a whole; without a stage,
     # DeepSpeed's default, 0 (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig.stage)
     stage = flat.get("zero_optimization.stage", 0)
@@ -182,22 +204,7 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         elif value is not None:
             bad("communication_data_type", f"expected one of {', '.join(COMM_DTYPES)}, got {value!r}",
                 "write \"communication_data_type\": \"fp32\", or leave it out to reduce gradients in their own dtype")
-    precision, seen = _precision(flat, used, bad)
-    if precision:
-        out["precision"] = precision
-    if "train_micro_batch_size_per_gpu" in flat:
-        used.add("train_micro_batch_size_per_gpu")
-        mb = flat["train_micro_batch_size_per_gpu"]
-        if mb != "auto":
-            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-                bad("train_micro_batch_size_per_gpu", f"expected a positive integer or \"auto\", got {mb!r}", "write \"auto\" to follow --per_device_train_batch_size, or a number")
-            else:
-                out["micro_batch"] = mb
-    problems += _mismatches(doc, out, explicit or {})
-    if problems:
-        raise MemspecError(problems)
-    out["deepspeed"] = ds
-    return Reading(out, _ds_notes(path, flat, used | seen))
+    return ds
 
 
 def _offload(value: Any, dotted: str, bad, stage: int, optimizer: bool) -> str | None:
