@@ -386,6 +386,25 @@ def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return out
 
 
+def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """GlmForCausalLM / Glm4ForCausalLM: q, k and v with bias (attention_bias), o_proj without,
+    one gate_up_proj; Glm4 adds post_self_attn_layernorm and post_mlp_layernorm to every layer."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv, hd = c["num_key_value_heads"], c["head_dim"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", dtype, [h]))
+        for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [rows, h]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
+        out += [(p + "self_attn.o_proj.weight", dtype, [h, nh * hd]), (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
+        if c["model_type"] == "glm4":
+            out += [(p + "post_self_attn_layernorm.weight", dtype, [h]), (p + "post_mlp_layernorm.weight", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -782,6 +801,24 @@ FALCON_40B = {
     "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
     "vocab_size": 65024,
 }
+# THUDM/glm-4-9b-chat-hf and THUDM/GLM-4-9B-0414, config.json as of the repos' main
+# (transformers-native "glm" and "glm4"; bf16 weights in 4 shards).
+GLM_4_9B_CHAT_HF = {
+    "architectures": ["GlmForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 131072, "model_type": "glm",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.46.0", "use_cache": True, "vocab_size": 151552,
+}
+GLM_4_9B_0414 = {
+    "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 32768, "model_type": "glm4",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.3", "use_cache": True, "vocab_size": 151552,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -821,6 +858,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
+    write_checkpoint(FIXTURES / "glm-4-9b-chat-hf", GLM_4_9B_CHAT_HF, glm_tensors(GLM_4_9B_CHAT_HF), shards=4)
+    write_checkpoint(FIXTURES / "GLM-4-9B-0414", GLM_4_9B_0414, glm_tensors(GLM_4_9B_0414), shards=4)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
