@@ -127,3 +127,43 @@ def test_glm4_post_norms():
     for norm in ("post_self_attn_layernorm", "post_mlp_layernorm"):
         assert rows[f"{layer}.{norm}[0]"].parameters == 4096 * 2
         assert rows[f"{layer}.{norm}[0]"].activations == 2048 * 4096 * (4 + 2) + 2048 * 4
+
+
+# The remote-code ChatGLM checkpoints (model_type chatglm), imported onto GLM's formulas:
+# estimates only (the tracer cannot build remote code). The arithmetic is in tests/test_import.py.
+CHATGLM = [
+    ("glm-4-9b-chat", ROOT / "specs/chatglm/glm-4-9b-chat.yaml", 9_399_951_360),
+    ("chatglm3-6b", ROOT / "specs/chatglm/chatglm3-6b.yaml", 6_243_584_000),
+]
+
+
+@pytest.mark.parametrize("fixture, spec, parameters", CHATGLM)
+def test_chatglm_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
+    test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters)
+
+
+def test_chatglm_is_glm_hf_with_the_remote_codes_differences():
+    """GLM-4-9B-chat and GLM-4-9B-chat-hf hold the same weights; at batch 1, seq 2048, trained,
+    sdpa, the remote code's layer keeps more: k and v copied out to all 32 heads (2 x 30 heads x
+    2048 x 128 x 2 bytes over the 2 key-value heads) and, per RMSNorm, the 16-bit input and an
+    fp32 (not 16-bit) normed product (2 x 2048 x 4096 x (2 + 2) bytes per layer)."""
+    remote = api.estimate(str(ROOT / "specs/chatglm/glm-4-9b-chat.yaml"), micro_batch=1, seq_len=2048)
+    port = api.estimate(str(GLM), micro_batch=1, seq_len=2048)
+    assert sum(r.parameters or 0 for r in remote.rows) == sum(r.parameters or 0 for r in port.rows)
+    layer = {r.path: r for r in remote.rows}
+    hf_layer = {r.path: r for r in port.rows}
+    core = layer["language.layers[0:40].self_attention.core"].activations
+    assert core - hf_layer["language.layers[0:40].self_attn.core"].activations == 2 * 30 * 2048 * 128 * 2
+    norm = layer["language.layers[0:40].input_layernorm"].activations
+    assert norm - hf_layer["language.layers[0:40].input_layernorm"].activations == 2048 * 4096 * (2 + 2)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"add_bias_linear": True}, "add_bias_linear"),
+    ({"pre_seq_len": 128}, "P-Tuning"),
+    ({"quantization_bit": 4}, "quantization_bit"),
+    ({"apply_residual_connection_post_layernorm": True}, "pre-norm"),
+])
+def test_chatglm_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "chatglm3-6b", **change)
+    assert "E713" in message and words in message
