@@ -386,6 +386,45 @@ def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return out
 
 
+def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """GlmForCausalLM / Glm4ForCausalLM: q, k and v with bias (attention_bias), o_proj without,
+    one gate_up_proj; Glm4 adds post_self_attn_layernorm and post_mlp_layernorm to every layer."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv, hd = c["num_key_value_heads"], c["head_dim"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", dtype, [h]))
+        for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [rows, h]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
+        out += [(p + "self_attn.o_proj.weight", dtype, [h, nh * hd]), (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
+        if c["model_type"] == "glm4":
+            out += [(p + "post_self_attn_layernorm.weight", dtype, [h]), (p + "post_mlp_layernorm.weight", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
+def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """The remote-code ChatGLM checkpoints (ChatGLM2 / ChatGLM3, GLM-4-9B-chat): transformer.embedding,
+    per layer one query_key_value of (heads + 2 groups) x kv_channels rows with bias, dense, one
+    dense_h_to_4h of 2 x ffn_hidden_size rows and dense_4h_to_h; the RoPE inv_freq buffer is saved."""
+    h, inter, nh, hd = c["hidden_size"], c["ffn_hidden_size"], c["num_attention_heads"], c["kv_channels"]
+    g = c["multi_query_group_num"] if c.get("multi_query_attention") else nh
+    out = [("transformer.embedding.word_embeddings.weight", dtype, [c["padded_vocab_size"], h]),
+           ("transformer.rotary_pos_emb.inv_freq", dtype, [hd // 4])]
+    for i in range(c["num_layers"]):
+        p = f"transformer.encoder.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]),
+                (p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
+                (p + "self_attention.query_key_value.bias", dtype, [(nh + 2 * g) * hd]),
+                (p + "self_attention.dense.weight", dtype, [h, nh * hd]),
+                (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.dense_h_to_4h.weight", dtype, [2 * inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
+    out += [("transformer.encoder.final_layernorm.weight", dtype, [h]), ("transformer.output_layer.weight", dtype, [c["padded_vocab_size"], h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -782,6 +821,49 @@ FALCON_40B = {
     "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
     "vocab_size": 65024,
 }
+# THUDM/glm-4-9b-chat-hf and THUDM/GLM-4-9B-0414, config.json as of the repos' main
+# (transformers-native "glm" and "glm4"; bf16 weights in 4 shards).
+GLM_4_9B_CHAT_HF = {
+    "architectures": ["GlmForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 131072, "model_type": "glm",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.46.0", "use_cache": True, "vocab_size": 151552,
+}
+GLM_4_9B_0414 = {
+    "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 32768, "model_type": "glm4",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.3", "use_cache": True, "vocab_size": 151552,
+}
+# THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
+# of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
+CHATGLM3_6B = {
+    "_name_or_path": "THUDM/chatglm3-6b", "model_type": "chatglm", "architectures": ["ChatGLMModel"],
+    "add_bias_linear": False, "add_qkv_bias": True, "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0, "attention_softmax_in_fp32": True,
+    "bias_dropout_fusion": True, "ffn_hidden_size": 13696, "fp32_residual_connection": False, "hidden_dropout": 0.0,
+    "hidden_size": 4096, "kv_channels": 128, "layernorm_epsilon": 1e-05, "multi_query_attention": True,
+    "multi_query_group_num": 2, "num_attention_heads": 32, "num_layers": 28, "original_rope": True,
+    "padded_vocab_size": 65024, "post_layer_norm": True, "rmsnorm": True, "seq_length": 8192, "use_cache": True,
+    "torch_dtype": "float16", "transformers_version": "4.30.2", "tie_word_embeddings": False, "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+GLM_4_9B_CHAT = {
+    "_name_or_path": "THUDM/glm-4-9b-chat", "model_type": "chatglm", "architectures": ["ChatGLMModel"],
+    "add_bias_linear": False, "add_qkv_bias": True, "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0, "attention_softmax_in_fp32": True,
+    "attn_implementation": "sdpa", "bias_dropout_fusion": True, "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False, "hidden_dropout": 0.0, "hidden_size": 4096, "kv_channels": 128,
+    "layernorm_epsilon": 1.5625e-07, "multi_query_attention": True, "multi_query_group_num": 2,
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_layers": 40, "rope_ratio": 500, "original_rope": True,
+    "padded_vocab_size": 151552, "post_layer_norm": True, "rmsnorm": True, "seq_length": 131072, "use_cache": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "tie_word_embeddings": False,
+    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -821,6 +903,10 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
+    write_checkpoint(FIXTURES / "glm-4-9b-chat-hf", GLM_4_9B_CHAT_HF, glm_tensors(GLM_4_9B_CHAT_HF), shards=4)
+    write_checkpoint(FIXTURES / "GLM-4-9B-0414", GLM_4_9B_0414, glm_tensors(GLM_4_9B_0414), shards=4)
+    write_checkpoint(FIXTURES / "chatglm3-6b", CHATGLM3_6B, chatglm_tensors(CHATGLM3_6B, dtype="F16"), shards=7)
+    write_checkpoint(FIXTURES / "glm-4-9b-chat", GLM_4_9B_CHAT, chatglm_tensors(GLM_4_9B_CHAT), shards=10)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -89,6 +89,18 @@ def _error(fn, *args, **kwargs) -> str:
         # Phi-1.5: 24 * 50_354_176 layers (q, k, v, dense 4 * (2048^2 + 2048), fc1 8192 x 2048 + 8192,
         # fc2 2048 x 8192 + 2048, LayerNorm 4096) + 104_857_600 + 4096 + 104_857_600 + 51_200
         ("phi-1_5", {"language": 1_418_270_720}),
+        # GLM-4-9B-hf (glm): 40 * 203_960_832 layers (q 4096^2 + 4096, k, v 256 x 4096 + 256 each, o
+        # 4096^2, gate_up_proj 27392 x 4096, down 4096 x 13696, norms 2 * 4096) + embed_tokens and
+        # lm_head 2 * 620_756_992 (vocab 151552) + norm 4096 = 9_399_951_360, the published 9.4B
+        ("glm-4-9b-chat-hf", {"language": 9_399_951_360}),
+        # GLM-4-9B-0414 (glm4): the same + post_self_attn_layernorm and post_mlp_layernorm 40 * 2 * 4096
+        ("GLM-4-9B-0414", {"language": 9_400_279_040}),
+        # GLM-4-9B-chat (chatglm, remote code): GLM-4-9B-hf's weights, query_key_value (32 + 2 * 2)
+        # * 128 = 4608 x 4096 + 4608 in one tensor; rotary_pos_emb.inv_freq left out (a buffer)
+        ("glm-4-9b-chat", {"language": 9_399_951_360}),
+        # ChatGLM3-6B: 28 * 203_960_832 layers (as GLM-4-9B's) + word_embeddings and output_layer
+        # 2 * 266_338_304 (padded vocab 65024) + final_layernorm 4096 = 6_243_584_000, the published 6.24B
+        ("chatglm3-6b", {"language": 6_243_584_000}),
         # Falcon-40B (falcon, new decoder architecture): 60 * 679_510_016 layers (query_key_value
         # (128 + 2 * 8) * 64 = 9216 x 8192, dense 8192^2, dense_h_to_4h and dense_4h_to_h
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table

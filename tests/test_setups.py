@@ -37,8 +37,12 @@ CODES = {"pack": "E316", "offload": "E316", "fused": "E317", "tp": "E318", "sp":
 # every vision tower list no tp / sp / pp; towers and projectors list the fused loss, which
 # does not change them, and run on no rows of a text-only batch.
 ALLOWED = {
+    "chatglm/chatglm3-6b.yaml": "",  # the remote-code ChatGLM: estimates for plain steps only
+    "chatglm/glm-4-9b-chat.yaml": "",
     "falcon/falcon-40b.yaml": "",  # GPT-NeoX, Phi and Falcon: measured on plain steps only
     "gemma/gemma-2b.yaml": "",
+    "glm/glm-4-9b-chat-hf.yaml": "",  # GLM and GLM-4-0414: measured on plain steps only
+    "glm4/glm-4-9b-0414.yaml": "",
     "gemma2/gemma-2-2b.yaml": "",
     "gemma2/gemma-2-9b.yaml": "",
     "gemma3/gemma-3-1b-pt.yaml": "",
