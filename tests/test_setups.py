@@ -37,6 +37,7 @@ CODES = {"pack": "E316", "offload": "E316", "fused": "E317", "tp": "E318", "sp":
 # every vision tower list no tp / sp / pp; towers and projectors list the fused loss, which
 # does not change them, and run on no rows of a text-only batch.
 ALLOWED = {
+    "deepseek_vl/deepseek-vl-1.3b-chat.yaml": "pack offload fused",
     "falcon/falcon-40b.yaml": "",  # GPT-NeoX, Phi and Falcon: measured on plain steps only
     "gemma/gemma-2b.yaml": "",
     "gemma2/gemma-2-2b.yaml": "",
