@@ -298,6 +298,31 @@ def idefics3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
             + llama_tensors(t, prefix="model.text_model.", dtype=dtype))
 
 
+def deepseek_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """DeepSeek-VL (DeepseekVLForConditionalGeneration) in the -hf conversions' layout:
+    model.vision_model.vision_model.* (SiglipVisionModel with its attention-pooling head, which
+    the original timm tower carried as attn_pool), model.aligner.linear1 / linear2 (with bias),
+    model.language_model.* (Llama) and lm_head (untied)."""
+    t, v = c["text_config"], c["vision_config"]
+    h, inter = v["hidden_size"], v["intermediate_size"]
+    head = "model.vision_model.vision_model.head."
+    pooling = [
+        (head + "probe", dtype, [1, 1, h]),
+        (head + "attention.in_proj_weight", dtype, [3 * h, h]), (head + "attention.in_proj_bias", dtype, [3 * h]),
+        (head + "attention.out_proj.weight", dtype, [h, h]), (head + "attention.out_proj.bias", dtype, [h]),
+        (head + "layernorm.weight", dtype, [h]), (head + "layernorm.bias", dtype, [h]),
+        (head + "mlp.fc1.weight", dtype, [inter, h]), (head + "mlp.fc1.bias", dtype, [inter]),
+        (head + "mlp.fc2.weight", dtype, [h, inter]), (head + "mlp.fc2.bias", dtype, [h]),
+    ]
+    aligner = [
+        ("model.aligner.linear1.weight", dtype, [t["hidden_size"], h]), ("model.aligner.linear1.bias", dtype, [t["hidden_size"]]),
+        ("model.aligner.linear2.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
+        ("model.aligner.linear2.bias", dtype, [t["hidden_size"]]),
+    ]
+    return (siglip_tensors(v, "model.vision_model.vision_model.", dtype) + pooling + aligner
+            + llama_tensors(t, prefix="model.language_model.", dtype=dtype))
+
+
 def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """InternLM2 / InternLM2.5 (remote code InternLM2ForCausalLM): model.tok_embeddings, per layer
     attention.wqkv ([(heads + 2 kv heads) x head_dim, hidden]) and attention.wo, feed_forward.w1 / w3 / w2,
@@ -864,6 +889,32 @@ GLM_4_9B_CHAT = {
     "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "tie_word_embeddings": False,
     "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
 }
+# deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
+# deepseek-ai/deepseek-vl-1.3b-chat; one bfloat16 shard). NB reconstructed, not copied: the keys
+# memory depends on, with the values of the published model (SigLIP-L/16 at 384 px: 24 layers of
+# 1024, 16 heads, MLP 4096, 576 patches, the attention-pooling head kept as the original tower's
+# attn_pool; the aligner's two linears 1024 -> 2048 -> 2048; DeepSeek-LLM-1.3B: 24 layers of
+# 2048, 16 heads, MLP 5632, vocabulary 102400, lm_head untied). 1,975,235,584 parameters.
+DEEPSEEK_VL_1_3B_CHAT = {
+    "architectures": ["DeepseekVLForConditionalGeneration"], "image_token_id": 100015, "model_type": "deepseek_vl",
+    "text_config": {
+        "bos_token_id": 100000, "eos_token_id": 100001, "hidden_size": 2048, "intermediate_size": 5632,
+        "max_position_embeddings": 16384, "model_type": "llama", "num_attention_heads": 16, "num_hidden_layers": 24,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "vocab_size": 102400,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.56.0.dev0",
+    "vision_config": {
+        "hidden_size": 1024, "image_size": 384, "intermediate_size": 4096, "model_type": "siglip_vision_model",
+        "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 16,
+    },
+}
+DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
+    "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "DeepseekVLImageProcessorFast", "image_std": [0.5, 0.5, 0.5], "min_size": 14,
+    "processor_class": "DeepseekVLProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "size": {"height": 384, "width": 384},
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -899,6 +950,8 @@ def write_all() -> None:
                      processor=SMOLVLM2_500M_PROCESSOR)
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
+    write_checkpoint(FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT),
+                     processor=DEEPSEEK_VL_1_3B_CHAT_PROCESSOR)
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))

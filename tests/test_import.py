@@ -169,6 +169,14 @@ def _error(fn, *args, **kwargs) -> str:
         # (32 * 9_832_320 layers: q, o 960^2, k, v 320 x 960, MLP 3 * 960 * 2560, two norms;
         # untied embeddings and lm_head 2 * 47_308_800; norm 960)
         ("SmolVLM2-500M-Video-Instruct", {"vision": 86_433_024, "projector": 11_796_480, "language": 409_252_800}),
+        # DeepSeek-VL-1.3B-chat (deepseek_vl): SigLIP-L/16 at 384 (patch conv 3 * 16 * 16 * 1024 + 1024
+        # = 787_456, positions 576 * 1024 = 589_824, 24 * 12_596_224 layers, post-LN 2048, and the
+        # attention-pooling head 12_595_200: probe 1024, in_proj 3 * 1024^2 + 3072, out_proj
+        # 1024^2 + 1024, LN 2048, MLP 2 * 1024 * 4096 + 4096 + 1024), aligner 1024 * 2048 + 2048
+        # + 2048^2 + 2048, DeepSeek-LLM-1.3B with vocab 102400 (24 * 51_384_320 layers: q, k, v, o
+        # 2048^2, MLP 3 * 2048 * 5632, two norms; untied embeddings and lm_head 2 * 209_715_200;
+        # norm 2048): 1,975,235,584 in all
+        ("deepseek-vl-1.3b-chat", {"vision": 316_283_904, "projector": 6_295_552, "language": 1_652_656_128}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
