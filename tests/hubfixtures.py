@@ -845,6 +845,9 @@ def write_all() -> None:
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, llava_next_tensors(config), shards=4 if "mistral" in name else 3, processor=processor)
+    hf = ROOT / "specs" / "llava_next_video" / "hf" / "llava-next-video-7b"
+    config = json.loads((hf / "config.json").read_text())
+    write_checkpoint(FIXTURES / "LLaVA-NeXT-Video-7B-hf", config, llava_next_tensors(config, "BF16"), shards=3)
     for name, folder, shards in (("llava-onevision-qwen2-0.5b-ov-hf", "llava-onevision-qwen2-0.5b-ov", 1),
                                  ("llava-onevision-qwen2-7b-ov-hf", "llava-onevision-qwen2-7b-ov", 4)):
         hf = ROOT / "specs" / "llava_onevision" / "hf" / folder

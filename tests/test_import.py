@@ -134,6 +134,9 @@ def _error(fn, *args, **kwargs) -> str:
         # norms 2 * 3584) + 2 * 545_226_752 (vocab 152128: 152064 + 3, padded to 64) + norm 3584
         # = 7_616_075_264; 8_030_807_584 in all, the published 8.03B
         ("llava-onevision-qwen2-7b-ov-hf", {"vision": 397_747_744, "projector": 16_984_576, "language": 7_616_075_264}),
+        # LLaVA-NeXT-Video-7B: llava-v1.6-vicuna-7b's modules (the average-pooling resampler has no
+        # weights); 7_063_431_168 in all, the published 7.06B
+        ("LLaVA-NeXT-Video-7B-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
         # Gemma-2-2B: 26 * 77_865_984 layers (q, o 2304 x 2048, k, v 2304 x 1024, MLP
         # 3 * 2304 * 9216, four norms 4 * 2304) + one tied 589_824_000 table (256000 x 2304) + norm 2304
         ("gemma-2-2b", {"language": 2_614_341_888}),

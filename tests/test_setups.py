@@ -58,6 +58,7 @@ ALLOWED = {
     "llava/llava-1.5-7b.yaml": "pack offload fused",
     "llava_next/llava-v1.6-mistral-7b.yaml": "pack offload fused",
     "llava_next/llava-v1.6-vicuna-7b.yaml": "pack offload fused",
+    "llava_next_video/llava-next-video-7b.yaml": "pack offload fused",
     "llava_onevision/llava-onevision-qwen2-0.5b-ov.yaml": "pack offload fused",
     "llava_onevision/llava-onevision-qwen2-7b-ov.yaml": "pack offload fused",
     "mistral/mistral-7b-v0.1.yaml": "pack offload fused tp sp pp",
