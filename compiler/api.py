@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from . import checked
 from .errors import Diagnostic, MemspecError
 from .pipeline.evaluate import Node, Row, evaluate, layer_table
-from .pipeline.expand import expand, image_merge
+from .pipeline.expand import expand, image_merge, merged_positions
 from .library.formula import Library, load_library
 from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py reads api.load_yaml in every revision)
 from .paths import display, formulas_dir
@@ -191,9 +191,8 @@ def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
     """The LLM positions the images of one sample take, as the formulas count them at the
     experiment's image size (image_merge: images x tokens per image); None without a merge."""
     for n in nodes:
-        inst = image_merge(n.inst)
-        if inst is not None:
-            return inst.scope["images"] * inst.scope["image_tokens"]
+        if image_merge(n.inst) is not None:
+            return sum(items * tokens for items, tokens in merged_positions(n.inst))
     return None
 
 

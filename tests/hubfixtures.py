@@ -249,6 +249,23 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return language + projector + out
 
 
+def llava_onevision_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """llava-hf's llava-onevision checkpoints: language_model.model.* (Qwen2; the 0.5B ties its
+    head, so no language_model.lm_head), the projector, SigLIP (no head, post_layernorm kept)
+    as vision_tower.vision_model.*, and the image_newline [hidden]."""
+    t, v = c["text_config"], c["vision_config"]
+    head = None if t.get("tie_word_embeddings") else "language_model.lm_head.weight"
+    projector = [
+        ("multi_modal_projector.linear_1.weight", dtype, [t["hidden_size"], v["hidden_size"]]),
+        ("multi_modal_projector.linear_1.bias", dtype, [t["hidden_size"]]),
+        ("multi_modal_projector.linear_2.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
+        ("multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
+    ]
+    language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
+    return (language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
+            + [("image_newline", dtype, [t["hidden_size"]])])
+
+
 def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Gemma / Gemma 2 / Gemma 3 text decoders: Llama's projections, tied embeddings (no
     lm_head tensor); Gemma 2 and 3 add pre/post feed-forward norms, Gemma 3 the per-head q/k
@@ -967,6 +984,15 @@ def write_all() -> None:
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, llava_next_tensors(config), shards=4 if "mistral" in name else 3, processor=processor)
+    hf = ROOT / "specs" / "llava_next_video" / "hf" / "llava-next-video-7b"
+    config = json.loads((hf / "config.json").read_text())
+    write_checkpoint(FIXTURES / "LLaVA-NeXT-Video-7B-hf", config, llava_next_tensors(config, "BF16"), shards=3)
+    for name, folder, shards in (("llava-onevision-qwen2-0.5b-ov-hf", "llava-onevision-qwen2-0.5b-ov", 1),
+                                 ("llava-onevision-qwen2-7b-ov-hf", "llava-onevision-qwen2-7b-ov", 4)):
+        hf = ROOT / "specs" / "llava_onevision" / "hf" / folder
+        config = json.loads((hf / "config.json").read_text())
+        processor = json.loads((hf / "preprocessor_config.json").read_text())
+        write_checkpoint(FIXTURES / name, config, llava_onevision_tensors(config), shards=shards, processor=processor)
     for name, folder in (("Qwen2-VL-7B-Instruct", "qwen2-vl-7b-instruct"), ("Qwen2.5-VL-7B-Instruct", "qwen2.5-vl-7b-instruct")):
         hf = ROOT / "specs" / "qwen2_vl" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())

@@ -133,6 +133,22 @@ def _error(fn, *args, **kwargs) -> str:
         ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
         # Mistral-7B's 7_241_732_096 with vocab 32064: + 2 * 64 * 4096 = 524_288
         ("llava-v1.6-mistral-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 7_242_256_384}),
+        # LLaVA-OneVision: SigLIP so400m/14 at 384 without its last layer, 26 * 15_239_504 layers
+        # + patch 3 * 14 * 14 * 1152 + 1152 = 678_528 + positions 729 * 1152 = 839_808 + post-LN
+        # 2304; projector 1152 x h + h + h x h + h, plus image_newline [h]; Qwen2 with q, k, v biases
+        # 0.5B: projector 1_032_192 + 896 + 802_816 + 896 + 896; Qwen2-0.5B 24 * 14_912_384 layers
+        # (q, o 896^2, k, v 128 x 896, biases 896 + 2 * 128, MLP 3 * 896 * 4864, norms 2 * 896)
+        # + one tied 136_192_000 table (vocab 152000: Qwen2's 151936 + 3 tokens, padded to 64)
+        # + norm 896 = 494_090_112; 893_675_552 in all, the published 894M
+        ("llava-onevision-qwen2-0.5b-ov-hf", {"vision": 397_747_744, "projector": 1_837_696, "language": 494_090_112}),
+        # 7B: projector 4_128_768 + 3584 + 12_845_056 + 3584 + 3584; Qwen2-7B 28 * 233_057_792
+        # layers (q, o 3584^2, k, v 512 x 3584, biases 3584 + 2 * 512, MLP 3 * 3584 * 18944,
+        # norms 2 * 3584) + 2 * 545_226_752 (vocab 152128: 152064 + 3, padded to 64) + norm 3584
+        # = 7_616_075_264; 8_030_807_584 in all, the published 8.03B
+        ("llava-onevision-qwen2-7b-ov-hf", {"vision": 397_747_744, "projector": 16_984_576, "language": 7_616_075_264}),
+        # LLaVA-NeXT-Video-7B: llava-v1.6-vicuna-7b's modules (the average-pooling resampler has no
+        # weights); 7_063_431_168 in all, the published 7.06B
+        ("LLaVA-NeXT-Video-7B-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
         # Gemma-2-2B: 26 * 77_865_984 layers (q, o 2304 x 2048, k, v 2304 x 1024, MLP
         # 3 * 2304 * 9216, four norms 4 * 2304) + one tied 589_824_000 table (256000 x 2304) + norm 2304
         ("gemma-2-2b", {"language": 2_614_341_888}),

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 
@@ -17,7 +18,16 @@ def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2}
+def _floordiv_sqrt(a: int, n: int, d: int) -> int:
+    """int(a // math.sqrt(n / d)), in double precision as Python computes it: LLaVA-OneVision's
+    anyres_max downscale (pack_image_features, _get_unpadded_features) divides a feature side
+    by that ratio, and where a / sqrt(n / d) is a whole number the float result is that
+    number or one less, which no integer expression reproduces."""
+    return int(a // math.sqrt(n / d))
+
+
+FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2,
+                                              "floordiv_sqrt": _floordiv_sqrt}
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
 # any byte count, and the bound keeps an expression's evaluation instant.

@@ -56,7 +56,10 @@ CONTEXT_NAMES = frozenset(
         "grad_flows",  # trainable or grad_in: autograd records this row
         "bytes",  # element sizes, see BYTES_KEYS
         "attention",  # attention implementation: flash_attention_2 | sdpa | eager
-        "images",  # images per sample
+        "images",  # images per sample (and each video's temporal patches: vision_items)
+        "videos",  # videos per sample
+        "video_frames",  # frames per video (0 without videos)
+        "micro_batch",  # samples per micro-batch
         "image_h",  # input image height in pixels (native-resolution towers; 0 when none applies)
         "image_w",  # input image width in pixels
         "grid_rows",  # anyres tiling (LLaVA-NeXT): rows of tiles of the image's grid pinpoint; 0 without

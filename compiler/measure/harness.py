@@ -227,7 +227,8 @@ def apply_lora(model, exp: dict, groups: dict):
     for name in exp["trainable"]:
         if name not in lora["modules"]:
             for module in groups[name]:
-                for p in module.parameters():
+                # NB: a group may name a bare parameter (LLaVA-NeXT's image_newline)
+                for p in module.parameters() if isinstance(module, torch.nn.Module) else (module,):
                     if id(p) not in originals:
                         p.requires_grad_(True)
     return peft_model

@@ -91,6 +91,9 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "bytes": dict(setup.bytes),
         "attention": setup.attention,
         "images": setup.vision_items,
+        "videos": setup.videos_per_sample,
+        "video_frames": setup.video_frames,
+        "micro_batch": setup.micro_batch,
         "image_h": setup.image_hw[0],
         "image_w": setup.image_hw[1],
         "grid_rows": setup.grid[0],
@@ -115,7 +118,8 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
     # NB: a video is its temporal patches, each read by the tower as an image of its frame size
     return {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.vision_items,
             "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
-            "grid_rows": setup.grid[0], "grid_cols": setup.grid[1]}
+            "grid_rows": setup.grid[0], "grid_cols": setup.grid[1],
+            "videos_per_sample": setup.videos_per_sample, "video_frames": setup.video_frames}
 
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
@@ -196,6 +200,18 @@ def image_merge(root: Instance) -> Instance | None:
     return next((inst for inst in root.walk() if inst.formula.layer_type == "image_merge"), None)
 
 
+def merged_items(inst: Instance) -> tuple[int, int]:
+    """(items per sample, LLM positions each) of an image merge: its `items` input, or the
+    images when it leaves that out (LLaVA-NeXT-Video merges its video frames apart)."""
+    items = inst.scope["items"]
+    return (inst.scope["images"] if items < 0 else items), inst.scope["image_tokens"]
+
+
+def merged_positions(root: Instance) -> list[tuple[int, int]]:
+    """merged_items of every image merge under `root` (images, then video frames)."""
+    return [merged_items(inst) for inst in root.walk() if inst.formula.layer_type == "image_merge"]
+
+
 Span = tuple[int, int, int]  # (root index, first child, end child): a run of a root's children
 
 
@@ -235,12 +251,14 @@ def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
     inst = image_merge(root)
     if inst is None:
         return None
-    need = inst.scope["images"] * inst.scope["image_tokens"]
+    merges = merged_positions(root)
+    need = sum(n * t for n, t in merges)
     if need <= inst.scope["seq"]:
         return None
     size = f" at image size {setup.image_hw[0]} x {setup.image_hw[1]}" if setup.image_size else ""
+    terms = " + ".join(f"{n} x {t}" for n, t in merges if n)
     return (f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold "
-            f"({inst.scope['images']} x {inst.scope['image_tokens']} = {need}{size})")
+            f"({terms} = {need}{size})")
 
 
 def _grad_out(inst: Instance) -> bool:

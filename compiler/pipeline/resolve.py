@@ -233,7 +233,9 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
                  "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
     # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
     # another size has its token count in the formulas only, so the check needs the default.
-    if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size:
+    # NB: a tiled spec's images take more than the base image's tokens: the formulas' count
+    # (E723) checks them at every size, LLaVA-NeXT-Video's frames at their pooled count
+    if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size and spec.anyres is None:
         # NB: videos on a model that takes none are refused above (E327), not counted here
         items = vision_items(data["images_per_sample"], data["videos_per_sample"] if spec.video_temporal_patch else 0,
                              data.get("video_frames") or 0, spec.video_temporal_patch or 1)

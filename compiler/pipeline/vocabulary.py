@@ -87,7 +87,8 @@ DEFAULTS: Mapping[str, Any] = {
     "alloc_conf": "",
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
-EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols"})
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols",
+                              "videos_per_sample", "video_frames"})
 SGD_DEFAULT_MOMENTUM = 0.9
 KIB = 1 << 10
 MIB = 1 << 20

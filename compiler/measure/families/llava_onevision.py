@@ -1,0 +1,101 @@
+"""LLaVA-OneVision (LlavaOnevisionForConditionalGeneration: SigLIP, anyres_max_9 tiling, Qwen2)
+for the measuring harness.
+
+Contract: as `llava_next.py`. The batch is what LlavaOnevisionProcessor produces for one image
+per sample of the experiment's `image_size` [h, w]: `pixel_values` [b, 1 + tiles, C, 384, 384]
+(the base image and the tiles of the best grid pinpoint), `image_sizes` [b, 2] = (h, w),
+`input_ids` of exactly seq_len positions whose first positions per sample are the image
+tokens, as many as the processor counts (`_get_number_of_features`, the count the model's
+`pack_image_features` must match), and labels with those at -100.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..experiment import ExperimentError
+from . import image_first_tokens
+
+HOST_VALUES = ("image_sizes",)
+
+
+def load_config(config_path: Path):
+    """LlavaOnevisionConfig from a config.json, with the KV cache off (training)."""
+    from transformers import LlavaOnevisionConfig
+
+    config = LlavaOnevisionConfig(**json.loads(Path(config_path).read_text()))
+    config.text_config.use_cache = False
+    return config
+
+
+class _Builder:
+    """LlavaOnevisionForConditionalGeneration whose random init runs on fake tensors: SigLIP's
+    `_init_weights` draws with `trunc_normal_`, which reads a tensor value fake tensors lack,
+    so a plain normal draws instead while the model is built (as `paligemma._Builder`)."""
+
+    @staticmethod
+    def _from_config(config, **kwargs):
+        from transformers import LlavaOnevisionForConditionalGeneration, initialization
+
+        table = initialization.TORCH_INIT_FUNCTIONS
+        original = table["trunc_normal_"]
+        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
+        try:
+            return LlavaOnevisionForConditionalGeneration._from_config(config, **kwargs)
+        finally:
+            table["trunc_normal_"] = original
+
+
+def model_class():
+    return _Builder
+
+
+def module_groups(model) -> dict[str, list]:
+    """Experiment module names -> the submodules (and the image_newline parameter) they mean."""
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector, model.model.image_newline],
+        "language": [model.model.language_model, model.lm_head],
+    }
+
+
+def checkpoint_module(model, name: str) -> torch.nn.Module:
+    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
+
+
+def anyres(config, image_size: list[int]) -> tuple[int, int]:
+    """(crops, image tokens) of one image of `image_size` [h, w]: the crops by the model's
+    `image_size_to_num_patches`, the tokens by LlavaOnevisionProcessor's own count (the base
+    image's features, the tiles' unpadded and anyres_max-scaled features, a newline per row)."""
+    from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    v = config.vision_config
+    side = v.image_size // v.patch_size
+    crops = image_size_to_num_patches(list(image_size), config.image_grid_pinpoints, v.image_size)
+    counter = SimpleNamespace(
+        num_image_tokens=side * side, vision_aspect_ratio=config.vision_aspect_ratio,
+        image_processor=SimpleNamespace(image_grid_pinpoints=config.image_grid_pinpoints),
+        _get_unpadded_features=lambda *a: LlavaOnevisionProcessor._get_unpadded_features(counter, *a))
+    tokens = LlavaOnevisionProcessor._get_number_of_features(counter, image_size[0], image_size[1], v.image_size, v.image_size)
+    return crops, tokens
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    b, images = exp["micro_batch"], exp["images_per_sample"]
+    if images not in (0, 1):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-OneVision is measured with one image per sample")
+    if images and not exp.get("image_size"):
+        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-OneVision needs image_size [h, w]")
+    crops, n_image = anyres(config, exp["image_size"]) if images else (0, 0)
+    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
+    if images:
+        v = config.vision_config
+        batch["pixel_values"] = torch.zeros(b, crops, v.num_channels, v.image_size, v.image_size, dtype=dtype)
+        batch["image_sizes"] = torch.tensor([list(exp["image_size"])] * b, dtype=torch.long)
+    return batch
