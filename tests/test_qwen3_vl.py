@@ -102,3 +102,21 @@ def test_deepstack_levels_follow_the_config(tmp_path):
     hf.write_checkpoint(tmp_path / "two", config, hf.qwen3_vl_tensors(config))
     two = importer.import_spec(str(tmp_path / "two"))
     assert two.header_parameters["projector"] == importer.formula_counts(two.spec)["projector"] == 25_174_016 + 2 * 25_180_160
+
+
+def test_the_4b_checkpoint_imports(tmp_path):
+    """Qwen3-VL-4B-Instruct's config.json is the 2B's with a wider, deeper text model (hidden
+    2560, intermediate 9728, 36 layers, 32 query heads; out_hidden_size 2560) and the same tower.
+    Projector: the merger 27_271_680 (LayerNorm 2 * 1024, 4096^2 + 4096, 2560 x 4096 + 2560) and
+    3 DeepStack mergers 27_277_824; text: 36 * 100_930_816 layers (q, o 4096 x 2560, k, v
+    1024 x 2560, q_norm, k_norm, MLP 3 * 2560 * 9728, norms) + the tied 151936 x 2560 table
+    + norm 2560; 4_437_815_808 in all, the published 4.44B."""
+    config = json.loads((HUB / "Qwen3-VL-2B-Instruct" / "config.json").read_text())
+    config["text_config"].update(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32)
+    config["vision_config"]["out_hidden_size"] = 2560
+    hf.write_checkpoint(tmp_path / "4b", config, hf.qwen3_vl_tensors(config), shards=2)
+    imported = importer.import_spec(str(tmp_path / "4b"))
+    expected = {"vision": 306_242_560, "projector": 27_271_680 + 3 * 27_277_824,
+                "language": 36 * 100_930_816 + 151936 * 2560 + 2560}
+    assert imported.header_parameters == importer.formula_counts(imported.spec) == expected
+    assert sum(expected.values()) == 4_437_815_808
