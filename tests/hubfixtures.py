@@ -179,6 +179,33 @@ def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return language + out
 
 
+def qwen3_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Qwen3-VL as the hub checkpoints store them: model.language_model.* (the Qwen3 language
+    model, q/k norms), lm_head unless tied, model.visual.* (patch embedding with bias, the learned
+    position table, blocks, the final merger and the DeepStack mergers)."""
+    v, t = c["vision_config"], c["text_config"]
+    dim, inter, out_dim = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    wide = dim * v["spatial_merge_size"] ** 2
+    out = [("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], v["patch_size"], v["patch_size"]]),
+           ("model.visual.patch_embed.proj.bias", dtype, [dim]),
+           ("model.visual.pos_embed.weight", dtype, [v["num_position_embeddings"], dim])]
+    for i in range(v["depth"]):
+        b = f"model.visual.blocks.{i}."
+        for n in ("norm1", "norm2"):
+            out += [(b + n + ".weight", dtype, [dim]), (b + n + ".bias", dtype, [dim])]
+        out += [(b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.qkv.bias", dtype, [3 * dim]),
+                (b + "attn.proj.weight", dtype, [dim, dim]), (b + "attn.proj.bias", dtype, [dim]),
+                (b + "mlp.linear_fc1.weight", dtype, [inter, dim]), (b + "mlp.linear_fc1.bias", dtype, [inter]),
+                (b + "mlp.linear_fc2.weight", dtype, [dim, inter]), (b + "mlp.linear_fc2.bias", dtype, [dim])]
+    mergers = [("model.visual.merger.", dim)] + [(f"model.visual.deepstack_merger_list.{k}.", wide) for k in range(len(v["deepstack_visual_indexes"]))]
+    for m, norm in mergers:
+        out += [(m + "norm.weight", dtype, [norm]), (m + "norm.bias", dtype, [norm]),
+                (m + "linear_fc1.weight", dtype, [wide, wide]), (m + "linear_fc1.bias", dtype, [wide]),
+                (m + "linear_fc2.weight", dtype, [out_dim, wide]), (m + "linear_fc2.bias", dtype, [out_dim])]
+    head = None if c.get("tie_word_embeddings") else "lm_head.weight"
+    return llama_tensors(t, prefix="model.language_model.", head=head, dtype=dtype, qk_norm=True) + out
+
+
 def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """InternVL 2.5 / 3 with a Qwen2 language model (InternViT-300M or InternViT-6B), in either layout: the remote-code
     checkpoints (model_type internvl_chat: vision_model.*, mlp1.*, language_model.model.*,
@@ -935,6 +962,14 @@ DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
+def write_qwen3_vl(name: str, folder: str, shards: int) -> None:
+    """One Qwen3-VL fixture from specs/qwen3_vl/hf/<folder>/ (config.json, preprocessor_config.json)."""
+    hf = ROOT / "specs" / "qwen3_vl" / "hf" / folder
+    config = json.loads((hf / "config.json").read_text())
+    processor = json.loads((hf / "preprocessor_config.json").read_text())
+    write_checkpoint(FIXTURES / name, config, qwen3_vl_tensors(config), shards=shards, processor=processor)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -998,6 +1033,8 @@ def write_all() -> None:
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
         write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
+    for name, folder, shards in (("Qwen3-VL-2B-Instruct", "qwen3-vl-2b-instruct", 1), ("Qwen3-VL-8B-Instruct", "qwen3-vl-8b-instruct", 4)):
+        write_qwen3_vl(name, folder, shards)
     for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf"),
                          ("InternVL3-38B", "internvl3-38b"), ("InternVL3-38B-hf", "internvl3-38b-hf"),
                          ("InternVL2_5-8B", "internvl2_5-8b")):

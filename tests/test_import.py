@@ -193,6 +193,23 @@ def _error(fn, *args, **kwargs) -> str:
         # 2048^2, MLP 3 * 2048 * 5632, two norms; untied embeddings and lm_head 2 * 209_715_200;
         # norm 2048): 1,975,235,584 in all
         ("deepseek-vl-1.3b-chat", {"vision": 316_283_904, "projector": 6_295_552, "language": 1_652_656_128}),
+        # Qwen3-VL-2B (qwen3_vl): the tower is the patch conv 1024 x 3 x 2 x 16 x 16 = 1_572_864 and
+        # its bias 1024, the position table 2304 * 1024 = 2_359_296 and 24 * 12_596_224 blocks
+        # (LayerNorms 4 * 1024, qkv 3072 x 1024 + 3072, proj 1024^2 + 1024, linear_fc1 4096 x 1024
+        # + 4096, linear_fc2 1024 x 4096 + 1024); the projector the merger 25_174_016 (LayerNorm
+        # 2 * 1024, linear_fc1 4096^2 + 4096, linear_fc2 2048 x 4096 + 2048) and 3 DeepStack
+        # mergers 25_180_160 (their LayerNorm over 4096); Qwen3-1.7B-sized text: 28 * 50_336_000
+        # layers (q, o 2048^2, k, v 1024 x 2048, q_norm, k_norm 128 each, MLP 3 * 2048 * 6144,
+        # norms 2 * 2048) + the tied table 151936 * 2048 = 311_164_928 + norm 2048;
+        # 2_127_532_032 in all, the published 2.13B
+        ("Qwen3-VL-2B-Instruct", {"vision": 306_242_560, "projector": 100_714_496, "language": 1_720_574_976}),
+        # Qwen3-VL-8B: the patch conv 1152 x 1536 = 1_769_472 + 1152, positions 2304 * 1152
+        # = 2_654_208, 27 * 15_239_504 blocks (width 1152, MLP 4304: SigLIP so400m's layer size);
+        # the merger 40_119_040 (width 4 * 1152 = 4608 to 4096) and 3 DeepStack mergers
+        # 40_125_952; the text 36 * 192_946_432 layers (q, o 4096^2, k, v 1024 x 4096, MLP
+        # 3 * 4096 * 12288, norms) + untied embeddings and lm_head 2 * 622_329_856 + norm 4096;
+        # 8_767_123_696 in all, the published 8.77B
+        ("Qwen3-VL-8B-Instruct", {"vision": 415_891_440, "projector": 160_496_896, "language": 8_190_735_360}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):

@@ -83,6 +83,8 @@ ALLOWED = {
     "qwen2_vl/qwen2-vl-7b-instruct.yaml": "pack offload fused",
     "qwen2_vl/qwen2.5-vl-7b-instruct.yaml": "pack offload fused",
     "qwen3/qwen3-8b.yaml": "pack offload fused tp sp pp",
+    "qwen3_vl/qwen3-vl-2b-instruct.yaml": "pack offload fused",
+    "qwen3_vl/qwen3-vl-8b-instruct.yaml": "pack offload fused",
     "qwen3_moe/qwen3-30b-a3b.yaml": "pack offload fused",
 }
 
