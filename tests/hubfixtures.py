@@ -386,6 +386,27 @@ def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return out
 
 
+def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Olmo2ForCausalLM: no input norms; RMSNorms after the attention and the MLP
+    (post_attention_layernorm, post_feedforward_layernorm), q_norm and k_norm over the whole q
+    and k projection widths, a SwiGLU MLP, an untied lm_head."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "self_attn.q_proj.weight", dtype, [nh * hd, h]), (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
+                (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]), (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
+                (p + "self_attn.q_norm.weight", dtype, [nh * hd]), (p + "self_attn.k_norm.weight", dtype, [nkv * hd]),
+                (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter]),
+                (p + "post_feedforward_layernorm.weight", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -782,6 +803,15 @@ FALCON_40B = {
     "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
     "vocab_size": 65024,
 }
+# allenai/OLMo-2-0425-1B, config.json as of the repo's main (fp32 weights, one model.safetensors).
+OLMO_2_0425_1B = {
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 16, "num_hidden_layers": 16,
+    "num_key_value_heads": 16, "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.48.0", "use_cache": True,
+    "vocab_size": 100352,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -821,6 +851,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
+    write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

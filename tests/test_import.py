@@ -94,6 +94,11 @@ def _error(fn, *args, **kwargs) -> str:
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table
         # 532_676_608 + ln_f 16_384
         ("falcon-40b", {"language": 41_303_293_952}),
+        # OLMo-2-0425-1B (olmo2): 16 * 67_117_056 layers (q, k, v, o 4 * 2048^2, gate, up, down
+        # 3 * 2048 * 8192, q_norm and k_norm over the whole projections 2 * 2048, post_attention_
+        # and post_feedforward_layernorm 2 * 2048) + embed_tokens and lm_head 2 * 100352 * 2048
+        # = 411_041_792 + norm 2048: the published 1.48B
+        ("OLMo-2-0425-1B", {"language": 1_484_916_736}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

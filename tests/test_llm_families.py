@@ -1,4 +1,4 @@
-"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi, falcon): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -23,6 +23,7 @@ MODELS = [
     ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
+    ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
 ]
 
 
@@ -165,3 +166,30 @@ def test_falcon_layer_terms():
     eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="eager").rows}
     assert eager[f"{layer}.core"].activations == 3 * x + 128 * 1024 * 1024 * 2
     assert eager[f"{layer}.dense"].activations == x
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+    ({"attention_dropout": 0.1}, "attention dropout"),
+])
+def test_olmo2_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "OLMo-2-0425-1B", **change)
+    assert "E713" in message and words in message
+
+
+def test_olmo2_layer_terms():
+    """OLMo-2-0425-1B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): q, k and v
+    save the layer's input itself (no input norm), every RMSNorm (the q/k norms over the whole
+    projection, the two post-norms) saves the fp32 upcast and the fp32 normalised x, and the
+    rotary's cos and sin stay fp32."""
+    est = api.estimate(str(ROOT / "specs/olmo2/OLMo-2-0425-1B.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:16]"
+    x = 2048 * 2048 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].activations == x
+    norm = 2 * (2 * x) + 2048 * 4  # x32 and the normalised x, fp32, and rstd [2048, 1]
+    for name in ("self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "post_feedforward_layernorm"):
+        assert rows[f"{layer}.{name}"].activations == norm
+    assert rows["language.layers[0].self_attn.rotary"].activations == 2 * 2048 * 128 * 4
+    # the MLP reads h = x + the normed attention output, a tensor of its own
+    assert rows[f"{layer}.mlp.gate_proj"].activations == x

@@ -61,6 +61,7 @@ ALLOWED = {
     "mistral/mistral-7b-v0.1.yaml": "pack offload fused tp sp pp",
     "mixtral/mixtral-8x7b-v0.1-router-aux.yaml": "pack offload fused",
     "mixtral/mixtral-8x7b-v0.1.yaml": "pack offload fused",
+    "olmo2/OLMo-2-0425-1B.yaml": "",
     "paligemma/paligemma-3b-pt-224.yaml": "",
     "paligemma/paligemma2-3b-pt-448.yaml": "",
     "paligemma/paligemma2-3b-pt-896.yaml": "",
