@@ -407,6 +407,26 @@ def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]
     return out
 
 
+def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
+    key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
+    tensor)."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
+        for proj, rows, cols in (("q_proj", nh * hd, h), ("k_proj", nkv * hd, h), ("v_proj", nkv * hd, h), ("o_proj", h, nh * hd)):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [rows, cols]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
+        out += [(p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
+                (p + "mlp.c_fc.weight", dtype, [inter, h]), (p + "mlp.c_fc.bias", dtype, [inter]),
+                (p + "mlp.c_proj.weight", dtype, [h, inter]), (p + "mlp.c_proj.bias", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -812,6 +832,17 @@ OLMO_2_0425_1B = {
     "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.48.0", "use_cache": True,
     "vocab_size": 100352,
 }
+# bigcode/starcoder2-3b, config.json as of the repo's main (fp32 weights in 2 shards; the head tied
+# to the embeddings, tie_word_embeddings left at its default, true).
+STARCODER2_3B = {
+    "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1, "embedding_dropout": 0.1,
+    "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072,
+    "initializer_range": 0.018042, "intermediate_size": 12288, "max_position_embeddings": 16384, "mlp_type": "default",
+    "model_type": "starcoder2", "norm_epsilon": 1e-05, "norm_type": "layer_norm", "num_attention_heads": 24,
+    "num_hidden_layers": 30, "num_key_value_heads": 2, "rope_theta": 999999.4420358813, "sliding_window": 4096,
+    "torch_dtype": "float32", "transformers_version": "4.37.0.dev0", "use_bias": True, "use_cache": True,
+    "vocab_size": 49152,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -852,6 +883,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
     write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
+    write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -99,6 +99,11 @@ def _error(fn, *args, **kwargs) -> str:
         # and post_feedforward_layernorm 2 * 2048) + embed_tokens and lm_head 2 * 100352 * 2048
         # = 411_041_792 + norm 2048: the published 1.48B
         ("OLMo-2-0425-1B", {"language": 1_484_916_736}),
+        # StarCoder2-3B (starcoder2): 30 * 95_979_008 layers (q and o 2 * (3072^2 + 3072), k and v
+        # 2 * (3072 * 256 + 256) for 2 key-value heads of 128, c_fc 12288 x 3072 + 12288, c_proj
+        # 3072 x 12288 + 3072, two LayerNorms 4 * 3072) + the tied 49152 x 3072 table 150_994_944
+        # + final LayerNorm 6144: the published 3.03B
+        ("starcoder2-3b", {"language": 3_030_371_328}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

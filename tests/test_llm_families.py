@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -24,6 +24,7 @@ MODELS = [
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
     ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
+    ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
 ]
 
 
@@ -193,3 +194,31 @@ def test_olmo2_layer_terms():
     assert rows["language.layers[0].self_attn.rotary"].activations == 2 * 2048 * 128 * 4
     # the MLP reads h = x + the normed attention output, a tensor of its own
     assert rows[f"{layer}.mlp.gate_proj"].activations == x
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "gelu_pytorch_tanh"),
+    ({"norm_type": "rms_norm"}, "norm_type"),
+])
+def test_starcoder2_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "starcoder2-3b", **change)
+    assert "E713" in message and words in message
+
+
+def test_starcoder2_layer_terms():
+    """StarCoder2-3B, trained, batch 1, seq 2048 (x = 2048 * 3072 * 2 = 12 MiB): the released
+    config's dropouts (0.1) each save a bool mask - residual dropout after o_proj and after
+    c_proj, embedding dropout once - and eager's attention dropout one per score."""
+    spec = str(ROOT / "specs/starcoder2/starcoder2-3b.yaml")
+    layer = "language.layers[0:30]"
+    tokens = 2048 * 3072
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    assert sdpa[f"{layer}.self_attn.residual_dropout[0]"].activations == tokens
+    assert sdpa[f"{layer}.mlp.residual_dropout[0]"].activations == tokens
+    assert sdpa["language.embedding_dropout[0]"].activations == tokens
+    scores = 24 * 2048 * 2048
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
+    # the fp32 probabilities, the dropped-out bf16 ones and the bool mask, beside k and v repeated to 24 heads
+    q = 2048 * 24 * 128 * 2
+    assert eager[f"{layer}.self_attn.core"].activations - sdpa[f"{layer}.self_attn.core"].activations == \
+        scores * (4 + 2 + 1) + 2 * q - (2 * 2048 * 256 * 2 + q + 24 * 2048 * 4 + 16 + 8)
