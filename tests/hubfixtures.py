@@ -427,6 +427,29 @@ def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list
     return out
 
 
+def stablelm_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """StableLmForCausalLM (serial residual, no q/k LayerNorms): LayerNorms with bias, q, k and
+    v with a bias when use_qkv_bias, o_proj without, a SwiGLU MLP without biases, an untied
+    lm_head."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
+        for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out.append((p + f"self_attn.{proj}.weight", dtype, [rows, h]))
+            if c.get("use_qkv_bias"):
+                out.append((p + f"self_attn.{proj}.bias", dtype, [rows]))
+        out += [(p + "self_attn.o_proj.weight", dtype, [h, h]),
+                (p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
+                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+    out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -843,6 +866,16 @@ STARCODER2_3B = {
     "torch_dtype": "float32", "transformers_version": "4.37.0.dev0", "use_bias": True, "use_cache": True,
     "vocab_size": 49152,
 }
+# stabilityai/stablelm-2-1_6b, config.json as of the repo's main (fp16 weights, one model.safetensors).
+STABLELM_2_1_6B = {
+    "architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 4096, "model_type": "stablelm", "num_attention_heads": 32,
+    "num_hidden_layers": 24, "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "qk_layernorm": False,
+    "rope_scaling": None, "rope_theta": 10000, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.38.0", "use_cache": True, "use_parallel_residual": False, "use_qkv_bias": True,
+    "vocab_size": 100352,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -884,6 +917,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
     write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
     write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
+    write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -104,6 +104,10 @@ def _error(fn, *args, **kwargs) -> str:
         # 3072 x 12288 + 3072, two LayerNorms 4 * 3072) + the tied 49152 x 3072 table 150_994_944
         # + final LayerNorm 6144: the published 3.03B
         ("starcoder2-3b", {"language": 3_030_371_328}),
+        # StableLM-2-1.6B (stablelm): 24 * 51_394_560 layers (q, k, v 3 * (2048^2 + 2048), o_proj
+        # 2048^2 without bias, gate, up, down 3 * 2048 * 5632, two LayerNorms 4 * 2048) +
+        # embed_tokens and lm_head 2 * 100352 * 2048 = 411_041_792 + final LayerNorm 4096: the published 1.64B
+        ("stablelm-2-1_6b", {"language": 1_644_515_328}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

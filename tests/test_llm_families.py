@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -25,6 +25,7 @@ MODELS = [
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
     ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
     ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
+    ("stablelm-2-1_6b", "specs/stablelm/stablelm-2-1_6b.yaml", 1_644_515_328),
 ]
 
 
@@ -222,3 +223,32 @@ def test_starcoder2_layer_terms():
     q = 2048 * 24 * 128 * 2
     assert eager[f"{layer}.self_attn.core"].activations - sdpa[f"{layer}.self_attn.core"].activations == \
         scores * (4 + 2 + 1) + 2 * q - (2 * 2048 * 256 * 2 + q + 24 * 2048 * 4 + 16 + 8)
+
+
+@pytest.mark.parametrize("change, words", [
+    # StableLM 2 12B's layout: parallel residual and per-head q/k LayerNorms
+    ({"use_parallel_residual": True}, "use_parallel_residual"),
+    ({"qk_layernorm": True}, "qk_layernorm"),
+    ({"hidden_dropout": 0.1}, "dropout"),
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+])
+def test_stablelm_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "stablelm-2-1_6b", **change)
+    assert "E713" in message and words in message
+
+
+def test_stablelm_layer_terms():
+    """StableLM-2-1.6B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): rotary on
+    16 of 64 dimensions per head, o_proj reading the flash output's contiguous copy, and the
+    q_proj and k_proj outputs alive through the kernel (query_pass, key_pass)."""
+    est = api.estimate(str(ROOT / "specs/stablelm/stablelm-2-1_6b.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:24]"
+    x = 2048 * 2048 * 2
+    assert rows["language.layers[0].self_attn.rotary"].activations == 2 * 2048 * 16 * 2
+    assert rows[f"{layer}.self_attn.o_proj"].activations == x
+    # q, k, v and the kernel's own output, the fp32 logsumexp [32, 2048], the philox seed and offset
+    assert rows[f"{layer}.self_attn.core"].activations == 4 * x + 32 * 2048 * 4 + 16 + 8
+    # o_proj has no bias; q, k and v have one
+    assert rows[f"{layer}.self_attn.o_proj"].parameters == 2048 * 2048 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].parameters == (2048 * 2048 + 2048) * 2

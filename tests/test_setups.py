@@ -68,6 +68,7 @@ ALLOWED = {
     "phi/phi-1_5.yaml": "",
     "phi/phi-2.yaml": "",
     "phi3/phi-3-mini-4k-instruct.yaml": "pack offload fused",
+    "stablelm/stablelm-2-1_6b.yaml": "",
     "starcoder2/starcoder2-3b.yaml": "",
     "qwen2/qwen2.5-0.5b.yaml": "pack offload fused tp sp pp",
     "qwen2/qwen2.5-7b.yaml": "pack offload fused tp sp pp",
