@@ -876,6 +876,17 @@ STABLELM_2_1_6B = {
     "transformers_version": "4.38.0", "use_cache": True, "use_parallel_residual": False, "use_qkv_bias": True,
     "vocab_size": 100352,
 }
+# ibm-granite/granite-3.0-2b-base, config.json as of the repo's main (bf16 weights in 2 shards; the
+# head tied to embed_tokens).
+GRANITE_3_0_2B = {
+    "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.1,
+    "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "logits_scaling": 8.0,
+    "max_position_embeddings": 4096, "mlp_bias": False, "model_type": "granite", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.0.dev0", "use_cache": True, "vocab_size": 49155,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -918,6 +929,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
     write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
     write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
+    write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

@@ -108,6 +108,10 @@ def _error(fn, *args, **kwargs) -> str:
         # 2048^2 without bias, gate, up, down 3 * 2048 * 5632, two LayerNorms 4 * 2048) +
         # embed_tokens and lm_head 2 * 100352 * 2048 = 411_041_792 + final LayerNorm 4096: the published 1.64B
         ("stablelm-2-1_6b", {"language": 1_644_515_328}),
+        # Granite-3.0-2B (granite, Llama's layers): 40 * 60_821_504 layers (q, o 2 * 2048^2, k, v
+        # 2 * 2048 * 512 for 8 key-value heads of 64, gate, up, down 3 * 2048 * 8192, norms 2 * 2048)
+        # + the tied 49155 x 2048 table 100_669_440 + norm 2048: the published 2.5B
+        ("granite-3.0-2b-base", {"language": 2_533_531_648}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

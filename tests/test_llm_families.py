@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm, granite): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -26,6 +26,7 @@ MODELS = [
     ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
     ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
     ("stablelm-2-1_6b", "specs/stablelm/stablelm-2-1_6b.yaml", 1_644_515_328),
+    ("granite-3.0-2b-base", "specs/granite/granite-3.0-2b-base.yaml", 2_533_531_648),
 ]
 
 
@@ -252,3 +253,24 @@ def test_stablelm_layer_terms():
     # o_proj has no bias; q, k and v have one
     assert rows[f"{layer}.self_attn.o_proj"].parameters == 2048 * 2048 * 2
     assert rows[f"{layer}.self_attn.q_proj"].parameters == (2048 * 2048 + 2048) * 2
+
+
+def test_granite_is_llama_with_its_multipliers():
+    """Granite-3.0-2B: Llama's layers (the multipliers save nothing); the released config's
+    attention dropout saves a bool mask per score under eager only, and with LoRA and
+    checkpointing both the embedding module's output and its scaled copy are kept."""
+    spec = str(ROOT / "specs/granite/granite-3.0-2b-base.yaml")
+    core = "language.layers[0:40].self_attn.core"
+    scores = 32 * 2048 * 2048
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
+    # eager keeps the fp32 and the dropped-out bf16 probabilities and the bool mask, beside q and
+    # k and v repeated to 32 heads (4 x 2048 x 2048 x 2); flash keeps q, k and v unrepeated, its
+    # output, the logsumexp and the philox seed and offset
+    q = 2048 * 2048 * 2
+    assert eager[core].activations == scores * (4 + 2 + 1) + 3 * q
+    assert sdpa[core].activations == 2 * q + 2 * (q // 4) + 32 * 2048 * 4 + 16 + 8
+    x = 2 * 2048 * 2048 * 2
+    lora = {r.path: r for r in api.estimate(spec, micro_batch=2, seq_len=2048, lora={"r": 16},
+                                            gradient_checkpointing=["language"]).rows}
+    assert lora["language.embed_tokens"].activations == 2 * x
