@@ -470,6 +470,23 @@ def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]
                 (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
         if c["model_type"] == "glm4":
             out += [(p + "post_self_attn_layernorm.weight", dtype, [h]), (p + "post_mlp_layernorm.weight", dtype, [h])]
+def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Olmo2ForCausalLM: no input norms; RMSNorms after the attention and the MLP
+    (post_attention_layernorm, post_feedforward_layernorm), q_norm and k_norm over the whole q
+    and k projection widths, a SwiGLU MLP, an untied lm_head."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "self_attn.q_proj.weight", dtype, [nh * hd, h]), (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
+                (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]), (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
+                (p + "self_attn.q_norm.weight", dtype, [nh * hd]), (p + "self_attn.k_norm.weight", dtype, [nkv * hd]),
+                (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter]),
+                (p + "post_feedforward_layernorm.weight", dtype, [h])]
     out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
     return out
 
@@ -491,6 +508,46 @@ def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
                 (p + "post_attention_layernorm.weight", dtype, [h]),
                 (p + "mlp.dense_h_to_4h.weight", dtype, [2 * inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
     out += [("transformer.encoder.final_layernorm.weight", dtype, [h]), ("transformer.output_layer.weight", dtype, [c["padded_vocab_size"], h])]
+def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
+    key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
+    tensor)."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
+        for proj, rows, cols in (("q_proj", nh * hd, h), ("k_proj", nkv * hd, h), ("v_proj", nkv * hd, h), ("o_proj", h, nh * hd)):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [rows, cols]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
+        out += [(p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
+                (p + "mlp.c_fc.weight", dtype, [inter, h]), (p + "mlp.c_fc.bias", dtype, [inter]),
+                (p + "mlp.c_proj.weight", dtype, [h, inter]), (p + "mlp.c_proj.bias", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h])]
+    return out
+
+
+def stablelm_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """StableLmForCausalLM (serial residual, no q/k LayerNorms): LayerNorms with bias, q, k and
+    v with a bias when use_qkv_bias, o_proj without, a SwiGLU MLP without biases, an untied
+    lm_head."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
+        for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out.append((p + f"self_attn.{proj}.weight", dtype, [rows, h]))
+            if c.get("use_qkv_bias"):
+                out.append((p + f"self_attn.{proj}.bias", dtype, [rows]))
+        out += [(p + "self_attn.o_proj.weight", dtype, [h, h]),
+                (p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
+                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+    out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
     return out
 
 
@@ -959,6 +1016,47 @@ DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
     "processor_class": "DeepseekVLProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"height": 384, "width": 384},
 }
+# allenai/OLMo-2-0425-1B, config.json as of the repo's main (fp32 weights, one model.safetensors).
+OLMO_2_0425_1B = {
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 16, "num_hidden_layers": 16,
+    "num_key_value_heads": 16, "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.48.0", "use_cache": True,
+    "vocab_size": 100352,
+}
+# bigcode/starcoder2-3b, config.json as of the repo's main (fp32 weights in 2 shards; the head tied
+# to the embeddings, tie_word_embeddings left at its default, true).
+STARCODER2_3B = {
+    "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1, "embedding_dropout": 0.1,
+    "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072,
+    "initializer_range": 0.018042, "intermediate_size": 12288, "max_position_embeddings": 16384, "mlp_type": "default",
+    "model_type": "starcoder2", "norm_epsilon": 1e-05, "norm_type": "layer_norm", "num_attention_heads": 24,
+    "num_hidden_layers": 30, "num_key_value_heads": 2, "rope_theta": 999999.4420358813, "sliding_window": 4096,
+    "torch_dtype": "float32", "transformers_version": "4.37.0.dev0", "use_bias": True, "use_cache": True,
+    "vocab_size": 49152,
+}
+# stabilityai/stablelm-2-1_6b, config.json as of the repo's main (fp16 weights, one model.safetensors).
+STABLELM_2_1_6B = {
+    "architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 4096, "model_type": "stablelm", "num_attention_heads": 32,
+    "num_hidden_layers": 24, "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "qk_layernorm": False,
+    "rope_scaling": None, "rope_theta": 10000, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.38.0", "use_cache": True, "use_parallel_residual": False, "use_qkv_bias": True,
+    "vocab_size": 100352,
+}
+# ibm-granite/granite-3.0-2b-base, config.json as of the repo's main (bf16 weights in 2 shards; the
+# head tied to embed_tokens).
+GRANITE_3_0_2B = {
+    "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.1,
+    "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "logits_scaling": 8.0,
+    "max_position_embeddings": 4096, "mlp_bias": False, "model_type": "granite", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.0.dev0", "use_cache": True, "vocab_size": 49155,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1012,6 +1110,10 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "GLM-4-9B-0414", GLM_4_9B_0414, glm_tensors(GLM_4_9B_0414), shards=4)
     write_checkpoint(FIXTURES / "chatglm3-6b", CHATGLM3_6B, chatglm_tensors(CHATGLM3_6B, dtype="F16"), shards=7)
     write_checkpoint(FIXTURES / "glm-4-9b-chat", GLM_4_9B_CHAT, chatglm_tensors(GLM_4_9B_CHAT), shards=10)
+    write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
+    write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
+    write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
+    write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

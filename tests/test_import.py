@@ -106,6 +106,24 @@ def _error(fn, *args, **kwargs) -> str:
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table
         # 532_676_608 + ln_f 16_384
         ("falcon-40b", {"language": 41_303_293_952}),
+        # OLMo-2-0425-1B (olmo2): 16 * 67_117_056 layers (q, k, v, o 4 * 2048^2, gate, up, down
+        # 3 * 2048 * 8192, q_norm and k_norm over the whole projections 2 * 2048, post_attention_
+        # and post_feedforward_layernorm 2 * 2048) + embed_tokens and lm_head 2 * 100352 * 2048
+        # = 411_041_792 + norm 2048: the published 1.48B
+        ("OLMo-2-0425-1B", {"language": 1_484_916_736}),
+        # StarCoder2-3B (starcoder2): 30 * 95_979_008 layers (q and o 2 * (3072^2 + 3072), k and v
+        # 2 * (3072 * 256 + 256) for 2 key-value heads of 128, c_fc 12288 x 3072 + 12288, c_proj
+        # 3072 x 12288 + 3072, two LayerNorms 4 * 3072) + the tied 49152 x 3072 table 150_994_944
+        # + final LayerNorm 6144: the published 3.03B
+        ("starcoder2-3b", {"language": 3_030_371_328}),
+        # StableLM-2-1.6B (stablelm): 24 * 51_394_560 layers (q, k, v 3 * (2048^2 + 2048), o_proj
+        # 2048^2 without bias, gate, up, down 3 * 2048 * 5632, two LayerNorms 4 * 2048) +
+        # embed_tokens and lm_head 2 * 100352 * 2048 = 411_041_792 + final LayerNorm 4096: the published 1.64B
+        ("stablelm-2-1_6b", {"language": 1_644_515_328}),
+        # Granite-3.0-2B (granite, Llama's layers): 40 * 60_821_504 layers (q, o 2 * 2048^2, k, v
+        # 2 * 2048 * 512 for 8 key-value heads of 64, gate, up, down 3 * 2048 * 8192, norms 2 * 2048)
+        # + the tied 49155 x 2048 table 100_669_440 + norm 2048: the published 2.5B
+        ("granite-3.0-2b-base", {"language": 2_533_531_648}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

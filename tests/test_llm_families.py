@@ -1,4 +1,4 @@
-"""The LayerNorm / parallel-residual LLM families (gpt_neox, phi, falcon): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm, granite): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -23,6 +23,10 @@ MODELS = [
     ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
+    ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
+    ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
+    ("stablelm-2-1_6b", "specs/stablelm/stablelm-2-1_6b.yaml", 1_644_515_328),
+    ("granite-3.0-2b-base", "specs/granite/granite-3.0-2b-base.yaml", 2_533_531_648),
 ]
 
 
@@ -165,3 +169,108 @@ def test_falcon_layer_terms():
     eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="eager").rows}
     assert eager[f"{layer}.core"].activations == 3 * x + 128 * 1024 * 1024 * 2
     assert eager[f"{layer}.dense"].activations == x
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+    ({"attention_dropout": 0.1}, "attention dropout"),
+])
+def test_olmo2_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "OLMo-2-0425-1B", **change)
+    assert "E713" in message and words in message
+
+
+def test_olmo2_layer_terms():
+    """OLMo-2-0425-1B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): q, k and v
+    save the layer's input itself (no input norm), every RMSNorm (the q/k norms over the whole
+    projection, the two post-norms) saves the fp32 upcast and the fp32 normalised x, and the
+    rotary's cos and sin stay fp32."""
+    est = api.estimate(str(ROOT / "specs/olmo2/OLMo-2-0425-1B.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:16]"
+    x = 2048 * 2048 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].activations == x
+    norm = 2 * (2 * x) + 2048 * 4  # x32 and the normalised x, fp32, and rstd [2048, 1]
+    for name in ("self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "post_feedforward_layernorm"):
+        assert rows[f"{layer}.{name}"].activations == norm
+    assert rows["language.layers[0].self_attn.rotary"].activations == 2 * 2048 * 128 * 4
+    # the MLP reads h = x + the normed attention output, a tensor of its own
+    assert rows[f"{layer}.mlp.gate_proj"].activations == x
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "gelu_pytorch_tanh"),
+    ({"norm_type": "rms_norm"}, "norm_type"),
+])
+def test_starcoder2_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "starcoder2-3b", **change)
+    assert "E713" in message and words in message
+
+
+def test_starcoder2_layer_terms():
+    """StarCoder2-3B, trained, batch 1, seq 2048 (x = 2048 * 3072 * 2 = 12 MiB): the released
+    config's dropouts (0.1) each save a bool mask - residual dropout after o_proj and after
+    c_proj, embedding dropout once - and eager's attention dropout one per score."""
+    spec = str(ROOT / "specs/starcoder2/starcoder2-3b.yaml")
+    layer = "language.layers[0:30]"
+    tokens = 2048 * 3072
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    assert sdpa[f"{layer}.self_attn.residual_dropout[0]"].activations == tokens
+    assert sdpa[f"{layer}.mlp.residual_dropout[0]"].activations == tokens
+    assert sdpa["language.embedding_dropout[0]"].activations == tokens
+    scores = 24 * 2048 * 2048
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
+    # the fp32 probabilities, the dropped-out bf16 ones and the bool mask, beside k and v repeated to 24 heads
+    q = 2048 * 24 * 128 * 2
+    assert eager[f"{layer}.self_attn.core"].activations - sdpa[f"{layer}.self_attn.core"].activations == \
+        scores * (4 + 2 + 1) + 2 * q - (2 * 2048 * 256 * 2 + q + 24 * 2048 * 4 + 16 + 8)
+
+
+@pytest.mark.parametrize("change, words", [
+    # StableLM 2 12B's layout: parallel residual and per-head q/k LayerNorms
+    ({"use_parallel_residual": True}, "use_parallel_residual"),
+    ({"qk_layernorm": True}, "qk_layernorm"),
+    ({"hidden_dropout": 0.1}, "dropout"),
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+])
+def test_stablelm_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "stablelm-2-1_6b", **change)
+    assert "E713" in message and words in message
+
+
+def test_stablelm_layer_terms():
+    """StableLM-2-1.6B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): rotary on
+    16 of 64 dimensions per head, o_proj reading the flash output's contiguous copy, and the
+    q_proj and k_proj outputs alive through the kernel (query_pass, key_pass)."""
+    est = api.estimate(str(ROOT / "specs/stablelm/stablelm-2-1_6b.yaml"), micro_batch=1, seq_len=2048)
+    rows = {r.path: r for r in est.rows}
+    layer = "language.layers[0:24]"
+    x = 2048 * 2048 * 2
+    assert rows["language.layers[0].self_attn.rotary"].activations == 2 * 2048 * 16 * 2
+    assert rows[f"{layer}.self_attn.o_proj"].activations == x
+    # q, k, v and the kernel's own output, the fp32 logsumexp [32, 2048], the philox seed and offset
+    assert rows[f"{layer}.self_attn.core"].activations == 4 * x + 32 * 2048 * 4 + 16 + 8
+    # o_proj has no bias; q, k and v have one
+    assert rows[f"{layer}.self_attn.o_proj"].parameters == 2048 * 2048 * 2
+    assert rows[f"{layer}.self_attn.q_proj"].parameters == (2048 * 2048 + 2048) * 2
+
+
+def test_granite_is_llama_with_its_multipliers():
+    """Granite-3.0-2B: Llama's layers (the multipliers save nothing); the released config's
+    attention dropout saves a bool mask per score under eager only, and with LoRA and
+    checkpointing both the embedding module's output and its scaled copy are kept."""
+    spec = str(ROOT / "specs/granite/granite-3.0-2b-base.yaml")
+    core = "language.layers[0:40].self_attn.core"
+    scores = 32 * 2048 * 2048
+    sdpa = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
+    # eager keeps the fp32 and the dropped-out bf16 probabilities and the bool mask, beside q and
+    # k and v repeated to 32 heads (4 x 2048 x 2048 x 2); flash keeps q, k and v unrepeated, its
+    # output, the logsumexp and the philox seed and offset
+    q = 2048 * 2048 * 2
+    assert eager[core].activations == scores * (4 + 2 + 1) + 3 * q
+    assert sdpa[core].activations == 2 * q + 2 * (q // 4) + 32 * 2048 * 4 + 16 + 8
+    x = 2 * 2048 * 2048 * 2
+    lora = {r.path: r for r in api.estimate(spec, micro_batch=2, seq_len=2048, lora={"r": 16},
+                                            gradient_checkpointing=["language"]).rows}
+    assert lora["language.embed_tokens"].activations == 2 * x
