@@ -406,25 +406,9 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
                 "the file stem is the layer type: rename one of them",
             )
         )
-    inputs: dict[str, Input] = {}
-    for name, spec in (data.get("inputs") or {}).items():
-        inputs[name] = Input(
-            name,
-            spec["type"],
-            spec.get("default"),
-            "default" in spec,
-            spec.get("min"),
-            tuple(spec.get("choices", ())),
-        )
-    declared = set(CONTEXT_NAMES) | {n for n, i in inputs.items() if i.type != "tensor"}
-    lets = []
-    for name, value in (data.get("let") or {}).items():
-        path = child_path("$.let", name)
-        if name in declared:
-            problems.append(doc.diag("E405", path, f"'{name}' shadows an input or context name", "pick another name"))
-        lets.append((name, compile_expr(value, doc, path, frozenset(declared), problems)))
-        declared.add(name)
-    scope = frozenset(declared)
+    inputs = {name: Input(name, spec["type"], spec.get("default"), "default" in spec, spec.get("min"), tuple(spec.get("choices", ())))
+              for name, spec in (data.get("inputs") or {}).items()}
+    lets, scope = _compile_lets(data.get("let") or {}, inputs, doc, problems)
     raw_factors = data.get("factors") or {}
     factors = {
         name: compile_expr(value, doc, child_path("$.factors", name), scope, problems)
@@ -447,11 +431,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     checkpoint = _compile_saved(
         (data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems
     )
-    children = tuple(_compile_child(c, doc, child_path("$.children", i), scope, problems) for i, c in enumerate(data.get("children") or ()))
-    names = [c.name for c in children]
-    for i, c in enumerate(children):
-        if c.name in names[:i]:
-            problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
+    children = _compile_children(data.get("children") or (), doc, scope, problems)
     examples = tuple(
         Example(e["name"], e.get("inputs") or {}, e.get("context") or {}, e["expect"], child_path("$.examples", i))
         for i, e in enumerate(data.get("examples") or ())
@@ -481,6 +461,29 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         tensor_inputs=frozenset(i.name for i in inputs.values() if i.type == "tensor"),
     )
 
+
+
+def _compile_lets(raw: Mapping[str, Any], inputs: Mapping[str, Input], doc: Document, problems) -> tuple[list, frozenset[str]]:
+    """The `let` names in order, each compiled over the context, the inputs and the lets
+    before it; and every name the rest of the file may use."""
+    declared = set(CONTEXT_NAMES) | {n for n, i in inputs.items() if i.type != "tensor"}
+    lets = []
+    for name, value in raw.items():
+        path = child_path("$.let", name)
+        if name in declared:
+            problems.append(doc.diag("E405", path, f"'{name}' shadows an input or context name", "pick another name"))
+        lets.append((name, compile_expr(value, doc, path, frozenset(declared), problems)))
+        declared.add(name)
+    return lets, frozenset(declared)
+
+
+def _compile_children(raw, doc: Document, scope: frozenset[str], problems) -> tuple:
+    children = tuple(_compile_child(c, doc, child_path("$.children", i), scope, problems) for i, c in enumerate(raw))
+    names = [c.name for c in children]
+    for i, c in enumerate(children):
+        if c.name in names[:i]:
+            problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
+    return children
 
 def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> tuple[tuple[Expr, ...], tuple, tuple[str, ...]]:
     """Parameter tensors: a bytes expression each, or `{shape: [dims], name: n}` (elements in

@@ -462,44 +462,12 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     check_measurable(exp)
     if steps < MIN_STEPS:
         raise ValueError(f"at least {MIN_STEPS} steps: step 1 creates the optimizer states")
-    config = load_config(exp["config"])
-    fake_mode = None
-    device_mesh = fsdp.mesh(exp["parallel"]["dp"]) if _fsdp(exp) else None
-    if fake:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        fake_mode = FakeTensorMode()
-    with (fake_mode or _nothing()):
-        model = build_model(config, exp)
-        if device_mesh is not None:
-            fsdp.shard(model, exp, device_mesh)
-    # NB: the batch is built from real tensors and then faked, so that the values the model
-    # reads on the host (the family's HOST_VALUES) survive as constants.
-    batch = make_batch(config, exp)
-    host_values = frozenset(getattr(family_for(exp["config"]), "HOST_VALUES", ()))
-    if fake_mode is not None:
-        batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v)
-                 for k, v in batch.items()}
+    fake_mode, model, batch, host_values = _model_and_batch(exp, fake)
 
     if autocast(exp):
         wrap_forward_as_accelerate(model, DTYPES[exp["precision"]])
     scope = ModuleScope(model)
-    tracer = MemoryTracer(
-        context=scope.context,
-        scratch=emulation.kernel_scratch if emulate else None,
-        host_ops=_host_ops() if emulate else frozenset(),
-        device="cpu",
-        timeline=timeline,
-        # NB: the token embeddings' moment in backward: after the vision tower's backward in
-        # a multimodal model (autograd runs later-created nodes first), never a phase peak
-        # of its own in some setups; the estimate's timeline is checked against it
-        watch=_input_embeddings(model, scope),
-        **({"granularity": granularity} if granularity else {}),
-        allocator=Allocator() if emulate else None,
-    )
-    tracer.register(model.parameters(), PARAMETERS)
-    tracer.register(model.buffers(), BUFFERS)
-    tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
+    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
@@ -546,6 +514,51 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None else None,
     )
 
+
+
+def _model_and_batch(exp: dict, fake: bool):
+    """(the fake tensor mode or None, the model built and sharded under it, the batch, the
+    batch keys whose values the model reads on the host)."""
+    config = load_config(exp["config"])
+    fake_mode = None
+    device_mesh = fsdp.mesh(exp["parallel"]["dp"]) if _fsdp(exp) else None
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode()
+    with (fake_mode or _nothing()):
+        model = build_model(config, exp)
+        if device_mesh is not None:
+            fsdp.shard(model, exp, device_mesh)
+    # NB: the batch is built from real tensors and then faked, so that the values the model
+    # reads on the host (the family's HOST_VALUES) survive as constants.
+    batch = make_batch(config, exp)
+    host_values = frozenset(getattr(family_for(exp["config"]), "HOST_VALUES", ()))
+    if fake_mode is not None:
+        batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v)
+                 for k, v in batch.items()}
+    return fake_mode, model, batch, host_values
+
+
+def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None) -> MemoryTracer:
+    """The tracer of one measurement, the model's parameters, buffers and the batch registered."""
+    tracer = MemoryTracer(
+        context=scope.context,
+        scratch=emulation.kernel_scratch if emulate else None,
+        host_ops=_host_ops() if emulate else frozenset(),
+        device="cpu",
+        timeline=timeline,
+        # NB: the token embeddings' moment in backward: after the vision tower's backward in
+        # a multimodal model (autograd runs later-created nodes first), never a phase peak
+        # of its own in some setups; the estimate's timeline is checked against it
+        watch=_input_embeddings(model, scope),
+        **({"granularity": granularity} if granularity else {}),
+        allocator=Allocator() if emulate else None,
+    )
+    tracer.register(model.parameters(), PARAMETERS)
+    tracer.register(model.buffers(), BUFFERS)
+    tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
+    return tracer
 
 def _input_embeddings(model, scope: ModuleScope) -> frozenset:
     """The path of the model's token embeddings (PreTrainedModel.get_input_embeddings)."""

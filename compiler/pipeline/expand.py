@@ -344,60 +344,17 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
         plain = (c_formula, c_given, c_tensors, c_requires)
-        # NB: the adapter's own linears (inside a lora_linear) are never adapted again, and
-        # peft adapts nothing inside a module modules_to_save names (_check_target_module_exists)
-        if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
-                and lora_target(setup.lora, module, f"{path}.{child.name}")):
-            c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
-            c_requires = True  # the adapters train; lora_linear's base_layer is frozen
-        elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
-            if idle or saved:
-                raise _save_error(setup, saved_name(setup.lora, path) or "", "E322",
-                                  f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
-                                  "of a 4-/8-bit weight cannot require grad",
-                                  "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
-            c_formula, c_given = _quantized(library, setup.quantization, c_given)
-            c_requires = False
+        c_formula, c_given, c_tensors, c_requires = _peft_child(library, setup, formula, child, plain, path=path, module=module,
+                                                                idle=idle, saved=saved, adapter=adapter)
         # peft bias='all': every `.bias` of the model (the wrapped originals excepted);
         # 'lora_only': the bias of each LoRA layer (its base layer's)
         c_bias = bias_all or (setup.lora is not None and setup.lora.bias == "lora_only" and adapter and child.name == "base_layer")
-        out = previous
-        for i in range(count):
-            name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
-            c_template = f"{child.name}[{{}}]" if count > 1 or child.count is not None else child.name
-            kw = dict(
-                path=f"{path}.{name}",
-                template=f"{template}.{c_template}",
-                index=index + ((i,) if "{}" in c_template else ()),
-                module=module,
-                given=c_given,
-                tensors=c_tensors,
-                setup=setup,
-                batch=c_batch,
-                seq=c_seq,
-                trainable=c_requires,
-                grad_in=c_grad_in if i == 0 else out,
-                reaches_loss=c_reaches,
-                checkpointing=checkpointing,
-                checkpointed=checkpointing and child.checkpoint_unit,
-                locate=_child_locate(child, locate),
-                shard_unit=child.checkpoint_unit,
-                bias_ok=c_bias,
-                idle=idle,
-                saved=saved,
-            )
-            target = None if setup.lora is None or idle else saved_name(setup.lora, kw["path"])
-            if target is not None and (saved or adapter):
-                where = "inside the module modules_to_save already copies" if saved else f"inside the LoRA layer '{path}'"
-                raise _save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
-                                  "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
-            if target is not None:
-                kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
-                inst = _wrapped(library, plain[0], kw, target)
-            else:
-                inst = _instance(library, c_formula, **kw)
-            children.append(inst)
-            out = _grad_out(inst) if c_reaches else out
+        made, out = _copies(library, child, count, c_formula, plain, dict(
+            module=module, given=c_given, tensors=c_tensors, setup=setup, batch=c_batch, seq=c_seq, trainable=c_requires,
+            reaches_loss=c_reaches, checkpointing=checkpointing, checkpointed=checkpointing and child.checkpoint_unit,
+            locate=_child_locate(child, locate), shard_unit=child.checkpoint_unit, bias_ok=c_bias, idle=idle, saved=saved),
+            path=path, template=template, index=index, grad_in=c_grad_in, previous=previous, adapter=adapter)
+        children.extend(made)
         previous = out
         upstream = upstream or out
     return Instance(
@@ -418,6 +375,55 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
         bias_only=bias_only,
         idle=idle,
     )
+
+
+def _copies(library: Library, child, count: int, c_formula: Formula, plain: tuple, shared: dict, *, path: str, template: str,
+            index: tuple, grad_in: bool, previous: bool, adapter: bool) -> tuple[list[Instance], bool]:
+    """The `count` instances of one child (`shared`: the keywords they all take) and whether
+    the last one's output requires grad (`previous` when the child reaches no loss); a child
+    that modules_to_save names is wrapped."""
+    setup, c_reaches, idle, saved = shared["setup"], shared["reaches_loss"], shared["idle"], shared["saved"]
+    made, out = [], previous
+    for i in range(count):
+        name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
+        c_template = f"{child.name}[{{}}]" if count > 1 or child.count is not None else child.name
+        kw = dict(shared, path=f"{path}.{name}", template=f"{template}.{c_template}",
+                  index=index + ((i,) if "{}" in c_template else ()), grad_in=grad_in if i == 0 else out)
+        target = None if setup.lora is None or idle else saved_name(setup.lora, kw["path"])
+        if target is not None and (saved or adapter):
+            where = "inside the module modules_to_save already copies" if saved else f"inside the LoRA layer '{path}'"
+            raise _save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
+                              "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
+        if target is not None:
+            kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
+            inst = _wrapped(library, plain[0], kw, target)
+        else:
+            inst = _instance(library, c_formula, **kw)
+        made.append(inst)
+        out = _grad_out(inst) if c_reaches else out
+    return made, out
+
+
+def _peft_child(library: Library, setup: Setup, formula: Formula, child, plain: tuple, *, path: str, module: str, idle: bool,
+                saved: bool, adapter: bool) -> tuple[Formula, Mapping[str, Any], Mapping[str, str], bool]:
+    """A child linear as peft leaves it: adapted by LoRA (its formula lora_linear, the adapters
+    trained), quantized by bitsandbytes (frozen), or as it is. NB: the adapter's own linears
+    (inside a lora_linear) are never adapted again, and peft adapts nothing inside a module
+    modules_to_save names (_check_target_module_exists)."""
+    c_formula, c_given, c_tensors, c_requires = plain
+    if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
+            and lora_target(setup.lora, module, f"{path}.{child.name}")):
+        c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
+        c_requires = True  # the adapters train; lora_linear's base_layer is frozen
+    elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
+        if idle or saved:
+            raise _save_error(setup, saved_name(setup.lora, path) or "", "E322",
+                              f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
+                              "of a 4-/8-bit weight cannot require grad",
+                              "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
+        c_formula, c_given = _quantized(library, setup.quantization, c_given)
+        c_requires = False
+    return c_formula, c_given, c_tensors, c_requires
 
 
 ADAPTED = ("lora_linear", "dora_linear")

@@ -105,214 +105,15 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     spec instantiates declares it in its `setups:` (`formulas`: the library to read them
     from, default the shipped formulas).
     """
-    data = dict(DEFAULTS)
-    # NB: mixed precision is DeepSpeed's master weights where DeepSpeed is stated: a ZeRO stage
-    # in the experiment or on the command line, or a DeepSpeed config
-    deepspeed_stated = any(k in (overrides or {}) for k in ("deepspeed", "zero")) or (
-        doc is not None and "zero" in (doc.data.get("parallel") or {}))
-    precision_stated = "precision" in (overrides or {}) or (doc is not None and "precision" in doc.data)
-    data["trainable"] = [m.name for m in spec.modules]
-    # NB: a text-only model's batch has no image unless the experiment says so
-    data["images_per_sample"] = 1 if spec.image_tokens else 0
-    if doc is not None:
-        data.update(doc.data)
-    overrides = dict(overrides or {})
-    parallel = dict(DEFAULTS["parallel"])
-    parallel.update(data.get("parallel") or {})
-    if "deepspeed" in overrides:
-        # NB: a DeepSpeed config replaces the experiment's DeepSpeed keys as a whole: what it
-        # leaves out takes DeepSpeed's defaults, not the experiment's values
-        parallel = {k: parallel[k] for k in ("dp", "zero", "tp", "pp", "sp")} | overrides.pop("deepspeed")
-    for key in ("dp", "zero"):
-        if key in overrides:
-            parallel[key] = overrides.pop(key)
-    if "fsdp" in overrides:
-        # NB: --fsdp-* flags change single keys of the experiment's fsdp block; None turns it off
-        fsdp_flags = overrides.pop("fsdp")
-        parallel["fsdp"] = None if fsdp_flags is None else {**(parallel.get("fsdp") or {}), **fsdp_flags}
-        fsdp_from_flags = True
-    else:
-        fsdp_from_flags = False
-    for key in ("tp", "pp", "sp", "offload_optimizer", "offload_param"):
-        # NB: kept in `overrides` so that a problem with them is shown at the flag
-        if key in overrides:
-            parallel[key] = overrides[key]
-    lora_flags = set(overrides["lora"]) if overrides.get("lora") is not None else set()
-    if overrides.get("lora") is not None:
-        # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
-        overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
-    if "param_groups" in overrides:
-        # NB: --param-groups changes one key of the optimizer block, whichever optimizer it is
-        groups = overrides.pop("param_groups")
-        if "optimizer" in overrides:
-            overrides["optimizer"] = {**overrides["optimizer"], "param_groups": groups}
-        else:
-            data["optimizer"] = {**data["optimizer"], "param_groups": groups}
-    if spec.attention and "attention" not in overrides and (doc is None or "attention" not in doc.data):
-        # NB: an experiment that names no implementation gets the one transformers picks
-        data["attention"] = spec.attention[0]
-    stated = "trainable" in overrides or (doc is not None and "trainable" in doc.data)
-    if "versions" in overrides:
-        # NB: --transformers-version changes one key of the experiment's versions block
-        overrides["versions"] = {**(data.get("versions") or {}), **overrides["versions"]}
-    data.update(overrides)
-    if data.get("lora") and not stated:
-        # NB: peft's get_peft_model freezes every base weight; the spec names what the
-        # model's own LoRA recipe trains in full besides (LLaVA: the projector)
-        data["trainable"] = list(spec.lora_trainable)
-    data["parallel"] = parallel
-    file = doc.file if doc is not None else spec.file
-    data["precision_given"] = data["precision"]
-    data["precision"] = PRECISION_NAMES.get(data["precision"], data["precision"])
-    data["precision_mode"] = precision_mode(data["precision"], data.get("precision_mode"), deepspeed_stated=deepspeed_stated,
-                                            precision_stated=precision_stated, fsdp=parallel.get("fsdp") is not None)
-
-    problems: list[Diagnostic] = []
-
-    def where(key: str) -> tuple[str, str]:
-        """(file, path) of a key: the flag when overridden, else the experiment's key."""
-        if key in overrides:
-            return "", FLAGS.get(key, "--" + key.replace("_", "-"))
-        return file, "$." + key
-
-    def complain(key: str, code: str, message: str, help: str | None = None, index: int | None = None):
-        f, p = where(key)
-        if f and doc is not None:
-            target = p if index is None else child_path(p, index)
-            problems.append(doc.diag(code, target, message, help))
-        else:
-            problems.append(Diagnostic(code, f, 0, 0, p, message, help))
-
-    for key in ("micro_batch", "seq_len"):
-        if key not in data:
-            complain(key, "E201", f"missing {key.replace('_', '-')}", f"give --{key.replace('_', '-')} N or use an experiment file")
-    module_names = [m.name for m in spec.modules]
-    for key in ("trainable", "gradient_checkpointing"):
-        for i, name in enumerate(data.get(key) or ()):
-            if name not in module_names:
-                complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
-    optimizer = _optimizer(data["optimizer"], complain)
-    data["transformers"] = _transformers(data.get("versions") or {}, complain)
-    try:
-        alloc_conf = AllocatorConfig.parse(data.get("alloc_conf") or "")
-    except AllocConfError as error:
-        complain("alloc_conf", "E330", f"PYTORCH_CUDA_ALLOC_CONF: {error}", error.help)
-        alloc_conf = AllocatorConfig()
-    if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
-        # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
-        # without weight decay; other optimizers on DTensor shards are not modelled
-        complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
-                 "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
-    if spec.attention and data["attention"] not in spec.attention:
-        complain(
-            "attention",
-            "E714",
-            f"{spec.model} does not run with attention '{data['attention']}' in transformers",
-            f"it takes {', '.join(spec.attention)} ({spec.attention[0]} by default; the spec's attention list in {spec.file})",
-        )
-    if parallel.get("fsdp") is not None and parallel["zero"] > 0:
-        if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
-            problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
-                                       "drop --zero (or the DeepSpeed config), or drop --fsdp"))
-        else:
-            problems.append(doc.diag("E310", "$.parallel", f"fsdp and zero {parallel['zero']} both shard the model; a run uses one",
-                                     "remove `zero` for FSDP2, or `fsdp` for DeepSpeed"))
-    if parallel["zero"] > 0 and parallel["dp"] == 1:
-        pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
-    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
-    if not spec.image_tokens and data["images_per_sample"]:
-        complain("images_per_sample", "E324",
-                 f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
-                 "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
-    _check_video(data, spec, complain)
-    if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
-        complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
-                 "give the image size the batches really have")
-    if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
-        complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
-                 "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
-    # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
-    # another size has its token count in the formulas only, so the check needs the default.
-    # NB: a tiled spec's images take more than the base image's tokens: the formulas' count
-    # (E723) checks them at every size, LLaVA-NeXT-Video's frames at their pooled count
-    if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size and spec.anyres is None:
-        # NB: videos on a model that takes none are refused above (E327), not counted here
-        items = vision_items(data["images_per_sample"], data["videos_per_sample"] if spec.video_temporal_patch else 0,
-                             data.get("video_frames") or 0, spec.video_temporal_patch or 1)
-        need = items * spec.image_tokens
-        if data["seq_len"] < need:
-            what = f"{data['images_per_sample']} x {spec.image_tokens}" if items == data["images_per_sample"] else \
-                f"{items} images and temporal patches x {spec.image_tokens}"
-            complain(
-                "seq_len",
-                "E501",
-                f"seq_len {data['seq_len']} is shorter than the image tokens it must hold ({what} = {need})",
-                "seq_len counts the LLM positions of the text and the image tokens together",
-            )
-    gpu = None
-    gpus, consts = gpu_catalog()
-    if data.get("gpu"):
-        found = find_gpu(str(data["gpu"]), gpus, consts)
-        if isinstance(found, Gpu):
-            gpu = found
-        else:
-            complain("gpu", *found)
-    margin = consts.margin
-    if data.get("margin") is not None:
-        try:
-            margin = parse_margin(str(data["margin"]))
-        except ValueError as error:
-            complain("margin", "E506", f"'{data['margin']}' is not a margin: {error}",
-                     "write a percentage of the GPU's memory, e.g. 5%, or a size, e.g. 2GiB (2^30 bytes) or 2GB (10^9 bytes)")
-    if (margin.percent or 0) >= 100 or (gpu is not None and margin.reserve(gpu.memory) >= gpu.memory):
-        whole = f"{gpu.key}'s {gpu.memory / 2**30:.2f} GiB" if gpu is not None else "the GPU"
-        complain("margin", "E204", f"a margin of {margin.text} leaves nothing of {whole}", "keep less free, e.g. --margin 5%")
-    if data.get("activation_offloading") and data["gradient_checkpointing"]:
-        complain("activation_offloading", "E315",
-                 "activation offloading together with gradient checkpointing is not modelled",
-                 "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
-    for key in ("packing", "activation_offloading"):
-        if data.get(key) and (data["images_per_sample"] or data["videos_per_sample"]):
-            complain(key, "E316",
-                     f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
-                     + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
-                     f"set images_per_sample: 0 (a text-only model), or {key}: false")
-    if data["precision_mode"] == "autocast":
-        _check_autocast(data, parallel, complain)
-    if data["transformers"] < OLDER_TRANSFORMERS:
-        _check_older_transformers(data, parallel, complain)
-    # NB: packing or offloading with images is refused above, whatever the formulas declare
-    refused = _check_setups(data, parallel, spec, formulas, complain,
-                            {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
-    if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
-        _check_model_parallel(parallel, data, spec, complain)
-    deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
-    if problem:
-        # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
-        flag = next((k for k in (("offload_optimizer", "offload_param") if problem[0] == "E311" else ("offload_param", "offload_optimizer"))
-                     if k in overrides), None) if problem[0] in ("E311", "E806", "E807") else None
-        complain(flag or "parallel", problem[0], problem[1], problem[2])
-    if problems:
-        # NB: problems only with flags are the command line's: exit 2, as argparse's own are
-        raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
-    lora = _lora(data.get("lora"))
-    for name in sorted(lora.modules) if lora else ():
-        if name not in module_names:
-            complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
-    if lora is not None:
-        lora = _lora_located(lora, lora_flags, file, doc)
-        _check_lora_extras(lora, parallel, complain)
-    quantization = _quantization(data.get("quantization"))
-    if quantization is not None:
-        for name in sorted(quantization.modules):
-            if name not in module_names:
-                complain("quantization", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
-        trained = sorted(quantization.modules & (frozenset(data["trainable"]) - (lora.modules if lora else frozenset())))
-        if trained:
-            complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
-                     "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
-    if problems:
-        raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
+    r = _Resolution(doc, spec, overrides or {})
+    optimizer, alloc_conf = r.check_knobs()
+    image_size = r.check_media()
+    gpu, margin, consts = r.gpu_and_margin()
+    deepspeed = r.check_combinations(formulas)
+    r.raise_problems()
+    lora, quantization = r.peft()
+    r.raise_problems()
+    data, parallel, file = r.data, r.parallel, r.file
     values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
     return Setup(
         experiment=data.get("experiment", spec.model),
@@ -355,6 +156,252 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         precision_mode=data["precision_mode"],
         transformers=data["transformers"],
     )
+
+
+class _Resolution:
+    """One experiment being resolved: its values merged from the defaults, the file and the
+    flags (`data`, `parallel`), and the problems found so far, each at the key or flag that
+    set it."""
+
+    def __init__(self, doc: Document | None, spec: Spec, overrides: Mapping[str, Any]):
+        self.doc, self.spec = doc, spec
+        self.problems: list[Diagnostic] = []
+        data = dict(DEFAULTS)
+        # NB: mixed precision is DeepSpeed's master weights where DeepSpeed is stated: a ZeRO stage
+        # in the experiment or on the command line, or a DeepSpeed config
+        deepspeed_stated = any(k in (overrides or {}) for k in ("deepspeed", "zero")) or (
+            doc is not None and "zero" in (doc.data.get("parallel") or {}))
+        precision_stated = "precision" in (overrides or {}) or (doc is not None and "precision" in doc.data)
+        data["trainable"] = [m.name for m in spec.modules]
+        # NB: a text-only model's batch has no image unless the experiment says so
+        data["images_per_sample"] = 1 if spec.image_tokens else 0
+        if doc is not None:
+            data.update(doc.data)
+        overrides = dict(overrides or {})
+        parallel = dict(DEFAULTS["parallel"])
+        parallel.update(data.get("parallel") or {})
+        if "deepspeed" in overrides:
+            # NB: a DeepSpeed config replaces the experiment's DeepSpeed keys as a whole: what it
+            # leaves out takes DeepSpeed's defaults, not the experiment's values
+            parallel = {k: parallel[k] for k in ("dp", "zero", "tp", "pp", "sp")} | overrides.pop("deepspeed")
+        for key in ("dp", "zero"):
+            if key in overrides:
+                parallel[key] = overrides.pop(key)
+        if "fsdp" in overrides:
+            # NB: --fsdp-* flags change single keys of the experiment's fsdp block; None turns it off
+            fsdp_flags = overrides.pop("fsdp")
+            parallel["fsdp"] = None if fsdp_flags is None else {**(parallel.get("fsdp") or {}), **fsdp_flags}
+            fsdp_from_flags = True
+        else:
+            fsdp_from_flags = False
+        for key in ("tp", "pp", "sp", "offload_optimizer", "offload_param"):
+            # NB: kept in `overrides` so that a problem with them is shown at the flag
+            if key in overrides:
+                parallel[key] = overrides[key]
+        lora_flags = set(overrides["lora"]) if overrides.get("lora") is not None else set()
+        if overrides.get("lora") is not None:
+            # NB: --lora-* flags change single keys of the experiment's lora block; None turns it off
+            overrides["lora"] = {**(data.get("lora") or {}), **overrides["lora"]}
+        if "param_groups" in overrides:
+            # NB: --param-groups changes one key of the optimizer block, whichever optimizer it is
+            groups = overrides.pop("param_groups")
+            if "optimizer" in overrides:
+                overrides["optimizer"] = {**overrides["optimizer"], "param_groups": groups}
+            else:
+                data["optimizer"] = {**data["optimizer"], "param_groups": groups}
+        if spec.attention and "attention" not in overrides and (doc is None or "attention" not in doc.data):
+            # NB: an experiment that names no implementation gets the one transformers picks
+            data["attention"] = spec.attention[0]
+        stated = "trainable" in overrides or (doc is not None and "trainable" in doc.data)
+        if "versions" in overrides:
+            # NB: --transformers-version changes one key of the experiment's versions block
+            overrides["versions"] = {**(data.get("versions") or {}), **overrides["versions"]}
+        data.update(overrides)
+        if data.get("lora") and not stated:
+            # NB: peft's get_peft_model freezes every base weight; the spec names what the
+            # model's own LoRA recipe trains in full besides (LLaVA: the projector)
+            data["trainable"] = list(spec.lora_trainable)
+        data["parallel"] = parallel
+        file = doc.file if doc is not None else spec.file
+        data["precision_given"] = data["precision"]
+        data["precision"] = PRECISION_NAMES.get(data["precision"], data["precision"])
+        data["precision_mode"] = precision_mode(data["precision"], data.get("precision_mode"), deepspeed_stated=deepspeed_stated,
+                                                precision_stated=precision_stated, fsdp=parallel.get("fsdp") is not None)
+
+        self.data, self.overrides, self.parallel, self.file = data, overrides, parallel, file
+        self.fsdp_from_flags, self.lora_flags = fsdp_from_flags, lora_flags
+        self.module_names = [m.name for m in spec.modules]
+
+    def where(self, key: str) -> tuple[str, str]:
+        """(file, path) of a key: the flag when overridden, else the experiment's key."""
+        if key in self.overrides:
+            return "", FLAGS.get(key, "--" + key.replace("_", "-"))
+        return self.file, "$." + key
+
+    def complain(self, key: str, code: str, message: str, help: str | None = None, index: int | None = None):
+        f, p = self.where(key)
+        if f and self.doc is not None:
+            target = p if index is None else child_path(p, index)
+            self.problems.append(self.doc.diag(code, target, message, help))
+        else:
+            self.problems.append(Diagnostic(code, f, 0, 0, p, message, help))
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            # NB: problems only with flags are the command line's: exit 2, as argparse's own are
+            raise (UsageError if all(not d.file for d in self.problems) else MemspecError)(self.problems)
+
+    def check_knobs(self) -> tuple[Optimizer, AllocatorConfig]:
+        """The knobs one by one: present, known modules, the optimizer, the release, the allocator's settings, the kernel."""
+        data, parallel, spec = self.data, self.parallel, self.spec
+        doc, complain, problems = self.doc, self.complain, self.problems
+        module_names, fsdp_from_flags = self.module_names, self.fsdp_from_flags
+        for key in ("micro_batch", "seq_len"):
+            if key not in data:
+                complain(key, "E201", f"missing {key.replace('_', '-')}", f"give --{key.replace('_', '-')} N or use an experiment file")
+        for key in ("trainable", "gradient_checkpointing"):
+            for i, name in enumerate(data.get(key) or ()):
+                if name not in module_names:
+                    complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
+        optimizer = _optimizer(data["optimizer"], complain)
+        data["transformers"] = _transformers(data.get("versions") or {}, complain)
+        try:
+            alloc_conf = AllocatorConfig.parse(data.get("alloc_conf") or "")
+        except AllocConfError as error:
+            complain("alloc_conf", "E330", f"PYTORCH_CUDA_ALLOC_CONF: {error}", error.help)
+            alloc_conf = AllocatorConfig()
+        if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
+            # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
+            # without weight decay; other optimizers on DTensor shards are not modelled
+            complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
+                     "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
+        if spec.attention and data["attention"] not in spec.attention:
+            complain(
+                "attention",
+                "E714",
+                f"{spec.model} does not run with attention '{data['attention']}' in transformers",
+                f"it takes {', '.join(spec.attention)} ({spec.attention[0]} by default; the spec's attention list in {spec.file})",
+            )
+        if parallel.get("fsdp") is not None and parallel["zero"] > 0:
+            if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
+                problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
+                                           "drop --zero (or the DeepSpeed config), or drop --fsdp"))
+            else:
+                problems.append(doc.diag("E310", "$.parallel", f"fsdp and zero {parallel['zero']} both shard the model; a run uses one",
+                                         "remove `zero` for FSDP2, or `fsdp` for DeepSpeed"))
+        if parallel["zero"] > 0 and parallel["dp"] == 1:
+            pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
+        return optimizer, alloc_conf
+
+    def check_media(self) -> tuple[int, int] | None:
+        """The images and videos against the model and the sequence; the image size in use."""
+        data, spec, complain = self.data, self.spec, self.complain
+        image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+        if not spec.image_tokens and data["images_per_sample"]:
+            complain("images_per_sample", "E324",
+                     f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
+                     "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
+        _check_video(data, spec, complain)
+        if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
+            complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
+                     "give the image size the batches really have")
+        if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
+            complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
+                     "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
+        # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
+        # another size has its token count in the formulas only, so the check needs the default.
+        # NB: a tiled spec's images take more than the base image's tokens: the formulas' count
+        # (E723) checks them at every size, LLaVA-NeXT-Video's frames at their pooled count
+        if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size and spec.anyres is None:
+            # NB: videos on a model that takes none are refused above (E327), not counted here
+            items = vision_items(data["images_per_sample"], data["videos_per_sample"] if spec.video_temporal_patch else 0,
+                                 data.get("video_frames") or 0, spec.video_temporal_patch or 1)
+            need = items * spec.image_tokens
+            if data["seq_len"] < need:
+                what = f"{data['images_per_sample']} x {spec.image_tokens}" if items == data["images_per_sample"] else \
+                    f"{items} images and temporal patches x {spec.image_tokens}"
+                complain(
+                    "seq_len",
+                    "E501",
+                    f"seq_len {data['seq_len']} is shorter than the image tokens it must hold ({what} = {need})",
+                    "seq_len counts the LLM positions of the text and the image tokens together",
+                )
+        return image_size
+
+    def gpu_and_margin(self) -> tuple[Gpu | None, Margin, DeviceConstants]:
+        """The GPU asked about and the margin a verdict keeps."""
+        data, complain = self.data, self.complain
+        gpu = None
+        gpus, consts = gpu_catalog()
+        if data.get("gpu"):
+            found = find_gpu(str(data["gpu"]), gpus, consts)
+            if isinstance(found, Gpu):
+                gpu = found
+            else:
+                complain("gpu", *found)
+        margin = consts.margin
+        if data.get("margin") is not None:
+            try:
+                margin = parse_margin(str(data["margin"]))
+            except ValueError as error:
+                complain("margin", "E506", f"'{data['margin']}' is not a margin: {error}",
+                         "write a percentage of the GPU's memory, e.g. 5%, or a size, e.g. 2GiB (2^30 bytes) or 2GB (10^9 bytes)")
+        if (margin.percent or 0) >= 100 or (gpu is not None and margin.reserve(gpu.memory) >= gpu.memory):
+            whole = f"{gpu.key}'s {gpu.memory / 2**30:.2f} GiB" if gpu is not None else "the GPU"
+            complain("margin", "E204", f"a margin of {margin.text} leaves nothing of {whole}", "keep less free, e.g. --margin 5%")
+        return gpu, margin, consts
+
+    def check_combinations(self, formulas: Library | None) -> DeepSpeed | None:
+        """Setups that exclude each other or that the formulas do not model; DeepSpeed's buffers."""
+        data, parallel, spec, overrides, complain = self.data, self.parallel, self.spec, self.overrides, self.complain
+        if data.get("activation_offloading") and data["gradient_checkpointing"]:
+            complain("activation_offloading", "E315",
+                     "activation offloading together with gradient checkpointing is not modelled",
+                     "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
+        for key in ("packing", "activation_offloading"):
+            if data.get(key) and (data["images_per_sample"] or data["videos_per_sample"]):
+                complain(key, "E316",
+                         f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
+                         + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
+                         f"set images_per_sample: 0 (a text-only model), or {key}: false")
+        if data["precision_mode"] == "autocast":
+            _check_autocast(data, parallel, complain)
+        if data["transformers"] < OLDER_TRANSFORMERS:
+            _check_older_transformers(data, parallel, complain)
+        # NB: packing or offloading with images is refused above, whatever the formulas declare
+        refused = _check_setups(data, parallel, spec, formulas, complain,
+                                {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
+        if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
+            _check_model_parallel(parallel, data, spec, complain)
+        deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
+        if problem:
+            # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
+            flag = next((k for k in (("offload_optimizer", "offload_param") if problem[0] == "E311" else ("offload_param", "offload_optimizer"))
+                         if k in overrides), None) if problem[0] in ("E311", "E806", "E807") else None
+            complain(flag or "parallel", problem[0], problem[1], problem[2])
+        return deepspeed
+
+    def peft(self) -> tuple[Lora | None, Quantization | None]:
+        """The LoRA and quantization blocks, their modules known."""
+        data, parallel, spec, doc = self.data, self.parallel, self.spec, self.doc
+        complain, module_names, lora_flags, file = self.complain, self.module_names, self.lora_flags, self.file
+        lora = _lora(data.get("lora"))
+        for name in sorted(lora.modules) if lora else ():
+            if name not in module_names:
+                complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+        if lora is not None:
+            lora = _lora_located(lora, lora_flags, file, doc)
+            _check_lora_extras(lora, parallel, complain)
+        quantization = _quantization(data.get("quantization"))
+        if quantization is not None:
+            for name in sorted(quantization.modules):
+                if name not in module_names:
+                    complain("quantization", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+            trained = sorted(quantization.modules & (frozenset(data["trainable"]) - (lora.modules if lora else frozenset())))
+            if trained:
+                complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
+                         "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
+        return lora, quantization
 
 
 # Flags whose key in the experiment is spelled otherwise
