@@ -1016,7 +1016,8 @@ DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
     "processor_class": "DeepseekVLProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"height": 384, "width": 384},
 }
-# allenai/OLMo-2-0425-1B, config.json as of the repo's main (fp32 weights, one model.safetensors).
+# allenai/OLMo-2-0425-1B (fp32 weights, one model.safetensors). NB reconstructed, not copied: the
+# released config.json's values as published, checked against the published parameter count.
 OLMO_2_0425_1B = {
     "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
     "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
@@ -1025,8 +1026,10 @@ OLMO_2_0425_1B = {
     "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.48.0", "use_cache": True,
     "vocab_size": 100352,
 }
-# bigcode/starcoder2-3b, config.json as of the repo's main (fp32 weights in 2 shards; the head tied
-# to the embeddings, tie_word_embeddings left at its default, true).
+# bigcode/starcoder2-3b (fp32 weights in 2 shards; the head tied to the embeddings,
+# tie_word_embeddings left at its default, true). NB reconstructed, not copied: the released
+# config.json's values as published, checked against the published parameter count; the three
+# dropouts (0.1 each) are the least certain.
 STARCODER2_3B = {
     "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1, "embedding_dropout": 0.1,
     "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072,
@@ -1036,7 +1039,8 @@ STARCODER2_3B = {
     "torch_dtype": "float32", "transformers_version": "4.37.0.dev0", "use_bias": True, "use_cache": True,
     "vocab_size": 49152,
 }
-# stabilityai/stablelm-2-1_6b, config.json as of the repo's main (fp16 weights, one model.safetensors).
+# stabilityai/stablelm-2-1_6b (fp16 weights, one model.safetensors). NB reconstructed, not copied:
+# the released config.json's values as published, checked against the published parameter count.
 STABLELM_2_1_6B = {
     "architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257, "eos_token_id": 100257,
     "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
@@ -1046,8 +1050,9 @@ STABLELM_2_1_6B = {
     "transformers_version": "4.38.0", "use_cache": True, "use_parallel_residual": False, "use_qkv_bias": True,
     "vocab_size": 100352,
 }
-# ibm-granite/granite-3.0-2b-base, config.json as of the repo's main (bf16 weights in 2 shards; the
-# head tied to embed_tokens).
+# ibm-granite/granite-3.0-2b-base (bf16 weights in 2 shards; the head tied to embed_tokens). NB
+# reconstructed, not copied: the released config.json's values as published, checked against the
+# published parameter count; attention_dropout 0.1 is the least certain.
 GRANITE_3_0_2B = {
     "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.1,
     "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
@@ -1061,7 +1066,11 @@ TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes"
 
 
 def write_qwen3_vl(name: str, folder: str, shards: int) -> None:
-    """One Qwen3-VL fixture from specs/qwen3_vl/hf/<folder>/ (config.json, preprocessor_config.json)."""
+    """One Qwen3-VL fixture from specs/qwen3_vl/hf/<folder>/ (config.json, preprocessor_config.json).
+
+    NB: the 8B config and the preprocessor bounds match copies of the released files; the 2B's
+    text sizes (hidden 2048, intermediate 6144, 28 layers, 16 heads, 8 key-value heads) are the
+    published values, reconstructed, and checked only through the published 2.13B parameters."""
     hf = ROOT / "specs" / "qwen3_vl" / "hf" / folder
     config = json.loads((hf / "config.json").read_text())
     processor = json.loads((hf / "preprocessor_config.json").read_text())
