@@ -331,6 +331,19 @@ def paligemma_tensors(c: dict, dtype: str) -> list[tuple[str, str, list[int]]]:
     return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
+def gemma3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Gemma 3 (Gemma3ForConditionalGeneration) in the hub's layout: language_model.model.*
+    (Gemma 3 text, tied: no lm_head), multi_modal_projector.mm_input_projection_weight
+    ([vision hidden, text hidden], a bare parameter) and mm_soft_emb_norm, vision_tower.vision_model.*
+    (SigLIP, no head). The text config's unwritten sizes are Gemma3TextConfig's defaults."""
+    t, v = c["text_config"], c["vision_config"]
+    text = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208, **t}
+    language = gemma_tensors(text, prefix="language_model.model.", dtype=dtype)
+    projector = [("multi_modal_projector.mm_input_projection_weight", dtype, [v["hidden_size"], t["hidden_size"]]),
+                 ("multi_modal_projector.mm_soft_emb_norm.weight", dtype, [v["hidden_size"]])]
+    return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
+
+
 def idefics3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """Idefics3 / SmolVLM in the hub's layout: model.vision_model.* (SigLIP, no head),
     model.connector.modality_projection.proj (no bias; its input is the pixel-shuffled
@@ -820,6 +833,34 @@ PALIGEMMA2_3B_PT_896 = {
     "text_config": {**PALIGEMMA2_3B_PT_448["text_config"], "num_image_tokens": 4096},
     "vision_config": {**PALIGEMMA2_3B_PT_448["vision_config"], "image_size": 896, "num_image_tokens": 4096, "num_positions": 4096},
 }
+# google/gemma-3-4b-it and google/gemma-3-12b-it (2025-03; bfloat16, 2 and 5 shards): the text
+# configs write few keys, Gemma3TextConfig's defaults fill the rest (vocab_size 262208; the 4B's 8
+# query and 4 key-value heads of 256). NB reconstructed, not copied: the 4B's values match copies
+# of the released config.json in other projects' tests; the 12B's text sizes (hidden 3840,
+# intermediate 15360, 48 layers, 16 heads, 8 key-value heads) are the published values; both
+# checked against the published parameter counts (4,300,079,472 and 12,187,325,040).
+GEMMA_3_4B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False,
+    },
+}
+GEMMA_3_12B_IT = {
+    **GEMMA_3_4B_IT,
+    "text_config": {
+        "hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text", "num_attention_heads": 16,
+        "num_hidden_layers": 48, "num_key_value_heads": 8, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+}
 # HuggingFaceTB/SmolVLM-Instruct (2024-11; model_type idefics3, one bfloat16 shard) and
 # HuggingFaceM4/Idefics3-8B-Llama3 (2024-08; bfloat16, 4 shards), config.json and
 # preprocessor_config.json as of the repos' main (the generation-only keys left out).
@@ -1103,6 +1144,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "paligemma-3b-pt-224", PALIGEMMA_3B_PT_224, paligemma_tensors(PALIGEMMA_3B_PT_224, "F32"), shards=3)
     write_checkpoint(FIXTURES / "paligemma2-3b-pt-448", PALIGEMMA2_3B_PT_448, paligemma_tensors(PALIGEMMA2_3B_PT_448, "BF16"), shards=2)
     write_checkpoint(FIXTURES / "paligemma2-3b-pt-896", PALIGEMMA2_3B_PT_896, paligemma_tensors(PALIGEMMA2_3B_PT_896, "BF16"), shards=2)
+    write_checkpoint(FIXTURES / "gemma-3-4b-it", GEMMA_3_4B_IT, gemma3_tensors(GEMMA_3_4B_IT), shards=2)
+    write_checkpoint(FIXTURES / "gemma-3-12b-it", GEMMA_3_12B_IT, gemma3_tensors(GEMMA_3_12B_IT), shards=5)
     write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT),
                      processor=SMOLVLM_INSTRUCT_PROCESSOR)
     write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),

@@ -32,7 +32,7 @@ TRAINED_TOWER = sorted(
 # Pure bf16 or fp32 SGD: no optimizer step above the backward, which is the step's peak
 # (Qwen3-VL-2B's qwen3-vl.yaml and qwen3-vl-eager.yaml records are all SGD)
 SGD = sorted(p.name for p in TRACES.glob("*.json")
-             if p.name.startswith(("paligemma-sgd_", "idefics3-sgd_", "llava-1.5-sgd_", "qwen2-vl-sgd_", "qwen3-vl_2b_")))
+             if p.name.startswith(("paligemma-sgd_", "idefics3-sgd_", "llava-1.5-sgd_", "qwen2-vl-sgd_", "qwen3-vl_2b_", "gemma3-sgd_")))
 # What the phase comparison allows above a trace: the gate's MAPE, 0.5 %
 OVER = 0.005
 
@@ -95,7 +95,7 @@ def test_timeline_runs_the_tower_backward_before_the_token_embeddings():
 def test_the_records_cover_both_families():
     assert any(n.startswith("paligemma") for n in TRAINED_TOWER)
     assert any(n.startswith("idefics3") for n in TRAINED_TOWER)
-    assert {n.split("_")[0] for n in SGD} == {"paligemma-sgd", "idefics3-sgd", "llava-1.5-sgd", "qwen2-vl-sgd", "qwen3-vl"}
+    assert {n.split("_")[0] for n in SGD} == {"paligemma-sgd", "idefics3-sgd", "llava-1.5-sgd", "qwen2-vl-sgd", "qwen3-vl", "gemma3-sgd"}
 
 
 def test_qwen25vl_sgd_peak_holds_the_windowed_blocks_rng_state():

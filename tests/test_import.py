@@ -189,6 +189,16 @@ def _error(fn, *args, **kwargs) -> str:
         ("paligemma2-3b-pt-448", {"vision": 413_327_088, "projector": 2_656_512, "language": 2_617_143_552}),
         # PaliGemma2-3B-896: the 448 checkpoint with 4096 positions (+ 3072 * 1152 = 3_538_944)
         ("paligemma2-3b-pt-896", {"vision": 416_866_032, "projector": 2_656_512, "language": 2_617_143_552}),
+        # Gemma-3-4B-it: SigLIP so400m/14 at 896 (patch conv 678_528, positions 4096 * 1152 =
+        # 4_718_592, 27 * 15_239_504 layers, post-LN 2304), projector 1152 * 2560 + norm 1152,
+        # Gemma 3 text: 34 * 94_382_592 layers (q, o 2560 x 2048, k, v 2560 x 1024, q_norm and
+        # k_norm 256 each, MLP 3 * 2560 * 10240, four norms 4 * 2560) + one tied 671_252_480
+        # table (262208 x 2560) + norm 2560; 4_300_079_472 in all, the published count
+        ("gemma-3-4b-it", {"vision": 416_866_032, "projector": 2_950_272, "language": 3_880_263_168}),
+        # Gemma-3-12B-it: the same tower, projector 1152 * 3840 + 1152, 48 * 224_148_992 layers
+        # (q, o 3840 x 4096, k, v 3840 x 2048, MLP 3 * 3840 * 15360, norms 4 * 3840 + 2 * 256) +
+        # tied 1_006_878_720 (262208 x 3840) + norm 3840; 12_187_325_040 in all, the published count
+        ("gemma-3-12b-it", {"vision": 416_866_032, "projector": 4_424_832, "language": 11_766_034_176}),
         # SmolVLM-Instruct (idefics3): SigLIP so400m/14 at 384 (patch conv 678_528, positions
         # 729 * 1152 = 839_808, 27 * 15_239_504 layers, post-LN 2304), connector (pixel shuffle
         # 3 x 3: 1152 * 9 = 10_368 inputs) 10_368 * 2048, no bias, SmolLM2-1.7B with vocab 49155
