@@ -380,6 +380,31 @@ def deepseek_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
             + llama_tensors(t, prefix="model.language_model.", dtype=dtype))
 
 
+def mistral3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Mistral 3.1 / 3.2 (Mistral3ForConditionalGeneration) in the released checkpoints' layout:
+    vision_tower.* (PixtralVisionModel: patch_conv without bias, ln_pre, transformer.layers.N with
+    attention_norm, attention.q/k/v/o_proj, ffn_norm, feed_forward.gate/up/down_proj, no biases),
+    multi_modal_projector.* (norm, patch_merger.merging_layer, linear_1, linear_2 without bias),
+    language_model.model.* (Mistral) and language_model.lm_head (untied)."""
+    t, v = c["text_config"], c["vision_config"]
+    h, inter, p, ch = v["hidden_size"], v["intermediate_size"], v["patch_size"], v.get("num_channels", 3)
+    merge, d = c.get("spatial_merge_size", 2), t["hidden_size"]
+    out = [("vision_tower.patch_conv.weight", dtype, [h, ch, p, p]), ("vision_tower.ln_pre.weight", dtype, [h])]
+    for i in range(v["num_hidden_layers"]):
+        q = f"vision_tower.transformer.layers.{i}."
+        out += [(q + "attention_norm.weight", dtype, [h]), (q + "ffn_norm.weight", dtype, [h])]
+        out += [(q + f"attention.{n}.weight", dtype, [h, h]) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        out += [(q + "feed_forward.gate_proj.weight", dtype, [inter, h]), (q + "feed_forward.up_proj.weight", dtype, [inter, h]),
+                (q + "feed_forward.down_proj.weight", dtype, [h, inter])]
+    out += [
+        ("multi_modal_projector.norm.weight", dtype, [h]),
+        ("multi_modal_projector.patch_merger.merging_layer.weight", dtype, [h, h * merge * merge]),
+        ("multi_modal_projector.linear_1.weight", dtype, [d, h]),
+        ("multi_modal_projector.linear_2.weight", dtype, [d, d]),
+    ]
+    return out + llama_tensors(t, prefix="language_model.model.", head="language_model.lm_head.weight", dtype=dtype)
+
+
 def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """InternLM2 / InternLM2.5 (remote code InternLM2ForCausalLM): model.tok_embeddings, per layer
     attention.wqkv ([(heads + 2 kv heads) x head_dim, hidden]) and attention.wo, feed_forward.w1 / w3 / w2,
@@ -1103,6 +1128,35 @@ GRANITE_3_0_2B = {
     "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "transformers_version": "4.46.0.dev0", "use_cache": True, "vocab_size": 49155,
 }
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503, config.json as published (2025-03; the
+# 2506 release, Mistral-Small-3.2-24B-Instruct, has the same sizes). Pixtral tower: 24 layers of
+# 1024, 16 heads of 64, MLP 4096, patch 14, 1540 px longest edge; merger 2 x 2; Mistral-Small-24B:
+# 40 layers of 5120, 32 heads of 128 with 8 key-value heads, MLP 32768, vocabulary 131072,
+# lm_head untied. 24,011,361,280 parameters.
+MISTRAL_SMALL_3_1_24B = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10, "model_type": "mistral3",
+    "multimodal_projector_bias": False, "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+    "text_config": {
+        "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+        "intermediate_size": 32768, "max_position_embeddings": 131072, "model_type": "mistral", "num_attention_heads": 32,
+        "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
+        "sliding_window": None, "use_cache": True, "vocab_size": 131072,
+    },
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {
+        "attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu", "hidden_size": 1024, "image_size": 1540,
+        "initializer_range": 0.02, "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
+        "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0,
+    },
+    "vision_feature_layer": -1,
+}
+MISTRAL_SMALL_3_1_24B_PROCESSOR = {
+    "crop_size": None, "data_format": "channels_first", "do_center_crop": None, "do_convert_rgb": True,
+    "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "PixtralImageProcessor", "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "patch_size": {"height": 14, "width": 14}, "processor_class": "PixtralProcessor", "resample": 3,
+    "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540},
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1154,6 +1208,8 @@ def write_all() -> None:
                      processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT),
                      processor=DEEPSEEK_VL_1_3B_CHAT_PROCESSOR)
+    write_checkpoint(FIXTURES / "Mistral-Small-3.1-24B-Instruct-2503", MISTRAL_SMALL_3_1_24B,
+                     mistral3_tensors(MISTRAL_SMALL_3_1_24B), shards=10, processor=MISTRAL_SMALL_3_1_24B_PROCESSOR)
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))

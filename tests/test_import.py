@@ -221,6 +221,13 @@ def _error(fn, *args, **kwargs) -> str:
         # 2048^2, MLP 3 * 2048 * 5632, two norms; untied embeddings and lm_head 2 * 209_715_200;
         # norm 2048): 1,975,235,584 in all
         ("deepseek-vl-1.3b-chat", {"vision": 316_283_904, "projector": 6_295_552, "language": 1_652_656_128}),
+        # Mistral-Small-3.1-24B-Instruct-2503 (mistral3): Pixtral tower (patch conv 3 * 14 * 14 * 1024
+        # = 602_112, ln_pre 1024, 24 * 16_779_264 layers: q, k, v, o 1024^2, SwiGLU 3 * 1024 * 4096,
+        # two norms), projector (norm 1024, merging_layer 4096 * 1024, linear_1 1024 * 5120, linear_2
+        # 5120^2, no biases), Mistral-Small-24B with vocab 131072 (40 * 555_755_520 layers: q 5120 *
+        # 4096, k, v 5120 * 1024, o 4096 * 5120, MLP 3 * 5120 * 32768, two norms; untied embeddings
+        # and lm_head 2 * 671_088_640; norm 5120): 24,011,361,280 in all
+        ("Mistral-Small-3.1-24B-Instruct-2503", {"vision": 403_305_472, "projector": 35_652_608, "language": 23_572_403_200}),
         # Qwen3-VL-2B (qwen3_vl): the tower is the patch conv 1024 x 3 x 2 x 16 x 16 = 1_572_864 and
         # its bias 1024, the position table 2304 * 1024 = 2_359_296 and 24 * 12_596_224 blocks
         # (LayerNorms 4 * 1024, qkv 3072 x 1024 + 3072, proj 1024^2 + 1024, linear_fc1 4096 x 1024
