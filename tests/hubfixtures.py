@@ -1089,6 +1089,19 @@ AYA_EXPANSE_8B = {
     "pad_token_id": 0, "rope_theta": 10000, "torch_dtype": "float16", "transformers_version": "4.44.0",
     "use_cache": True, "use_qk_norm": False, "vocab_size": 256000,
 }
+# CohereForAI/c4ai-command-r7b-12-2024, config.json as of the repo's main (bf16 weights, four shards;
+# Cohere2ForCausalLM builds the same tensors as CohereForCausalLM without q/k norms).
+COMMAND_R7B_12_2024 = {
+    "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
+    "cache_implementation": "hybrid", "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "layer_norm_eps": 1e-05,
+    "logit_scale": 0.25, "max_position_embeddings": 8192, "model_type": "cohere2", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "order_of_interleaved_layers": "local_attn_first",
+    "pad_token_id": 0, "position_embedding_type": "rope_gptj", "rope_scaling": None, "rope_theta": 50000,
+    "rotary_pct": 1.0, "sliding_window": 4096, "sliding_window_pattern": 4, "torch_dtype": "bfloat16",
+    "transformers_version": "4.48.0.dev0", "use_cache": True, "use_embedding_sharder": True,
+    "use_gated_activation": True, "vocab_size": 256000,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1147,6 +1160,8 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
     write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "aya-expanse-8b", AYA_EXPANSE_8B, cohere_tensors(AYA_EXPANSE_8B), shards=4)
+    write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024,
+                     cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
