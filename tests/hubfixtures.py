@@ -589,6 +589,29 @@ def stablelm_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[i
     return out
 
 
+def cohere_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """CohereForCausalLM: one weight-only LayerNorm per layer (attention and MLP in parallel on
+    it), q/k/v/o without bias (attention_bias false), per-head q_norm and k_norm weights
+    [heads, head_dim] when use_qk_norm, a SwiGLU MLP without biases, the head tied to
+    embed_tokens (no lm_head tensor in the checkpoint)."""
+    h, inter, nh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = h // nh
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", dtype, [h]))
+        for proj, shape in (("q_proj", [nh * hd, h]), ("k_proj", [nkv * hd, h]), ("v_proj", [nkv * hd, h]),
+                            ("o_proj", [h, nh * hd])):
+            out.append((p + f"self_attn.{proj}.weight", dtype, shape))
+        if c.get("use_qk_norm"):
+            out += [(p + "self_attn.q_norm.weight", dtype, [nh, hd]), (p + "self_attn.k_norm.weight", dtype, [nkv, hd])]
+        out += [(p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+    out.append(("model.norm.weight", dtype, [h]))
+    return out
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -1157,6 +1180,31 @@ MISTRAL_SMALL_3_1_24B_PROCESSOR = {
     "patch_size": {"height": 14, "width": 14}, "processor_class": "PixtralProcessor", "resample": 3,
     "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540},
 }
+# CohereForAI/aya-expanse-8b (fp16 weights, four shards). NB reconstructed, not copied: the released
+# config.json's values as published, checked against the published 8.03B parameters and partial
+# copies in other projects.
+AYA_EXPANSE_8B = {
+    "architectures": ["CohereForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
+    "eos_token_id": 255001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "layer_norm_eps": 1e-05, "logit_scale": 0.125, "max_position_embeddings": 8192,
+    "model_type": "cohere", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pad_token_id": 0, "rope_theta": 10000, "torch_dtype": "float16", "transformers_version": "4.44.0",
+    "use_cache": True, "use_qk_norm": False, "vocab_size": 256000,
+}
+# CohereForAI/c4ai-command-r7b-12-2024 (bf16 weights, four shards; Cohere2ForCausalLM builds the
+# same tensors as CohereForCausalLM without q/k norms). NB reconstructed, not copied: the released
+# config.json's values as published, checked against the published parameter count.
+COMMAND_R7B_12_2024 = {
+    "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
+    "cache_implementation": "hybrid", "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "layer_norm_eps": 1e-05,
+    "logit_scale": 0.25, "max_position_embeddings": 8192, "model_type": "cohere2", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "order_of_interleaved_layers": "local_attn_first",
+    "pad_token_id": 0, "position_embedding_type": "rope_gptj", "rope_scaling": None, "rope_theta": 50000,
+    "rotary_pct": 1.0, "sliding_window": 4096, "sliding_window_pattern": 4, "torch_dtype": "bfloat16",
+    "transformers_version": "4.48.0.dev0", "use_cache": True, "use_embedding_sharder": True,
+    "use_gated_activation": True, "vocab_size": 256000,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1222,6 +1270,9 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
     write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
     write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
+    write_checkpoint(FIXTURES / "aya-expanse-8b", AYA_EXPANSE_8B, cohere_tensors(AYA_EXPANSE_8B), shards=4)
+    write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024,
+                     cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):

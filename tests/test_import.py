@@ -124,6 +124,12 @@ def _error(fn, *args, **kwargs) -> str:
         # 2 * 2048 * 512 for 8 key-value heads of 64, gate, up, down 3 * 2048 * 8192, norms 2 * 2048)
         # + the tied 49155 x 2048 table 100_669_440 + norm 2048: the published 2.5B
         ("granite-3.0-2b-base", {"language": 2_533_531_648}),
+        # Aya-Expanse-8B (cohere): 32 * 218_107_904 layers (q, o 2 * 4096^2, k, v 2 * 4096 * 1024,
+        # gate, up, down 3 * 4096 * 14336, one LayerNorm without bias 4096) + the tied 256000 x 4096
+        # table 1_048_576_000 + final LayerNorm 4096: the published 8.03B
+        ("aya-expanse-8b", {"language": 8_028_033_024}),
+        # Command R7B (cohere2): Aya-Expanse-8B's sizes and tensors, 8_028_033_024 (the published 8.03B)
+        ("c4ai-command-r7b-12-2024", {"language": 8_028_033_024}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm, granite): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm, granite, cohere, cohere2): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -27,6 +27,8 @@ MODELS = [
     ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
     ("stablelm-2-1_6b", "specs/stablelm/stablelm-2-1_6b.yaml", 1_644_515_328),
     ("granite-3.0-2b-base", "specs/granite/granite-3.0-2b-base.yaml", 2_533_531_648),
+    ("aya-expanse-8b", "specs/cohere/aya-expanse-8b.yaml", 8_028_033_024),
+    ("c4ai-command-r7b-12-2024", "specs/cohere2/c4ai-command-r7b-12-2024.yaml", 8_028_033_024),
 ]
 
 
@@ -66,7 +68,7 @@ def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
     lora = {"modules": ["language"], "target_modules": "all-linear"}
     peft_names = {re.sub(r"^[a-z_]+\.(layers|h)\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
     est = api.estimate(str(ROOT / spec), micro_batch=1, seq_len=128, lora={"r": 8})
-    adapted = {re.sub(r"^language\.(layers|h)\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
+    adapted = {re.sub(r"^language\.(layers|global_layers|h)\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
     assert adapted == peft_names
     assert "lm_head" not in adapted
 
@@ -274,3 +276,57 @@ def test_granite_is_llama_with_its_multipliers():
     lora = {r.path: r for r in api.estimate(spec, micro_batch=2, seq_len=2048, lora={"r": 16},
                                             gradient_checkpointing=["language"]).rows}
     assert lora["language.embed_tokens"].activations == 2 * x
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+    ({"attention_dropout": 0.1}, "dropout"),
+])
+def test_cohere_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "aya-expanse-8b", **change)
+    assert "E713" in message and words in message
+
+
+def test_cohere_layer_terms():
+    """Aya-Expanse-8B, trained, sdpa, batch 1, seq 2048 (x = 2048 * 4096 * 2 = 16 MiB): CohereLayerNorm
+    saves two fp32 copies of x - mean, the fp32 normalised x, rstd and the fp32 weight; the
+    rotary saves the model's 16-bit cos and sin and upcasts q and k for its products; LoRA on
+    the MLP alone makes the first layer's SiLU and product save though no gradient enters it."""
+    spec = str(ROOT / "specs/cohere/aya-expanse-8b.yaml")
+    rows = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    layer = "language.layers[0:32]"
+    x32 = 2048 * 4096 * 4
+    assert rows[f"{layer}.input_layernorm"].activations == 3 * x32 + 2048 * 4 + 4096 * 4
+    assert rows[f"{layer}.input_layernorm"].parameters == 4096 * 2
+    assert rows["language.layers[0].self_attn.rotary[0]"].activations == 2 * 2048 * 128 * 2
+    # the 16-bit q and k, their fp32 copies and q's three fp32 products (32 query, 8 key-value heads)
+    q, k = 2048 * 32 * 128, 2048 * 8 * 128
+    assert rows["language.layers[0].self_attn.rotary[0]"].transient_forward == 2 * (q + k) + 4 * (q + k) + 3 * 4 * q
+    # the tied head counts the table once
+    assert rows["language.lm_head"].parameters == 256000 * 4096 * 2
+    assert rows["language.embed_tokens"].parameters == 0
+    mlp_only = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, lora={"r": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]}).rows}
+    assert mlp_only[f"{layer}.mlp.act"].activations == 2048 * 14336 * 2
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+    ({"attention_dropout": 0.1}, "dropout"),
+    ({"use_qk_norm": True}, "use_qk_norm"),
+])
+def test_cohere2_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "c4ai-command-r7b-12-2024", **change)
+    assert "E713" in message and words in message
+
+
+def test_cohere2_global_layers_skip_the_rotary():
+    """Command R7B, trained, batch 1, seq 2048: 24 sliding-window layers with the rotary and 8
+    global ones without; eager materialises both the causal and the sliding mask [b, 1, s, s]."""
+    spec = str(ROOT / "specs/cohere2/c4ai-command-r7b-12-2024.yaml")
+    rows = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    assert "language.layers[0].self_attn.rotary[0]" in rows
+    assert not any(p.startswith("language.global_layers") and ".rotary" in p for p in rows)
+    # the kernel saves q, k and v (the projections' own outputs in a global layer) as in a sliding one
+    assert rows["language.global_layers[0:8].self_attn.core"].activations == rows["language.layers[0:24].self_attn.core"].activations
+    eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
+    assert eager["language"].transient_forward - rows["language"].transient_forward == 2 * 2048 * 2048 * 2

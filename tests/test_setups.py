@@ -52,6 +52,8 @@ ALLOWED = {
     "gemma3/gemma-3-4b-it.yaml": "",
     "gpt_neox/pythia-1.4b.yaml": "",
     "granite/granite-3.0-2b-base.yaml": "pack offload fused tp sp pp",
+    "cohere/aya-expanse-8b.yaml": "",
+    "cohere2/c4ai-command-r7b-12-2024.yaml": "",
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",

@@ -1,0 +1,11 @@
+"""cohere2 (text-only causal LM: Command R7B, Command A) for the measuring harness: the shared builder in `causal_lm.py`."""
+
+from __future__ import annotations
+
+from .causal_lm import load_config, make_batch, model_class_for, module_groups
+
+__all__ = ["load_config", "make_batch", "model_class", "module_groups"]
+
+
+def model_class():
+    return model_class_for("cohere2")
