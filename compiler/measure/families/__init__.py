@@ -41,6 +41,30 @@ def without_cache(config, config_path: Path):
     return config
 
 
+class NormalInit:
+    """transformers' `name` class, built with a random init that runs on fake tensors.
+
+    NB: SigLIP's `_init_weights` draws with `trunc_normal_` (lecun_normal_ via
+    transformers.initialization), whose torch implementation reads a tensor value that fake
+    tensors do not have (DataDependentOutputException); while the model is built it draws from
+    a plain normal instead, in place, which allocates nothing either way."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def _from_config(self, config, **kwargs):
+        import transformers
+        from transformers import initialization
+
+        table = initialization.TORCH_INIT_FUNCTIONS
+        original = table["trunc_normal_"]
+        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
+        try:
+            return getattr(transformers, self.__name__)._from_config(config, **kwargs)
+        finally:
+            table["trunc_normal_"] = original
+
+
 def image_first_tokens(exp: dict, n_image: int, image_token_id: int, detail: str = ""):
     """input_ids [b, s] with the sample's n_image image tokens first and text after, and labels
     that ignore the image positions; a sequence too short for the images is an ExperimentError
@@ -56,3 +80,23 @@ def image_first_tokens(exp: dict, n_image: int, image_token_id: int, detail: str
     labels = input_ids.clone()
     labels[:, :n_image] = IGNORE_INDEX
     return input_ids, labels
+
+
+def fixed_size_batch(config, exp: dict, dtype, per_image: int, token_type_ids: bool = False) -> dict:
+    """The batch of a tower that reads every image at its one size: pixel_values [b * images, C,
+    size, size], input_ids with each sample's images x `per_image` image tokens first, labels,
+    and with `token_type_ids` 1 over the image tokens (PaliGemma's and Gemma 3's prefix)."""
+    import torch
+
+    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
+    n_image = images * per_image
+    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
+    batch = {"input_ids": input_ids, "labels": labels}
+    if token_type_ids:
+        batch["token_type_ids"] = torch.zeros((b, s), dtype=torch.long)
+        batch["token_type_ids"][:, :n_image] = 1
+    batch["attention_mask"] = None
+    if images:
+        size = config.vision_config.image_size
+        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
+    return batch

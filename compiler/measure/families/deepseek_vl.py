@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import image_first_tokens, without_cache
+from . import NormalInit, fixed_size_batch, without_cache
 
 
 def load_config(config_path: Path):
@@ -24,29 +24,8 @@ def load_config(config_path: Path):
     return without_cache(DeepseekVLConfig(**json.loads(Path(config_path).read_text())), config_path)
 
 
-class _Builder:
-    """DeepseekVLForConditionalGeneration whose random init runs on fake tensors.
-
-    NB: SigLIP's `_init_weights` draws with `trunc_normal_`, which fake tensors cannot run
-    (see paligemma.py); while the model is built it draws from a plain normal instead.
-    """
-
-    @staticmethod
-    def _from_config(config, **kwargs):
-        from transformers import DeepseekVLForConditionalGeneration
-        from transformers import initialization
-
-        table = initialization.TORCH_INIT_FUNCTIONS
-        original = table["trunc_normal_"]
-        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
-        try:
-            return DeepseekVLForConditionalGeneration._from_config(config, **kwargs)
-        finally:
-            table["trunc_normal_"] = original
-
-
 def model_class():
-    return _Builder
+    return NormalInit("DeepseekVLForConditionalGeneration")
 
 
 def image_tokens_per_image(config) -> int:
@@ -65,10 +44,4 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, input_ids (image tokens first in every sample) and labels."""
-    b, images = exp["micro_batch"], exp["images_per_sample"]
-    input_ids, labels = image_first_tokens(exp, images * image_tokens_per_image(config), config.image_token_id)
-    size = config.vision_config.image_size
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
-    return batch
+    return fixed_size_batch(config, exp, dtype, image_tokens_per_image(config))

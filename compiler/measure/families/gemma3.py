@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import image_first_tokens
+from . import NormalInit, fixed_size_batch
 from .llava import module_groups  # noqa: F401  (model.vision_tower / model.multi_modal_projector / model.language_model, lm_head)
 
 
@@ -26,25 +26,8 @@ def load_config(config_path: Path):
     return config
 
 
-class _Gemma3Builder:
-    """Gemma3ForConditionalGeneration built as `paligemma._Builder` builds PaliGemma."""
-
-    @staticmethod
-    def _from_config(config, **kwargs):
-        from transformers import Gemma3ForConditionalGeneration
-        from transformers import initialization
-
-        table = initialization.TORCH_INIT_FUNCTIONS
-        original = table["trunc_normal_"]
-        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
-        try:
-            return Gemma3ForConditionalGeneration._from_config(config, **kwargs)
-        finally:
-            table["trunc_normal_"] = original
-
-
 def model_class():
-    return _Gemma3Builder
+    return NormalInit("Gemma3ForConditionalGeneration")
 
 
 def image_tokens_per_image(config) -> int:
@@ -54,13 +37,4 @@ def image_tokens_per_image(config) -> int:
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, input_ids (image tokens first), token_type_ids and labels."""
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
-    n_image = images * image_tokens_per_image(config)
-    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
-    size = config.vision_config.image_size
-    token_type_ids = torch.zeros((b, s), dtype=torch.long)
-    token_type_ids[:, :n_image] = 1
-    batch = {"input_ids": input_ids, "labels": labels, "token_type_ids": token_type_ids, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
-    return batch
+    return fixed_size_batch(config, exp, dtype, image_tokens_per_image(config), token_type_ids=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import image_first_tokens
+from . import fixed_size_batch
 
 
 
@@ -51,10 +51,4 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, input_ids (image tokens first in every sample) and labels."""
-    b, images = exp["micro_batch"], exp["images_per_sample"]
-    input_ids, labels = image_first_tokens(exp, images * image_tokens_per_image(config), config.image_token_id)
-    size = config.vision_config.image_size
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
-    return batch
+    return fixed_size_batch(config, exp, dtype, image_tokens_per_image(config))

@@ -16,7 +16,7 @@ import torch
 
 from ..experiment import ExperimentError
 from . import image_first_tokens
-from .llava_next import anyres
+from .llava_next import anyres, checkpoint_module, module_groups  # noqa: F401  (LLaVA-NeXT's layout)
 
 HOST_VALUES = ("image_sizes",)
 
@@ -34,19 +34,6 @@ def model_class():
     from transformers import LlavaNextVideoForConditionalGeneration
 
     return LlavaNextVideoForConditionalGeneration
-
-
-def module_groups(model) -> dict[str, list]:
-    """Experiment module names -> the submodules (and the image_newline parameter) they mean."""
-    return {
-        "vision": [model.model.vision_tower],
-        "projector": [model.model.multi_modal_projector, model.model.image_newline],
-        "language": [model.model.language_model, model.lm_head],
-    }
-
-
-def checkpoint_module(model, name: str) -> torch.nn.Module:
-    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
 
 
 def frame_tokens(config) -> int:

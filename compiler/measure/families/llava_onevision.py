@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import torch
 
 from ..experiment import ExperimentError
-from . import image_first_tokens
+from . import NormalInit, image_first_tokens
+from .llava_next import checkpoint_module, module_groups  # noqa: F401  (LLaVA-NeXT's layout: vision_tower, multi_modal_projector and image_newline, language_model)
 
 HOST_VALUES = ("image_sizes",)
 
@@ -32,39 +33,8 @@ def load_config(config_path: Path):
     return config
 
 
-class _Builder:
-    """LlavaOnevisionForConditionalGeneration whose random init runs on fake tensors: SigLIP's
-    `_init_weights` draws with `trunc_normal_`, which reads a tensor value fake tensors lack,
-    so a plain normal draws instead while the model is built (as `paligemma._Builder`)."""
-
-    @staticmethod
-    def _from_config(config, **kwargs):
-        from transformers import LlavaOnevisionForConditionalGeneration, initialization
-
-        table = initialization.TORCH_INIT_FUNCTIONS
-        original = table["trunc_normal_"]
-        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
-        try:
-            return LlavaOnevisionForConditionalGeneration._from_config(config, **kwargs)
-        finally:
-            table["trunc_normal_"] = original
-
-
 def model_class():
-    return _Builder
-
-
-def module_groups(model) -> dict[str, list]:
-    """Experiment module names -> the submodules (and the image_newline parameter) they mean."""
-    return {
-        "vision": [model.model.vision_tower],
-        "projector": [model.model.multi_modal_projector, model.model.image_newline],
-        "language": [model.model.language_model, model.lm_head],
-    }
-
-
-def checkpoint_module(model, name: str) -> torch.nn.Module:
-    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
+    return NormalInit("LlavaOnevisionForConditionalGeneration")
 
 
 def anyres(config, image_size: list[int]) -> tuple[int, int]:

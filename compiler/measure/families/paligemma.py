@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import image_first_tokens
+from . import NormalInit, fixed_size_batch
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 
@@ -28,31 +28,8 @@ def load_config(config_path: Path):
     return config
 
 
-class _Builder:
-    """PaliGemmaForConditionalGeneration whose random init runs on fake tensors.
-
-    NB: SigLIP's `_init_weights` draws with `trunc_normal_` (lecun_normal_ via
-    transformers.initialization), whose torch implementation reads a tensor value that fake
-    tensors do not have (DataDependentOutputException); while the model is built it draws from
-    a plain normal instead, in place, which allocates nothing either way.
-    """
-
-    @staticmethod
-    def _from_config(config, **kwargs):
-        from transformers import PaliGemmaForConditionalGeneration
-        from transformers import initialization
-
-        table = initialization.TORCH_INIT_FUNCTIONS
-        original = table["trunc_normal_"]
-        table["trunc_normal_"] = lambda tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: tensor.normal_(mean, std, generator=generator)
-        try:
-            return PaliGemmaForConditionalGeneration._from_config(config, **kwargs)
-        finally:
-            table["trunc_normal_"] = original
-
-
 def model_class():
-    return _Builder
+    return NormalInit("PaliGemmaForConditionalGeneration")
 
 
 def image_tokens_per_image(config) -> int:
@@ -62,13 +39,4 @@ def image_tokens_per_image(config) -> int:
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, input_ids (image tokens first), token_type_ids and labels."""
-    b, s, images = exp["micro_batch"], exp["seq_len"], exp["images_per_sample"]
-    n_image = images * image_tokens_per_image(config)
-    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
-    size = config.vision_config.image_size
-    token_type_ids = torch.ones((b, s), dtype=torch.long)
-    token_type_ids[:, :n_image] = 0
-    batch = {"input_ids": input_ids, "labels": labels, "token_type_ids": token_type_ids, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, config.vision_config.num_channels, size, size, dtype=dtype)
-    return batch
+    return fixed_size_batch(config, exp, dtype, image_tokens_per_image(config), token_type_ids=True)
