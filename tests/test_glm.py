@@ -2,83 +2,24 @@
 checked-in spec is what `memspec import` writes from its fixture, its parameter count is the one
 transformers' model reports for the same config.json (built on the meta device), peft's
 all-linear targets are the linear rows the estimate adapts, the variants the formulas do not
-model are refused, and the layer terms the traces decided are what the estimate charges."""
+model are refused (the first three in tests/test_llm_families.py), and the layer terms the
+traces decided are what the estimate charges."""
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 
-import hubfixtures as hf
+import test_llm_families as families
 from compiler import api
 from compiler.errors import MemspecError
-from compiler.inputs import importer
 
 ROOT = Path(__file__).resolve().parent.parent
 GLM = ROOT / "specs/glm/glm-4-9b-chat-hf.yaml"
 GLM4 = ROOT / "specs/glm4/glm-4-9b-0414.yaml"
 
-# (fixture, checked-in spec, parameters): the arithmetic is in tests/test_import.py
-MODELS = [
-    ("glm-4-9b-chat-hf", GLM, 9_399_951_360),
-    ("GLM-4-9B-0414", GLM4, 9_400_279_040),
-]
-
-
-@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
-def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
-    written = api.load_spec(spec)
-    imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
-    assert sum(m.parameters for m in written.modules) == parameters
-
-
-def _meta_model(fixture: str):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from compiler.measure.families import family_for
-
-    config_path = hf.FIXTURES / fixture / "config.json"
-    family = family_for(config_path)
-    with torch.device("meta"):
-        return family.model_class()._from_config(family.load_config(config_path))
-
-
-@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
-def test_parameters_are_what_transformers_builds(fixture, spec, parameters):
-    model = _meta_model(fixture)
-    assert sum(p.numel() for p in model.parameters()) == parameters
-
-
-@pytest.mark.parametrize("fixture, spec, parameters", MODELS)
-def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
-    """The estimate's LoRA rows are the linears the measuring harness hands to peft (every
-    nn.Linear but the output embedding), by Hugging Face's child names."""
-    from compiler.measure.harness import lora_targets
-
-    model = _meta_model(fixture)
-    lora = {"modules": ["language"], "target_modules": "all-linear"}
-    peft_names = {re.sub(r"^[a-z_]+\.layers\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
-    est = api.estimate(str(spec), micro_batch=1, seq_len=128, lora={"r": 8})
-    adapted = {re.sub(r"^language\.layers\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
-    assert adapted == peft_names
-    assert "lm_head" not in adapted
-
-
-def _import_with(tmp_path: Path, fixture: str, **changes) -> str:
-    folder = tmp_path / fixture
-    folder.mkdir()
-    config = json.loads((hf.FIXTURES / fixture / "config.json").read_text())
-    config.update(changes)
-    (folder / "config.json").write_text(json.dumps(config))
-    for f in (hf.FIXTURES / fixture).glob("*.safetensors"):
-        hf.sparse_copy(f, folder / f.name)
-    with pytest.raises(MemspecError) as exc:
-        importer.import_spec(str(folder))
-    return exc.value.render()
+# The checked-in specs against import, transformers' parameter counts and peft's all-linear
+# targets: tests/test_llm_families.py (MODELS), whose helpers these tests share.
 
 
 @pytest.mark.parametrize("fixture", ["glm-4-9b-chat-hf", "GLM-4-9B-0414"])
@@ -88,7 +29,7 @@ def _import_with(tmp_path: Path, fixture: str, **changes) -> str:
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
 ])
 def test_variants_not_modelled_are_refused(tmp_path, fixture, change, words):
-    message = _import_with(tmp_path, fixture, **change)
+    message = families._import_with(tmp_path, fixture, **change)
     assert "E713" in message and words in message
 
 
@@ -139,7 +80,7 @@ CHATGLM = [
 
 @pytest.mark.parametrize("fixture, spec, parameters", CHATGLM)
 def test_chatglm_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
-    test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters)
+    families.test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters)
 
 
 def test_chatglm_is_glm_hf_with_the_remote_codes_differences():
@@ -165,5 +106,5 @@ def test_chatglm_is_glm_hf_with_the_remote_codes_differences():
     ({"apply_residual_connection_post_layernorm": True}, "pre-norm"),
 ])
 def test_chatglm_variants_not_modelled_are_refused(tmp_path, change, words):
-    message = _import_with(tmp_path, "chatglm3-6b", **change)
+    message = families._import_with(tmp_path, "chatglm3-6b", **change)
     assert "E713" in message and words in message

@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, olmo2, starcoder2, stablelm, granite, cohere, cohere2): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, glm, glm4, olmo2, starcoder2, stablelm, granite, cohere, cohere2): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -23,6 +23,8 @@ MODELS = [
     ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
+    ("glm-4-9b-chat-hf", "specs/glm/glm-4-9b-chat-hf.yaml", 9_399_951_360),
+    ("GLM-4-9B-0414", "specs/glm4/glm-4-9b-0414.yaml", 9_400_279_040),
     ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
     ("starcoder2-3b", "specs/starcoder2/starcoder2-3b.yaml", 3_030_371_328),
     ("stablelm-2-1_6b", "specs/stablelm/stablelm-2-1_6b.yaml", 1_644_515_328),
