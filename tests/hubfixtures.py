@@ -508,6 +508,10 @@ def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]
                 (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
         if c["model_type"] == "glm4":
             out += [(p + "post_self_attn_layernorm.weight", dtype, [h]), (p + "post_mlp_layernorm.weight", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
 def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Olmo2ForCausalLM: no input norms; RMSNorms after the attention and the MLP
     (post_attention_layernorm, post_feedforward_layernorm), q_norm and k_norm over the whole q
@@ -546,6 +550,9 @@ def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
                 (p + "post_attention_layernorm.weight", dtype, [h]),
                 (p + "mlp.dense_h_to_4h.weight", dtype, [2 * inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
     out += [("transformer.encoder.final_layernorm.weight", dtype, [h]), ("transformer.output_layer.weight", dtype, [c["padded_vocab_size"], h])]
+    return out
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
