@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import transformers
 
 from ..memory.allocator import Allocator
+from ..pipeline.vocabulary import release_code
 from . import emulation, fsdp, tricks
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
@@ -62,8 +64,8 @@ MIN_STEPS = 2
 # v, out and the fp32 logsumexp and allocate the same backward accumulators), so it runs as
 # SDPA routed to flash.
 ATTN_IMPLEMENTATION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "sdpa"}
-# transformers 5 names a model's dtype `dtype`; 4.x `torch_dtype`
-DTYPE_KWARG = "dtype" if int(__import__("transformers").__version__.split(".")[0]) >= 5 else "torch_dtype"
+# transformers 5 names a model's dtype `dtype`; 4.x `torch_dtype` (an experiment's versions.transformers)
+DTYPE_KWARG = "dtype" if release_code(transformers.__version__) >= 5_000_000 else "torch_dtype"
 FA2_AS_SDPA = "flash_attention_2-measured-as-sdpa-flash"
 
 
