@@ -1,6 +1,7 @@
 """The GPU catalog (specs/gpus.yaml), `--gpu` as a memory size, the margin every "fits" verdict
 keeps free, and `memspec estimate --fail-if-oom`."""
 
+import json
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -48,20 +49,32 @@ def test_a_margin_is_a_percentage_or_a_size():
 
 
 def test_the_default_margin_covers_every_gpu_record():
-    """specs/gpus.yaml device.margin_pct is the worst under-estimate measured on a real GPU:
+    """specs/gpus.yaml device.margin_pct is the worst under-estimate measured on a real GPU,
+    per kind of step (without checkpointing; checkpointed; checkpointed with eager attention):
     no GPU record's allocated, reserved or device figure is estimated further below its
-    measurement, and the gate in tests/measured/thresholds.yaml keeps it so."""
-    margin = gpu_catalog()[1].margin
-    assert margin.percent == Fraction(1, 2) and margin.source == "specs/gpus.yaml device.margin_pct"
+    measurement than its kind's margin, and each margin is no wider than that needs (the
+    worst record of its kind within one percentage point of it)."""
+    consts = gpu_catalog()[1]
+    assert consts.margin.percent == 1 and consts.margin.source == "specs/gpus.yaml device.margin_pct"
+    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(17, 2)] * 2 + [Fraction(31, 2)]
     gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
-    # the gate lets an allocated figure be off by at most 0.5 % either way, and no reserved or device figure be under
-    assert margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
-    assert gate["reserved"]["max_under_estimates"] == gate["device"]["max_under_estimates"] == 0
-    errors = [(c.error(m), c.name, m) for c in validate_records([MEASURED / "gpu"])
-              for m in ("allocated", "reserved", "device") if c.error(m) is not None]
-    worst = min(errors)
-    # -0.48 %: llava-1.5-lora_13b_r16_qkvo_b1_s2048_sdpa_gc-on_drop0.05, allocated
-    assert -float(margin.percent) <= worst[0] < 0, worst
+    # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
+    assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
+    worst: dict[str, tuple] = {}
+    for c in validate_records([MEASURED / "gpu"]):
+        exp = json.loads(Path(c.file).read_text())["experiment"]
+        margin = consts.margin_for(bool(exp.get("gradient_checkpointing")), exp["attention"])
+        for m in ("allocated", "reserved", "device"):
+            error = c.error(m)
+            if error is not None and error < 0:
+                assert -error <= margin.percent, (c.name, m, error, margin.text)
+                worst[margin.source] = min(worst.get(margin.source, (0,)), (error, c.name, m))
+    # PaliGemma 2 allocated, LLaVA-OneVision-0.5B reserved, Qwen2.5-0.5B eager reserved
+    assert {k: round(v[0], 2) for k, v in worst.items()} == {
+        "specs/gpus.yaml device.margin_pct": -0.70,
+        "specs/gpus.yaml device.margin_pct.checkpointed": -8.43,
+        "specs/gpus.yaml device.margin_pct.checkpointed_eager": -15.46,
+    }, worst
 
 
 # nvidia-smi's memory.total (MiB) and the architecture of each card added with the margin work

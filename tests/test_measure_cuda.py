@@ -145,8 +145,9 @@ def test_validate_checks_the_verdict_of_an_out_of_memory_record(tmp_path):
     c = compare(tmp_path / "oom.json")
     assert c.out_of_memory and c.fits is False and c.error("allocated") is None
     assert verdicts([c]).missed == ()
-    # the same OOM on a setup the estimate says fits (the pretrain step, 75 GB on 80) is a miss
-    missed = dict(base, name="missed", out_of_memory={"step": 2, "phase": "backward", "message": "CUDA out of memory."})
+    # the same OOM on a setup the estimate says fits (projector-only at b 4, 55 GB on 80) is a miss
+    fitting = json.loads((Path("tests/measured/gpu/llava-1.5_7b_proj_b4_s2048_sdpa_gc-off.json")).read_text())
+    missed = dict(fitting, name="missed", out_of_memory={"step": 2, "phase": "backward", "message": "CUDA out of memory."})
     (tmp_path / "missed.json").write_text(json.dumps(missed))
     m = compare(tmp_path / "missed.json")
     assert m.fits is True and verdicts([c, m]).missed == ("missed",)

@@ -85,11 +85,12 @@ def test_json_rows_lora_ranks(capsys):
     data = json.loads(_run(capsys, LORA, "--lora-rank", "off,8,64", "--micro-batch", "2", "--format", "json"))
     assert data["schema"] == "memspec/sweep/v1"
     assert data["knobs"] == {"micro_batch": [2], "lora_rank": ["off", 8, 64]}
-    # the experiment's gpu:, 40 GiB = 42,949,672,960 B; 0.5 % of it = 214,748,364.8 B, rounded up
-    # to 214,748,365 B kept free, so a device figure up to 42,734,924,595 B fits
-    assert data["gpu"] == {"key": "a100-40gb", "memory": 40 * 2**30, "budget": 42_734_924_595,
-                           "margin": {"percent": 0.5, "bytes": 214_748_365, "source": "specs/gpus.yaml device.margin_pct",
-                                      "summary": "the worst under-estimate measured on a GPU"}}
+    # the experiment's gpu:, 40 GiB = 42,949,672,960 B; the experiment checkpoints, so the
+    # catalog's checkpointed margin, 8.5 % of it = 3,650,722,201.6 B, rounded up to
+    # 3,650,722,202 B kept free: a device figure up to 39,298,950,758 B fits
+    assert data["gpu"] == {"key": "a100-40gb", "memory": 40 * 2**30, "budget": 39_298_950_758,
+                           "margin": {"percent": 8.5, "bytes": 3_650_722_202, "source": "specs/gpus.yaml device.margin_pct.checkpointed",
+                                      "summary": "the worst under-estimate measured on a GPU for a checkpointed step"}}
     assert [r["lora_rank"] for r in data["rows"]] == ["off", 8, 64]
     for row in data["rows"]:
         lora = None if row["lora_rank"] == "off" else {"r": row["lora_rank"]}

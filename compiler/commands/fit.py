@@ -179,5 +179,7 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None,
     found, at = (), None
     if resolve is not None and not within(base, budget):
         at = 1 if micro.value is None else setup.micro_batch
-        found = levers(spec, replace(setup, micro_batch=at), budget, resolve)
+        # NB: a margin from the catalog is the kind of step's: each lever's own
+        own = margin.source.startswith("specs/gpus.yaml")
+        found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve)
     return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)

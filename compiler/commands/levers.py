@@ -94,8 +94,10 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     return out
 
 
-def levers(spec: Spec, setup: Setup, budget: int, resolve: Callable[[Mapping[str, Any]], Setup]) -> tuple[Lever, ...]:
-    """Each lever alone on `setup` (its micro-batch and sequence), as in the module docstring."""
+def levers(spec: Spec, setup: Setup, budget: int | None, resolve: Callable[[Mapping[str, Any]], Setup]) -> tuple[Lever, ...]:
+    """Each lever alone on `setup` (its micro-batch and sequence), as in the module docstring.
+    `budget` None: each lever's setup within the GPU's memory less its own catalog margin
+    (turning checkpointing on changes the margin, specs/gpus.yaml device.margin_pct)."""
     out = []
     for name, tries in candidates(spec, setup):
         found = None
@@ -105,7 +107,7 @@ def levers(spec: Spec, setup: Setup, budget: int, resolve: Callable[[Mapping[str
                 report = run(spec, replace(changed, gpu=setup.gpu, target=setup.target), table=False)
             except MemspecError:
                 continue  # NB: a lever this setup refuses (activation offloading, FSDP, tp) is no lever
-            found = Lever(name, flags, report.device, within(report, budget))
+            found = Lever(name, flags, report.device, within(report, report.budget if budget is None else budget))
             if found.fits:
                 break
         if found is not None:

@@ -339,7 +339,7 @@ class _Resolution:
                 gpu = found
             else:
                 complain("gpu", *found)
-        margin = consts.margin
+        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"))
         if data.get("margin") is not None:
             try:
                 margin = parse_margin(str(data["margin"]))
