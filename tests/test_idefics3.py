@@ -4,6 +4,7 @@ patch that lets the vision tower's all-true patch mask be skipped under fake ten
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,17 @@ def test_all_true_patch_mask_is_skipped_as_on_a_gpu():
             assert masking_utils._ignore_bidirectional_mask_sdpa(every, 729) is True
             assert masking_utils._ignore_bidirectional_mask_sdpa(padded, 729) is False
     assert masking_utils._ignore_bidirectional_mask_sdpa(every, 729) is False   # restored
+
+
+def test_the_measured_image_token_is_inside_the_embedding():
+    """SmolVLM-Instruct's config.json names image token 49190 beside a 49,155-row embedding,
+    which a GPU's embedding lookup refuses (the four SmolVLM steps of gpu-idefics3.yaml died of
+    it on the H100): the measuring model marks the image positions with the last row instead.
+    Idefics3-8B's token (128257 of 128259 rows) is its own."""
+    from compiler.measure.families import idefics3
+
+    smol = idefics3.load_config(FIX / "SmolVLM-Instruct" / "config.json")
+    assert (smol.image_token_id, smol.text_config.vocab_size) == (49_154, 49_155)
+    big = idefics3.load_config(FIX / "Idefics3-8B-Llama3" / "config.json")
+    assert big.image_token_id == json.loads((FIX / "Idefics3-8B-Llama3" / "config.json").read_text())["image_token_id"]
+    assert big.image_token_id < big.text_config.vocab_size

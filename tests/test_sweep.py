@@ -206,3 +206,16 @@ def test_choices_are_the_estimators():
 
     assert BY_NAME["attention"].choices == tuple(ATTENTION)
     assert sorted(BY_NAME["precision"].choices) == sorted(PRECISION_NAMES)
+
+
+def test_a_sweep_over_checkpointing_keeps_each_points_margin(capsys):
+    """The catalog's margin depends on the kind of step: each point is judged with its own
+    (checkpointed 8.5 %, plain 1 %), the JSON gives each point's budget and the text names both."""
+    tiny = "tests/measured/tiny/tiny-finetune.yaml"
+    data = json.loads(_run(capsys, tiny, "--gradient-checkpointing", "on,off", "--gpu", "h100-80gb", "--format", "json"))
+    h100 = 81_559 * 2**20  # 85,520,809,984 B
+    # 8.5 % of it rounds up to 7,269,268,849 B kept free; 1 % to 855,208,100 B
+    assert [(r["gradient_checkpointing"], r["budget"]) for r in data["rows"]] == [("on", h100 - 7_269_268_849), ("off", h100 - 855_208_100)]
+    text = _run(capsys, tiny, "--gradient-checkpointing", "on,off", "--gpu", "h100-80gb")
+    assert "margins by kind of step: 8.5 % = 6.77 GiB kept free (specs/gpus.yaml device.margin_pct.checkpointed:" in text
+    assert "; 1 % = 0.80 GiB kept free (specs/gpus.yaml device.margin_pct: " in text

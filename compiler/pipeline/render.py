@@ -390,8 +390,18 @@ def _sweep_values(row) -> dict[str, Any]:
     out.update(allocated=r.allocated, reserved=r.reserved, device=r.device, first_step=r.estimate.first_step.total,
                peak_phase=r.estimate.peak.phase, peak_layer=r.estimate.peak.path)
     if r.gpu is not None:
-        out.update(fits=row.fits, headroom=row.headroom)
+        # NB: each point's own budget: the catalog's margin depends on the kind of step
+        # (checkpointing, eager attention), which a sweep may vary
+        out.update(fits=row.fits, headroom=row.headroom, budget=r.budget)
     return out
+
+
+def _sweep_margins(s) -> str:
+    """The margin line, or each distinct margin of the points with the points' kinds."""
+    margins = list(dict.fromkeys(row.report.margin for row in s.rows))
+    if len(margins) == 1:
+        return margin_line(margins[0], s.gpu.memory)
+    return "margins by kind of step: " + "; ".join(margin_line(m, s.gpu.memory).removeprefix("margin ") for m in margins)
 
 
 def sweep_columns(s) -> list[str]:
@@ -449,7 +459,7 @@ def sweep_text(s) -> str:
 
     title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
     if s.gpu is not None:
-        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB), {margin_line(s.rows[0].report.margin, s.gpu.memory)}"
+        title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB), {_sweep_margins(s)}"
     lines = [title, *origin_lines(s.spec), "", line(head), *(line(c) for c in body), "",
              "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
              + (" with the GPU's memory less the margin" if s.gpu is not None else ""),

@@ -45,7 +45,16 @@ def load_config(config_path: Path):
     """Idefics3Config from a config.json, with the KV cache off (training)."""
     from transformers import Idefics3Config
 
-    return without_cache(Idefics3Config(**json.loads(Path(config_path).read_text())), config_path)
+    config = without_cache(Idefics3Config(**json.loads(Path(config_path).read_text())), config_path)
+    vocab = config.text_config.vocab_size
+    if config.image_token_id >= vocab:
+        # NB: SmolVLM-Instruct's config.json names image token 49190 beside a 49,155-row
+        # embedding. Idefics3Model embeds the input ids before it puts the image features at
+        # the image token's positions, so on a GPU that lookup is out of range (a device-side
+        # assert in the gather); on fake tensors nothing checks it. Which id marks the image
+        # positions allocates nothing: the embedding's last row stands for it.
+        config.image_token_id = vocab - 1
+    return config
 
 
 def model_class():
