@@ -48,6 +48,12 @@ class Scripted:
         reserved = self.n * 1000 + 512
         return cuda.PhasePeak(self.n * 1000, reserved, BASELINE + CONTEXT + reserved - BASELINE)
 
+    def start_history(self):
+        self.kept = [("segment_alloc", 1 << 20, 2 << 20), ("alloc", 1 << 20, 512)]
+
+    def history(self):
+        return tuple(self.kept)
+
 
 @pytest.fixture
 def attach(monkeypatch):
@@ -175,3 +181,16 @@ def test_a_matrix_on_the_device_measures_each_entry_in_its_own_process(tmp_path,
     err = capsys.readouterr().err
     assert "2 failed: m_b1, m_b2" in err
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_the_allocators_history_is_kept_from_the_models_build_on(attach):
+    """--memory-history: the counters start keeping before the model is built and hand the
+    trace back with the measurement; without it there is none."""
+    m = cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted(), history=True)
+    assert m.history == (("segment_alloc", 1 << 20, 2 << 20), ("alloc", 1 << 20, 512))
+    assert cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted()).history is None
+
+
+def test_memory_history_needs_a_device(capsys, tmp_path):
+    assert run([str(TINY / "tiny-finetune.yaml"), "--memory-history", str(tmp_path / "h.jsonl.gz")]) == 2
+    assert "needs --device cuda" in capsys.readouterr().err

@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="TEXT", help="with --matrix: entries whose name contains TEXT")
     parser.add_argument("--device", type=_cuda_device, metavar="cuda[:N]",
                         help="run the steps on this CUDA device instead of tracing them on fake tensors")
+    parser.add_argument("--memory-history", metavar="PATH", dest="memory_history",
+                        help="with --device: keep the caching allocator's trace of every allocation and free "
+                             "(gzip JSON lines; with --matrix PATH is a folder, one NAME.history.jsonl.gz each); "
+                             "python -m compiler.measure.history replays it through the allocator model")
     parser.add_argument("--format", choices=["json", "text"], default="json",
                         help="json: the record (default); text: a one-line summary per record")
 
@@ -115,8 +119,12 @@ def _measure_one(name: str, exp: dict, args) -> dict:
     if getattr(args, "device", None):
         from . import cuda
 
-        return record.build_gpu_record(name, exp, cuda.measure(exp, steps=args.steps, device=args.device),
-                                       harness.config_sha256(exp["config"]))
+        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=bool(args.memory_history))
+        if args.memory_history:
+            from . import history
+
+            history.write(Path(args.memory_history), measurement.history or ())
+        return record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"]))
     measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline))
     if args.timeline:
         with open(args.timeline, "w", encoding="utf-8") as handle:
@@ -200,7 +208,8 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
     from . import record
 
     child = multiprocessing.get_context("spawn").Process(
-        target=_measure_child, args=(name, exp, args.steps, args.device, str(path)))
+        target=_measure_child, args=(name, exp, args.steps, args.device, str(path),
+                                     str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None))
     child.start()
     child.join()
     if child.exitcode != 0 or not path.exists():
@@ -209,18 +218,24 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
     return record.read_record(path)
 
 
-def _measure_child(name: str, exp: dict, steps: int, device: str, path: str) -> None:
-    from . import cuda, harness, record
+def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: str | None = None) -> None:
+    from . import cuda, harness, history, record
 
     try:
-        measurement = cuda.measure(exp, steps=steps, device=device)
+        measurement = cuda.measure(exp, steps=steps, device=device, history=history_path is not None)
     except ExperimentError as exc:
         _say(f"error: {exc}")
         raise SystemExit(EXIT_INPUT) from None
+    if history_path is not None:
+        Path(history_path).parent.mkdir(parents=True, exist_ok=True)
+        history.write(Path(history_path), measurement.history or ())
     record.write_record(record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"])), path)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.memory_history and not getattr(args, "device", None):
+        _say("memspec measure: --memory-history is the CUDA caching allocator's own trace; it needs --device cuda")
+        return EXIT_USAGE
     if getattr(args, "device", None) and (args.timeline or args.inventory):
         _say("memspec measure: --timeline and --inventory come from the trace; they cannot be taken with --device")
         return EXIT_USAGE

@@ -83,6 +83,9 @@ class GpuMeasurement:
     baseline: int | None
     applied: tuple[str, ...]  # behaviours that differ from the experiment's letter (FA2 as SDPA)
     out_of_memory: OutOfMemory | None = None
+    # with history: the caching allocator's own trace from before the model was built
+    # (compiler.measure.history: (action, address, size), oldest first)
+    history: tuple[tuple[str, int, int], ...] | None = None
 
 
 class Counters(Protocol):
@@ -94,6 +97,8 @@ class Counters(Protocol):
     def baseline(self) -> int | None: ...
     def reset(self) -> None: ...
     def read(self) -> PhasePeak: ...
+    def start_history(self) -> None: ...  # begin keeping every allocation and free
+    def history(self) -> tuple[tuple[str, int, int], ...]: ...  # what was kept; stops keeping
 
 
 class TorchCuda:
@@ -125,6 +130,22 @@ class TorchCuda:
             reserved=torch.cuda.max_memory_reserved(self.index),
             device=None if used is None or self._baseline is None else used - self._baseline,
         )
+
+    # torch.cuda.memory._record_memory_history keeps this many trace entries (a ring): a 7B
+    # model's three steps make a few hundred thousand allocations and frees. No tracebacks
+    # (context None): with them an entry is several KB; the order and sizes are what a replay needs.
+    HISTORY_ENTRIES = 4_000_000
+
+    def start_history(self) -> None:
+        torch.cuda.memory._record_memory_history("all", context=None, max_entries=self.HISTORY_ENTRIES)
+
+    def history(self) -> tuple[tuple[str, int, int], ...]:
+        from . import history
+
+        torch.cuda.synchronize(self.index)
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return tuple(history.events(snapshot, self.index))
 
     def _nvml_used(self) -> int | None:
         """NVML's used bytes (torch.cuda.device_memory_used, which maps CUDA_VISIBLE_DEVICES to
@@ -204,8 +225,11 @@ def _attention_kernel(exp: dict) -> Iterator[tuple[str, ...]]:
         yield (harness.FA2_AS_SDPA,)
 
 
-def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None) -> GpuMeasurement:
-    """Run `steps` training steps of `exp` on `device`; see the module docstring."""
+def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None,
+            history: bool = False) -> GpuMeasurement:
+    """Run `steps` training steps of `exp` on `device`; see the module docstring. `history`:
+    keep the caching allocator's trace of every allocation and free, from the model's build on
+    (`GpuMeasurement.history`)."""
     check_runnable(exp)
     if steps < harness.MIN_STEPS:
         raise ValueError(f"at least {harness.MIN_STEPS} steps: step 1 creates the optimizer states")
@@ -218,6 +242,8 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
     name, total = counters.accelerator()
     config = harness.load_config(exp["config"])
     log = _StepLog(counters)
+    if history:
+        counters.start_history()
     try:
         with where:
             model = harness.build_model(config, exp)
@@ -225,7 +251,8 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
     except counters.oom_error as exc:
         # NB: the weights alone do not fit; the highest reached stands as step 0's setup phase
         log.steps.append(GpuStep(0, {SETUP: counters.read()}))
-        return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), (), OutOfMemory(0, SETUP, _first_line(exc)))
+        return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), (), OutOfMemory(0, SETUP, _first_line(exc)),
+                              counters.history() if history else None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, scale = harness._make_optimizer(exp, model, trainable, _Relabels())
 
@@ -250,7 +277,8 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
                 oom = OutOfMemory(step, log.phase or FORWARD, _first_line(exc))
                 log.cut_short()
                 break
-    return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom)
+    return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom,
+                          counters.history() if history else None)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,112 @@
+"""A GPU step's own allocation history, and its replay through the caching allocator model.
+
+Contract: `events(snapshot, index)` reads the trace of `torch.cuda.memory._snapshot()` (what
+`_record_memory_history` kept for device `index`) into `(action, address, size)` tuples in
+order; `write` / `read` keep them as gzip JSON lines beside a record
+(`memspec measure --device cuda --memory-history PATH`); `replay(events)` runs every alloc
+and completed free through `compiler.memory.allocator.Allocator` and returns a `Replay`: the
+model's peak reserved and allocated for the GPU's own sequence beside the GPU's (its segment
+allocations and frees summed, and its blocks). Where the two reserved figures differ, the
+allocator model is wrong for that sequence; where they agree and the trace's replay does not,
+the traced sequence is (the order or sizes of the CPU trace's allocations).
+
+Run as `python -m compiler.measure.history FILE...` it prints one line per history.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ..memory.allocator import Allocator, AllocatorConfig
+
+# The actions of torch.cuda.memory's trace entries (c10/cuda/CUDACachingAllocator.h,
+# TraceEntry::Action): a block handed out, one freed (completed: back in the cache, after any
+# stream use), a segment cudaMalloc'd or cudaFree'd by the allocator itself.
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
+SEGMENT_ALLOC, SEGMENT_FREE = "segment_alloc", "segment_free"
+KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)
+
+
+def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
+    """The device's trace as (action, address, size), oldest first, the actions in KEPT."""
+    traces = snapshot.get("device_traces") or []
+    if index >= len(traces):
+        return []
+    return [(e["action"], int(e["addr"]), int(e["size"])) for e in traces[index] if e.get("action") in KEPT]
+
+
+def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
+    with gzip.open(path, "wt") as f:
+        for event in history:
+            f.write(json.dumps(event) + "\n")
+
+
+def read(path: Path) -> list[tuple[str, int, int]]:
+    with gzip.open(path, "rt") as f:
+        return [tuple(json.loads(line)) for line in f if line.strip()]
+
+
+@dataclass(frozen=True)
+class Replay:
+    allocations: int  # allocs replayed
+    model_reserved: int  # the allocator model's peak reserved for the GPU's own sequence
+    model_allocated: int
+    gpu_reserved: int  # the GPU's peak of segment allocations less segment frees
+    gpu_allocated: int  # the GPU's peak of live blocks
+    unmatched_frees: int  # frees of blocks allocated before the history began
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.model_reserved - self.gpu_reserved) / self.gpu_reserved if self.gpu_reserved else 0.0
+
+
+def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None) -> Replay:
+    """NB: a block is keyed by its address, which the GPU reuses once it is freed: each alloc
+    replaces the key's previous (freed) block. Sizes are the blocks' (already rounded)."""
+    model = Allocator(config or AllocatorConfig())
+    live: dict[int, int] = {}
+    reserved = peak_reserved = allocated = peak_allocated = 0
+    allocs = unmatched = 0
+    for action, addr, size in history:
+        if action == ALLOC:
+            model.malloc(addr, size)
+            live[addr] = size
+            allocs += 1
+            allocated += size
+            peak_allocated = max(peak_allocated, allocated)
+        elif action == FREE_COMPLETED:
+            if addr in live:
+                model.free(addr)
+                allocated -= live.pop(addr)
+            else:
+                unmatched += 1
+        elif action == SEGMENT_ALLOC:
+            reserved += size
+            peak_reserved = max(peak_reserved, reserved)
+        elif action == SEGMENT_FREE:
+            reserved -= size
+    return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched)
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
+    if not paths:
+        print("usage: python -m compiler.measure.history HISTORY.jsonl.gz ...", file=sys.stderr)
+        return 2
+    gib = 2**30
+    for path in paths:
+        r = replay(read(path))
+        print(f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
+              f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "
+              f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated"
+              + (f"; {r.unmatched_frees} frees of blocks from before the history" if r.unmatched_frees else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
