@@ -916,6 +916,17 @@ GEMMA_3_12B_IT = {
         "sliding_window": 1024,
     },
 }
+# google/gemma-3-27b-it (2025-03; bfloat16, 12 shards): config.json reconstructed from the published
+# values (the repo is gated; its text config writes head_dim 128 and query_pre_attn_scalar 168 beside
+# the sizes, the rest as the 12B's): 27,432,406,640 parameters with the tower, the published 27.4B.
+GEMMA_3_27B_IT = {
+    **GEMMA_3_4B_IT,
+    "text_config": {
+        "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+        "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+    },
+}
 # HuggingFaceTB/SmolVLM-Instruct (2024-11; model_type idefics3, one bfloat16 shard) and
 # HuggingFaceM4/Idefics3-8B-Llama3 (2024-08; bfloat16, 4 shards), config.json and
 # preprocessor_config.json as of the repos' main (the generation-only keys left out).
@@ -1255,6 +1266,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "paligemma2-3b-pt-896", PALIGEMMA2_3B_PT_896, paligemma_tensors(PALIGEMMA2_3B_PT_896, "BF16"), shards=2)
     write_checkpoint(FIXTURES / "gemma-3-4b-it", GEMMA_3_4B_IT, gemma3_tensors(GEMMA_3_4B_IT), shards=2)
     write_checkpoint(FIXTURES / "gemma-3-12b-it", GEMMA_3_12B_IT, gemma3_tensors(GEMMA_3_12B_IT), shards=5)
+    write_checkpoint(FIXTURES / "gemma-3-27b-it", GEMMA_3_27B_IT, gemma3_tensors(GEMMA_3_27B_IT), shards=12)
     write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT),
                      processor=SMOLVLM_INSTRUCT_PROCESSOR)
     write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),

@@ -205,6 +205,10 @@ def _error(fn, *args, **kwargs) -> str:
         # (q, o 3840 x 4096, k, v 3840 x 2048, MLP 3 * 3840 * 15360, norms 4 * 3840 + 2 * 256) +
         # tied 1_006_878_720 (262208 x 3840) + norm 3840; 12_187_325_040 in all, the published count
         ("gemma-3-12b-it", {"vision": 416_866_032, "projector": 4_424_832, "language": 11_766_034_176}),
+        # Gemma-3-27B-it: the same tower, projector 1152 * 5376 + 1152, 62 * 412_898_560 layers
+        # (q, o 5376 x 4096, k, v 5376 x 2048 (head_dim 128), MLP 3 * 5376 * 21504, norms 4 * 5376 +
+        # 2 * 128) + tied 1_409_630_208 (262208 x 5376) + norm 5376; 27_432_406_640 in all, the published 27.4B
+        ("gemma-3-27b-it", {"vision": 416_866_032, "projector": 6_194_304, "language": 27_009_346_304}),
         # SmolVLM-Instruct (idefics3): SigLIP so400m/14 at 384 (patch conv 678_528, positions
         # 729 * 1152 = 839_808, 27 * 15_239_504 layers, post-LN 2304), connector (pixel shuffle
         # 3 x 3: 1152 * 9 = 10_368 inputs) 10_368 * 2048, no bias, SmolLM2-1.7B with vocab 49155

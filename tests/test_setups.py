@@ -49,6 +49,7 @@ ALLOWED = {
     "gemma2/gemma-2-9b.yaml": "",
     "gemma3/gemma-3-12b-it.yaml": "",
     "gemma3/gemma-3-1b-pt.yaml": "",
+    "gemma3/gemma-3-27b-it.yaml": "",
     "gemma3/gemma-3-4b-it.yaml": "",
     "gpt_neox/pythia-1.4b.yaml": "",
     "granite/granite-3.0-2b-base.yaml": "pack offload fused tp sp pp",
