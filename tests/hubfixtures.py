@@ -405,6 +405,21 @@ def mistral3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return out + llama_tensors(t, prefix="language_model.model.", head="language_model.lm_head.weight", dtype=dtype)
 
 
+def pixtral_llava_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Pixtral-12B in its llava form (mistral-community/pixtral-12b: LlavaForConditionalGeneration):
+    vision_tower.* as in Mistral 3 (PixtralVisionModel, no biases), multi_modal_projector.linear_1
+    and linear_2 with biases (LlavaMultiModalProjector, no norm and no patch merger),
+    language_model.model.* (Mistral-Nemo) and language_model.lm_head (untied)."""
+    # the keys the config leaves out take PixtralVisionConfig's and MistralConfig's defaults
+    v = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, **c["vision_config"]}
+    t = {"num_attention_heads": 32, **c["text_config"]}
+    h, d = v["hidden_size"], t["hidden_size"]
+    tower = [x for x in mistral3_tensors({**c, "text_config": t, "vision_config": v}, dtype) if x[0].startswith("vision_tower.")]
+    projector = [("multi_modal_projector.linear_1.weight", dtype, [d, h]), ("multi_modal_projector.linear_1.bias", dtype, [d]),
+                 ("multi_modal_projector.linear_2.weight", dtype, [d, d]), ("multi_modal_projector.linear_2.bias", dtype, [d])]
+    return tower + projector + llama_tensors(t, prefix="language_model.model.", head="language_model.lm_head.weight", dtype=dtype)
+
+
 def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """InternLM2 / InternLM2.5 (remote code InternLM2ForCausalLM): model.tok_embeddings, per layer
     attention.wqkv ([(heads + 2 kv heads) x head_dim, hidden]) and attention.wo, feed_forward.w1 / w3 / w2,
@@ -1198,6 +1213,35 @@ MISTRAL_SMALL_3_1_24B_PROCESSOR = {
     "patch_size": {"height": 14, "width": 14}, "processor_class": "PixtralProcessor", "resample": 3,
     "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540},
 }
+# mistral-community/pixtral-12b, the llava-form conversion of Pixtral-12B-2409 (bf16, six shards).
+# NB reconstructed, not copied: the released config.json's values as published (2024-09,
+# transformers 4.45.0.dev0; the keys it leaves out take LlavaConfig's, PixtralVisionConfig's and
+# MistralConfig's defaults: hidden 1024, 24 layers, 16 heads, MLP 4096, 3 channels; projector
+# biases on), checked against the published 12.7B parameters: 12,682,739,712 (tower 403,489,792,
+# projector 31,467,520, Mistral-Nemo 12,247,782,400 with lm_head untied).
+PIXTRAL_12B = {
+    "architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_seq_length": 1,
+    "image_token_index": 10, "model_type": "llava", "projector_hidden_act": "gelu",
+    "text_config": {
+        "hidden_size": 5120, "head_dim": 128, "intermediate_size": 14336, "is_composition": True,
+        "max_position_embeddings": 1024000, "model_type": "mistral", "num_hidden_layers": 40,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": None,
+        "vocab_size": 131072,
+    },
+    "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "vision_config": {
+        "head_dim": 64, "hidden_act": "silu", "image_size": 1024, "is_composition": True, "model_type": "pixtral",
+        "patch_size": 16, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    },
+    "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+}
+PIXTRAL_12B_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "PixtralImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": {"height": 16, "width": 16},
+    "processor_class": "PixtralProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1024},
+}
 # CohereForAI/aya-expanse-8b (fp16 weights, four shards). NB reconstructed, not copied: the released
 # config.json's values as published, checked against the published 8.03B parameters and partial
 # copies in other projects.
@@ -1236,6 +1280,12 @@ def write_qwen3_vl(name: str, folder: str, shards: int) -> None:
     config = json.loads((hf / "config.json").read_text())
     processor = json.loads((hf / "preprocessor_config.json").read_text())
     write_checkpoint(FIXTURES / name, config, qwen3_vl_tensors(config), shards=shards, processor=processor)
+
+
+def write_pixtral_12b() -> None:
+    """mistral-community/pixtral-12b alone (`python tests/hubfixtures.py pixtral-12b`)."""
+    write_checkpoint(FIXTURES / "pixtral-12b", PIXTRAL_12B, pixtral_llava_tensors(PIXTRAL_12B), shards=6,
+                     processor=PIXTRAL_12B_PROCESSOR)
 
 
 def write_all() -> None:
@@ -1277,6 +1327,7 @@ def write_all() -> None:
                      processor=DEEPSEEK_VL_1_3B_CHAT_PROCESSOR)
     write_checkpoint(FIXTURES / "Mistral-Small-3.1-24B-Instruct-2503", MISTRAL_SMALL_3_1_24B,
                      mistral3_tensors(MISTRAL_SMALL_3_1_24B), shards=10, processor=MISTRAL_SMALL_3_1_24B_PROCESSOR)
+    write_pixtral_12b()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1326,5 +1377,8 @@ def write_all() -> None:
 
 
 if __name__ == "__main__":
-    write_all()
+    if sys.argv[1:] == ["pixtral-12b"]:
+        write_pixtral_12b()
+    else:
+        write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -238,6 +238,14 @@ def _error(fn, *args, **kwargs) -> str:
         # 4096, k, v 5120 * 1024, o 4096 * 5120, MLP 3 * 5120 * 32768, two norms; untied embeddings
         # and lm_head 2 * 671_088_640; norm 5120): 24,011,361,280 in all
         ("Mistral-Small-3.1-24B-Instruct-2503", {"vision": 403_305_472, "projector": 35_652_608, "language": 23_572_403_200}),
+        # Pixtral-12B (mistral-community/pixtral-12b, llava with a Pixtral tower: llava_pixtral):
+        # the tower with patch 16 (patch conv 3 * 16 * 16 * 1024 = 786_432, ln_pre 1024,
+        # 24 * 16_779_264 layers), projector linear_1 1024 * 5120 + 5120 = 5_248_000 and linear_2
+        # 5120^2 + 5120 = 26_219_520 (LLaVA's, with biases), Mistral-Nemo-12B with vocab 131072
+        # (40 * 272_640_000 layers: q 5120 * 4096, k, v 5120 * 1024, o 4096 * 5120, MLP
+        # 3 * 5120 * 14336, two norms; untied embeddings and lm_head 2 * 671_088_640; norm 5120):
+        # 12,682,739,712 in all, the published 12.7B
+        ("pixtral-12b", {"vision": 403_489_792, "projector": 31_467_520, "language": 12_247_782_400}),
         # Qwen3-VL-2B (qwen3_vl): the tower is the patch conv 1024 x 3 x 2 x 16 x 16 = 1_572_864 and
         # its bias 1024, the position table 2304 * 1024 = 2_359_296 and 24 * 12_596_224 blocks
         # (LayerNorms 4 * 1024, qkv 3072 x 1024 + 3072, proj 1024^2 + 1024, linear_fc1 4096 x 1024

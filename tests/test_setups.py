@@ -68,6 +68,7 @@ ALLOWED = {
     "llama/llama-3-8b.yaml": "pack offload fused tp sp pp",
     "llava/llava-1.5-13b.yaml": "pack offload fused",
     "llava/llava-1.5-7b.yaml": "pack offload fused",
+    "llava_pixtral/pixtral-12b.yaml": "pack offload fused",
     "llava_next/llava-v1.6-mistral-7b.yaml": "pack offload fused",
     "llava_next/llava-v1.6-vicuna-7b.yaml": "pack offload fused",
     "llava_next_video/llava-next-video-7b.yaml": "pack offload fused",

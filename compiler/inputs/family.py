@@ -207,8 +207,17 @@ class Families:
     by_model_type: Mapping[str, Family]
     folder: str
 
-    def get(self, model_type: Any, where: str) -> Family:
-        family = self.by_model_type.get(model_type) if isinstance(model_type, str) else None
+    def get(self, model_type: Any, where: str, config: Mapping[str, Any] | None = None) -> Family:
+        """The family for a config.json's model_type; one listed as "model_type/vision_type"
+        (LLaVA with a Pixtral tower: "llava/pixtral") wins for a config whose
+        vision_config.model_type is vision_type."""
+        vision = (config or {}).get("vision_config")
+        vision_type = vision.get("model_type") if isinstance(vision, Mapping) else None
+        family = None
+        if isinstance(model_type, str) and isinstance(vision_type, str):
+            family = self.by_model_type.get(f"{model_type}/{vision_type}")
+        if family is None and isinstance(model_type, str):
+            family = self.by_model_type.get(model_type)
         if family is None:
             known = sorted(self.by_model_type)
             shown = f"'{model_type}'" if isinstance(model_type, str) else "missing"

@@ -65,7 +65,7 @@ def _families(folder: str | None, cwd: str) -> Families:
 def import_spec(source: str, revision: str | None = None, model: str | None = None) -> Imported:
     ckpt = open_checkpoint(source, revision)
     _refuse_quantized(ckpt)
-    family = families().get(ckpt.config.get("model_type"), ckpt.where)
+    family = families().get(ckpt.config.get("model_type"), ckpt.where, ckpt.config)
     values = family.read(ckpt.config, ckpt.processor, ckpt.where)
     scope = dict(values.values)
     scope["image_tokens"] = _integer(family.image_tokens(scope), "image_tokens", family, ckpt)

@@ -18,7 +18,13 @@ IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 
 
 def family_for(config_path: Path) -> ModuleType:
-    model_type = json.loads(Path(config_path).read_text()).get("model_type", "")
+    """The builder module named after the config's model_type, or `<model_type>_<vision type>`
+    where one exists for its vision_config.model_type (llava_pixtral)."""
+    config = json.loads(Path(config_path).read_text())
+    model_type = config.get("model_type", "")
+    vision_type = (config.get("vision_config") or {}).get("model_type")
+    if vision_type and (Path(__file__).parent / f"{model_type}_{vision_type}.py").exists():
+        return importlib.import_module(f"{__name__}.{model_type}_{vision_type}")
     try:
         return importlib.import_module(f"{__name__}.{model_type}")
     except ModuleNotFoundError:
