@@ -527,6 +527,38 @@ def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]
     return out
 
 
+def glm4v_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Glm4vForConditionalGeneration as the hub checkpoint stores it: model.language_model.* (GLM-4-0414's
+    layers: q/k/v with bias, o_proj without, one gate_up_proj, four RMSNorms), lm_head, model.visual.*
+    (Conv3d patch embedding with bias, post_conv_layernorm, the learned position table, RMSNorm blocks
+    with a bias-free qkv / proj and a SwiGLU MLP of out_hidden_size, post_layernorm, the 2 x 2 downsample
+    Conv2d with bias, the merger: proj, post_projection_norm (LayerNorm), gate / up / down)."""
+    v, t = c["vision_config"], c["text_config"]
+    dim, out_dim, inter, ps = v["hidden_size"], v["out_hidden_size"], v["intermediate_size"], v["patch_size"]
+    m = v["spatial_merge_size"]
+    out = [("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], ps, ps]),
+           ("model.visual.patch_embed.proj.bias", dtype, [dim]),
+           ("model.visual.post_conv_layernorm.weight", dtype, [dim]),
+           ("model.visual.embeddings.position_embedding.weight", dtype, [(v["image_size"] // ps) ** 2, dim])]
+    for i in range(v["depth"]):
+        b = f"model.visual.blocks.{i}."
+        out += [(b + "norm1.weight", dtype, [dim]), (b + "norm2.weight", dtype, [dim]),
+                (b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.proj.weight", dtype, [dim, dim]),
+                (b + "mlp.gate_proj.weight", dtype, [out_dim, dim]), (b + "mlp.up_proj.weight", dtype, [out_dim, dim]),
+                (b + "mlp.down_proj.weight", dtype, [dim, out_dim])]
+    out += [("model.visual.post_layernorm.weight", dtype, [dim]),
+            ("model.visual.downsample.weight", dtype, [out_dim, dim, m, m]), ("model.visual.downsample.bias", dtype, [out_dim]),
+            ("model.visual.merger.proj.weight", dtype, [out_dim, out_dim]),
+            ("model.visual.merger.post_projection_norm.weight", dtype, [out_dim]),
+            ("model.visual.merger.post_projection_norm.bias", dtype, [out_dim]),
+            ("model.visual.merger.gate_proj.weight", dtype, [inter, out_dim]),
+            ("model.visual.merger.up_proj.weight", dtype, [inter, out_dim]),
+            ("model.visual.merger.down_proj.weight", dtype, [out_dim, inter])]
+    language = [(n.replace("model.", "model.language_model.", 1), d, s)
+                for n, d, s in glm_tensors({**t, "model_type": "glm4", "head_dim": t["hidden_size"] // t["num_attention_heads"]}, dtype)]
+    return language + out
+
+
 def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Olmo2ForCausalLM: no input norms; RMSNorms after the attention and the MLP
     (post_attention_layernorm, post_feedforward_layernorm), q_norm and k_norm over the whole q
@@ -1267,6 +1299,44 @@ COMMAND_R7B_12_2024 = {
     "transformers_version": "4.48.0.dev0", "use_cache": True, "use_embedding_sharder": True,
     "use_gated_activation": True, "vocab_size": 256000,
 }
+# zai-org/GLM-4.1V-9B-Thinking (2025-07; bfloat16, four shards). NB reconstructed, not copied: the
+# released config.json's values as published (vision hidden 1536, depth 24, 12 heads, out_hidden_size
+# 4096, intermediate 13696, patch 14, image_size 336, spatial_merge 2, temporal_patch 2; text hidden
+# 4096, 40 layers, 32 heads, 2 key-value heads, intermediate 13696, vocab 151552, partial_rotary_factor
+# 0.5, mrope_section [8, 12, 12]), checked against modeling_glm4v.py's shapes and the published 10.3B
+# parameters (10,292,777,472 as Glm4vForConditionalGeneration builds them, tensor for tensor); the processor bounds are
+# Glm4vImageProcessor's (min 112 x 112, max 14 x 14 x 2 x 2 x 2 x 6144 pixels).
+_GLM_4_1V_TEXT = {
+    "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": [151329, 151336, 151338, 151348],
+    "hidden_act": "silu", "hidden_size": 4096, "image_token_id": None, "initializer_range": 0.02,
+    "intermediate_size": 13696, "max_position_embeddings": 65536, "model_type": "glm4v_text",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"mrope_section": [8, 12, 12], "rope_type": "default", "type": "default"},
+    "rope_theta": 10000.0, "torch_dtype": "bfloat16", "use_cache": True, "video_token_id": None,
+    "vocab_size": 151552,
+}
+GLM_4_1V_9B_THINKING = {
+    "architectures": ["Glm4vForConditionalGeneration"], "model_type": "glm4v",
+    "image_end_token_id": 151340, "image_start_token_id": 151339, "image_token_id": 151343,
+    "video_end_token_id": 151342, "video_start_token_id": 151341, "video_token_id": 151344,
+    "text_config": _GLM_4_1V_TEXT, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.53.0.dev0",
+    "vision_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "depth": 24, "hidden_act": "silu",
+        "hidden_dropout_prob": 0.0, "hidden_size": 1536, "image_size": 336, "in_channels": 3,
+        "initializer_range": 0.02, "intermediate_size": 13696, "model_type": "glm4v", "num_heads": 12,
+        "out_hidden_size": 4096, "patch_size": 14, "rms_norm_eps": 1e-05, "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+GLM_4_1V_9B_THINKING_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "Glm4vImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "merge_size": 2, "patch_size": 14,
+    "processor_class": "Glm4vProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 9633792, "shortest_edge": 12544}, "temporal_patch_size": 2,
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1286,6 +1356,12 @@ def write_pixtral_12b() -> None:
     """mistral-community/pixtral-12b alone (`python tests/hubfixtures.py pixtral-12b`)."""
     write_checkpoint(FIXTURES / "pixtral-12b", PIXTRAL_12B, pixtral_llava_tensors(PIXTRAL_12B), shards=6,
                      processor=PIXTRAL_12B_PROCESSOR)
+
+
+def write_glm4v() -> None:
+    """zai-org/GLM-4.1V-9B-Thinking alone (`python tests/hubfixtures.py glm4v`)."""
+    write_checkpoint(FIXTURES / "GLM-4.1V-9B-Thinking", GLM_4_1V_9B_THINKING, glm4v_tensors(GLM_4_1V_9B_THINKING),
+                     shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR)
 
 
 def write_all() -> None:
@@ -1328,6 +1404,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Mistral-Small-3.1-24B-Instruct-2503", MISTRAL_SMALL_3_1_24B,
                      mistral3_tensors(MISTRAL_SMALL_3_1_24B), shards=10, processor=MISTRAL_SMALL_3_1_24B_PROCESSOR)
     write_pixtral_12b()
+    write_glm4v()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1379,6 +1456,8 @@ def write_all() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["pixtral-12b"]:
         write_pixtral_12b()
+    elif sys.argv[1:] == ["glm4v"]:
+        write_glm4v()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -263,6 +263,17 @@ def _error(fn, *args, **kwargs) -> str:
         # 3 * 4096 * 12288, norms) + untied embeddings and lm_head 2 * 622_329_856 + norm 4096;
         # 8_767_123_696 in all, the published 8.77B
         ("Qwen3-VL-8B-Instruct", {"vision": 415_891_440, "projector": 160_496_896, "language": 8_190_735_360}),
+        # GLM-4.1V-9B-Thinking (glm4v; config.json reconstructed, see tests/hubfixtures.py): the tower
+        # is the patch conv 1536 x 3 x 2 x 14 x 14 = 1_806_336 and its bias 1536, post_conv_layernorm
+        # 1536, the position table 576 * 1536 = 884_736, 24 * 28_314_624 blocks (norms 2 * 1536, qkv
+        # 4608 x 1536 and proj 1536^2 without bias, SwiGLU of out_hidden_size 3 * 1536 * 4096),
+        # post_layernorm 1536, the downsample conv 4096 x 1536 x 2 x 2 + 4096 = 25_169_920; the
+        # projector the merger 185_081_856 (proj 4096^2, LayerNorm 2 * 4096, gate / up 2 * 4096 *
+        # 13696, down 13696 x 4096, no biases); GLM-4-0414-9B-sized text: 40 * 203_969_024 layers
+        # (q 4096^2 + 4096, k, v 256 x 4096 + 256, o 4096^2, gate_up 27392 x 4096, down 4096 x 13696,
+        # four norms) + untied embeddings and lm_head 2 * 620_756_992 + norm 4096;
+        # 10_292_777_472 in all, the published 10.3B
+        ("GLM-4.1V-9B-Thinking", {"vision": 707_416_576, "projector": 185_081_856, "language": 9_400_279_040}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):

@@ -45,6 +45,7 @@ ALLOWED = {
     "gemma/gemma-2b.yaml": "",
     "glm/glm-4-9b-chat-hf.yaml": "",  # GLM and GLM-4-0414: measured on plain steps only
     "glm4/glm-4-9b-0414.yaml": "",
+    "glm4v/glm-4.1v-9b-thinking.yaml": "",
     "gemma2/gemma-2-2b.yaml": "",
     "gemma2/gemma-2-9b.yaml": "",
     "gemma3/gemma-3-12b-it.yaml": "",
