@@ -20,9 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..experiment import ExperimentError
-from . import image_first_tokens, without_cache
-from .mistral3 import IMG_BREAK_ID, IMG_END_ID, checkpoint_module, module_groups
+from . import without_cache
+from .mistral3 import checkpoint_module, module_groups, pixtral_batch, pixtral_resized
 
 __all__ = ["HOST_VALUES", "checkpoint_module", "load_config", "make_batch", "model_class", "module_groups"]
 
@@ -45,31 +44,11 @@ def model_class():
 
 
 def resized(config, height: int, width: int) -> tuple[int, int]:
-    """The image size the tower sees: PixtralImageProcessor's get_resize_output_image_size with
-    the patch as the unit (no merger), in integer arithmetic."""
-    size = config.preprocessor.get("size") or {}
-    edge = int(size.get("longest_edge") or config.vision_config.image_size)
-    unit = config.vision_config.patch_size
-    if max(height, width) > edge:
-        height, width = height * edge // max(height, width), width * edge // max(height, width)
-    return -(-height // unit) * unit, -(-width // unit) * unit
+    """The image size the tower sees: PixtralImageProcessor's resize with the patch as the unit
+    (no merger)."""
+    return pixtral_resized(config, height, width, config.vision_config.patch_size)
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """pixel_values, image_sizes, input_ids (each sample's image tokens first) and labels."""
-    b, images = exp["micro_batch"], exp["images_per_sample"]
-    if images and not exp.get("image_size"):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA with a Pixtral tower needs image_size [h, w]")
-    v = config.vision_config
-    h, w = resized(config, *exp["image_size"]) if images else (0, 0)
-    rows, cols = h // v.patch_size, w // v.patch_size
-    input_ids, labels = image_first_tokens(exp, images * rows * (cols + 1), config.image_token_id)
-    for i in range(images):  # [IMG] x cols then [IMG_BREAK] per row, [IMG_END] last
-        start = i * rows * (cols + 1)
-        for r in range(rows):
-            input_ids[:, start + r * (cols + 1) + cols] = IMG_BREAK_ID if r < rows - 1 else IMG_END_ID
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images, v.num_channels, h, w, dtype=dtype)
-        batch["image_sizes"] = torch.tensor([[h, w]] * (b * images), dtype=torch.long)
-    return batch
+    return pixtral_batch(config, exp, dtype, config.vision_config.patch_size, "LLaVA with a Pixtral tower")

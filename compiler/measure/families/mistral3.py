@@ -71,23 +71,30 @@ def longest_edge(config) -> int:
     return int(size.get("longest_edge") or config.vision_config.image_size)
 
 
-def resized(config, height: int, width: int) -> tuple[int, int]:
-    """The image size the tower sees: PixtralImageProcessor's get_resize_output_image_size with
-    patch x spatial_merge_size (what PixtralProcessor passes), in integer arithmetic."""
-    edge, unit = longest_edge(config), config.vision_config.patch_size * config.spatial_merge_size
+def pixtral_resized(config, height: int, width: int, unit: int) -> tuple[int, int]:
+    """The image size a Pixtral tower sees: PixtralImageProcessor's get_resize_output_image_size
+    (the longest edge down to size.longest_edge, then each side up to a multiple of `unit`), in
+    integer arithmetic."""
+    edge = longest_edge(config)
     if max(height, width) > edge:
         height, width = height * edge // max(height, width), width * edge // max(height, width)
     return -(-height // unit) * unit, -(-width // unit) * unit
 
 
-def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """pixel_values, image_sizes, input_ids (each sample's image tokens first) and labels."""
+def resized(config, height: int, width: int) -> tuple[int, int]:
+    """The image size the tower sees: the unit is patch x spatial_merge_size (what
+    PixtralProcessor passes)."""
+    return pixtral_resized(config, height, width, config.vision_config.patch_size * config.spatial_merge_size)
+
+
+def pixtral_batch(config, exp: dict, dtype: torch.dtype, unit: int, model: str) -> dict[str, torch.Tensor]:
+    """pixel_values, image_sizes, input_ids (each sample's image tokens first) and labels of a
+    Pixtral tower whose image token stands for a `unit` x `unit` square of pixels."""
     b, images = exp["micro_batch"], exp["images_per_sample"]
     if images and not exp.get("image_size"):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: Mistral 3 needs image_size [h, w]")
+        raise ExperimentError(f"experiment {exp['experiment']!r}: {model} needs image_size [h, w]")
     v = config.vision_config
-    unit = v.patch_size * config.spatial_merge_size
-    h, w = resized(config, *exp["image_size"]) if images else (0, 0)
+    h, w = pixtral_resized(config, *exp["image_size"], unit) if images else (0, 0)
     rows, cols = h // unit, w // unit
     input_ids, labels = image_first_tokens(exp, images * rows * (cols + 1), config.image_token_id)
     for i in range(images):  # [IMG] x cols then [IMG_BREAK] per row, [IMG_END] last
@@ -99,3 +106,8 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
         batch["pixel_values"] = torch.zeros(b * images, v.num_channels, h, w, dtype=dtype)
         batch["image_sizes"] = torch.tensor([[h, w]] * (b * images), dtype=torch.long)
     return batch
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """pixel_values, image_sizes, input_ids (each sample's image tokens first) and labels."""
+    return pixtral_batch(config, exp, dtype, config.vision_config.patch_size * config.spatial_merge_size, "Mistral 3")
