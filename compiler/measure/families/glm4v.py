@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from . import qwen2_vl, without_cache
-from .qwen2_vl import HOST_VALUES, ROPE_INDEX_SHAPES_ONLY  # noqa: F401  (the family contract)
+from .qwen2_vl import HOST_VALUES, ROPE_INDEX_SHAPES_ONLY, checkpoint_module  # noqa: F401  (the family contract)
 
 
 def load_config(config_path: Path):
@@ -54,30 +54,14 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
     }
 
 
-def checkpoint_module(model, name: str) -> torch.nn.Module:
-    """The PreTrainedModel whose checkpointing covers the experiment module's layers."""
-    return {"vision": model.model.visual, "language": model.model.language_model}[name]
-
-
 @contextlib.contextmanager
 def host_patches() -> Iterator[list[str]]:
     """`Glm4vModel.get_rope_index` returns position_ids [3, b, s] and rope_deltas [b, 1] of the
     real shapes and dtypes without reading values (as Qwen2-VL's, `qwen2_vl.host_patches`)."""
     from transformers.models.glm4v import modeling_glm4v
 
-    cls = modeling_glm4v.Glm4vModel
-    saved = cls.get_rope_index
-
-    def get_rope_index(self, input_ids, *args, **kwargs):
-        b, s = input_ids.shape
-        position_ids = torch.zeros(3, b, s, dtype=input_ids.dtype, device=input_ids.device)
-        return position_ids, torch.zeros(b, 1, dtype=torch.long, device=input_ids.device)
-
-    cls.get_rope_index = get_rope_index
-    try:
+    with qwen2_vl.rope_index_by_shape(modeling_glm4v.Glm4vModel):
         yield [ROPE_INDEX_SHAPES_ONLY]
-    finally:
-        cls.get_rope_index = saved
 
 
 image_grid = qwen2_vl.image_grid

@@ -85,7 +85,15 @@ def host_patches() -> Iterator[list[str]]:
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
     from transformers.models.qwen2_vl import modeling_qwen2_vl
 
-    classes = (modeling_qwen2_vl.Qwen2VLModel, modeling_qwen2_5_vl.Qwen2_5_VLModel)
+    with rope_index_by_shape(modeling_qwen2_vl.Qwen2VLModel, modeling_qwen2_5_vl.Qwen2_5_VLModel):
+        yield [ROPE_INDEX_SHAPES_ONLY]
+
+
+@contextlib.contextmanager
+def rope_index_by_shape(*classes) -> Iterator[None]:
+    """Each class's `get_rope_index` (an M-RoPE model: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V)
+    replaced, while the block runs, by one that returns position_ids [3, b, s] in input_ids'
+    dtype and rope_deltas [b, 1] int64 without reading any value (see `host_patches`)."""
     saved = [c.get_rope_index for c in classes]
 
     def get_rope_index(self, input_ids, *args, **kwargs):
@@ -96,7 +104,7 @@ def host_patches() -> Iterator[list[str]]:
     for c in classes:
         c.get_rope_index = get_rope_index
     try:
-        yield [ROPE_INDEX_SHAPES_ONLY]
+        yield
     finally:
         for c, original in zip(classes, saved):
             c.get_rope_index = original

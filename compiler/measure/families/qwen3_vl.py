@@ -105,8 +105,6 @@ def host_patches() -> Iterator[list[str]]:
     by shape (`_DeepstackAdd`)."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    cls = modeling_qwen3_vl.Qwen3VLModel
-    saved = cls.get_rope_index
     text = modeling_qwen3_vl.Qwen3VLTextModel
     saved_deepstack = text._deepstack_process
 
@@ -114,17 +112,11 @@ def host_patches() -> Iterator[list[str]]:
         visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
         return _DeepstackAdd.apply(hidden_states, visual_embeds, visual_pos_masks.to(hidden_states.device))
 
-    def get_rope_index(self, input_ids, *args, **kwargs):
-        b, s = input_ids.shape
-        position_ids = torch.zeros(3, b, s, dtype=input_ids.dtype, device=input_ids.device)
-        return position_ids, torch.zeros(b, 1, dtype=torch.long, device=input_ids.device)
-
-    cls.get_rope_index = get_rope_index
     text._deepstack_process = _deepstack_process
     try:
-        yield [ROPE_INDEX_SHAPES_ONLY, DEEPSTACK_NONZERO]
+        with qwen2_vl.rope_index_by_shape(modeling_qwen3_vl.Qwen3VLModel):
+            yield [ROPE_INDEX_SHAPES_ONLY, DEEPSTACK_NONZERO]
     finally:
-        cls.get_rope_index = saved
         text._deepstack_process = saved_deepstack
 
 
