@@ -73,12 +73,19 @@ def anyres(config, image_size: list[int]) -> tuple[int, int]:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return anyres_batch(config, exp, dtype, anyres, "LLaVA-NeXT")
+
+
+def anyres_batch(config, exp: dict, dtype: torch.dtype, crops_and_tokens, model: str) -> dict[str, torch.Tensor]:
+    """One image per sample cut into AnyRes crops: `crops_and_tokens(config, image_size)` gives
+    (crops, image tokens) as the model's processor counts them (`anyres` here, LLaVA-OneVision's
+    its own)."""
     b, images = exp["micro_batch"], exp["images_per_sample"]
     if images not in (0, 1):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT is measured with one image per sample")
+        raise ExperimentError(f"experiment {exp['experiment']!r}: {model} is measured with one image per sample")
     if images and not exp.get("image_size"):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-NeXT needs image_size [h, w]")
-    crops, n_image = anyres(config, exp["image_size"]) if images else (0, 0)
+        raise ExperimentError(f"experiment {exp['experiment']!r}: {model} needs image_size [h, w]")
+    crops, n_image = crops_and_tokens(config, exp["image_size"]) if images else (0, 0)
     input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:

@@ -17,8 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..experiment import ExperimentError
-from . import NormalInit, image_first_tokens
+from . import NormalInit, llava_next
 from .llava_next import checkpoint_module, module_groups  # noqa: F401  (LLaVA-NeXT's layout: vision_tower, multi_modal_projector and image_newline, language_model)
 
 HOST_VALUES = ("image_sizes",)
@@ -56,16 +55,4 @@ def anyres(config, image_size: list[int]) -> tuple[int, int]:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    b, images = exp["micro_batch"], exp["images_per_sample"]
-    if images not in (0, 1):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-OneVision is measured with one image per sample")
-    if images and not exp.get("image_size"):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: LLaVA-OneVision needs image_size [h, w]")
-    crops, n_image = anyres(config, exp["image_size"]) if images else (0, 0)
-    input_ids, labels = image_first_tokens(exp, n_image, config.image_token_id)
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        v = config.vision_config
-        batch["pixel_values"] = torch.zeros(b, crops, v.num_channels, v.image_size, v.image_size, dtype=dtype)
-        batch["image_sizes"] = torch.tensor([list(exp["image_size"])] * b, dtype=torch.long)
-    return batch
+    return llava_next.anyres_batch(config, exp, dtype, anyres, "LLaVA-OneVision")
