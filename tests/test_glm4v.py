@@ -13,6 +13,7 @@ import pytest
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.inputs import importer
+from processors import image_processing
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "hub" / "GLM-4.1V-9B-Thinking"
@@ -44,14 +45,7 @@ def test_image_positions_follow_the_processor(size, grid):
 def test_resize_equals_transformers():
     """The family's bounds (the processor's, halved for an image's two temporal copies) resize as
     Glm4vImageProcessor's smart_resize does, inside and beyond them."""
-    pytest.importorskip("transformers")
-    try:  # either module needs an image library (PIL, torchvision) besides transformers
-        from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
-    except ImportError:
-        try:
-            from transformers.models.glm4v.image_processing_glm4v import smart_resize
-        except ImportError:
-            pytest.skip("Glm4vImageProcessor needs PIL or torchvision")
+    smart_resize = image_processing("glm4v", "smart_resize")
 
     from compiler.measure.families import glm4v
 

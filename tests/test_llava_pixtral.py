@@ -14,6 +14,7 @@ import pytest
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.inputs import importer
+from processors import image_processing
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "hub" / "pixtral-12b"
@@ -50,14 +51,7 @@ def test_resize_equals_transformers():
     """The builder's resize (and so the family's) is PixtralImageProcessor's
     get_resize_output_image_size with the patch size, as PixtralProcessor calls it."""
     np = pytest.importorskip("numpy")
-    pytest.importorskip("transformers")
-    try:  # either module needs an image library (PIL, torchvision) besides transformers
-        from transformers.models.pixtral.image_processing_pil_pixtral import get_resize_output_image_size
-    except ImportError:
-        try:
-            from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size
-        except ImportError:
-            pytest.skip("PixtralImageProcessor needs PIL or torchvision")
+    get_resize_output_image_size = image_processing("pixtral", "get_resize_output_image_size")
     from compiler.measure.families import llava_pixtral
 
     config = llava_pixtral.load_config(FIX / "config.json")
