@@ -27,6 +27,16 @@ DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8, "BOOL": 1}
 
 # --------------------------------------------------------------------------- tensor lists
 
+def edited_copy(fixture: Path, folder: Path, edit) -> str:
+    """A copy of the fixture folder `fixture` at `folder` whose config.json `edit(config)` changed
+    in place (a variant the family must refuse); the copy's path."""
+    shutil.copytree(fixture, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
 def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False,
                   qkv_bias: bool = False, qk_norm: bool = False, fused: bool = False, moe: str | None = None) -> list[tuple[str, str, list[int]]]:
     """A Llama-style decoder's tensors; `qkv_bias` (Qwen2), `qk_norm` (Qwen3), `fused`

@@ -4,10 +4,9 @@ runs but reaches no loss, and the hybrid 7B refused by name."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
+import hubfixtures as hf
 import pytest
 
 from compiler import api
@@ -48,13 +47,9 @@ def test_head_parameters_are_counted_but_get_no_gradient():
 
 
 def test_hybrid_is_refused_by_name(tmp_path):
-    config = json.loads((FIX / "config.json").read_text())
-    config["model_type"] = "deepseek_vl_hybrid"
-    folder = tmp_path / "deepseek-vl-7b-chat"
-    shutil.copytree(FIX, folder)
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = hf.edited_copy(FIX, tmp_path / "deepseek-vl-7b-chat", lambda config: config.update(model_type="deepseek_vl_hybrid"))
     with pytest.raises(MemspecError) as err:
-        importer.import_spec(str(folder))
+        importer.import_spec(folder)
     assert "E713" in str(err.value) and "SAM" in str(err.value)
 
 

@@ -88,17 +88,13 @@ def test_a_sequence_shorter_than_the_image_is_refused():
 
 
 def test_a_config_with_another_aspect_ratio_rule_is_refused(tmp_path):
-    import json
-    import shutil
+    import hubfixtures as hf
 
     from compiler.errors import MemspecError
     from compiler.inputs import importer
 
-    folder = tmp_path / "ov"
-    shutil.copytree(ROOT / "tests" / "fixtures" / "hub" / "llava-onevision-qwen2-0.5b-ov-hf", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["vision_aspect_ratio"] = "anyres_max_4"
-    (folder / "config.json").write_text(json.dumps(config))
+    fixture = ROOT / "tests" / "fixtures" / "hub" / "llava-onevision-qwen2-0.5b-ov-hf"
+    folder = hf.edited_copy(fixture, tmp_path / "ov", lambda config: config.update(vision_aspect_ratio="anyres_max_4"))
     with pytest.raises(MemspecError) as exc:
-        importer.import_spec(str(folder))
+        importer.import_spec(folder)
     assert "E713" in exc.value.render() and "anyres_max_9" in exc.value.render()

@@ -5,10 +5,9 @@ model and batch equal the spec, and the variants the formulas do not model are r
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
+import hubfixtures as hf
 import pytest
 
 from compiler import api
@@ -99,11 +98,9 @@ def test_default_image_fills_its_positions():
     ("", "multimodal_projector_bias", False, "biases"),
 ])
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
-    config = json.loads((FIX / "config.json").read_text())
-    (config[where] if where else config)[key] = value
-    folder = tmp_path / "variant"
-    shutil.copytree(FIX, folder)
-    (folder / "config.json").write_text(json.dumps(config))
+    def edit(config):
+        (config[where] if where else config)[key] = value
+
     with pytest.raises(MemspecError) as err:
-        importer.import_spec(str(folder))
+        importer.import_spec(hf.edited_copy(FIX, tmp_path / "variant", edit))
     assert words in str(err.value)

@@ -4,10 +4,9 @@ module against Mistral3ForConditionalGeneration, and the variants refused."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
+import hubfixtures as hf
 import pytest
 
 from compiler import api
@@ -111,11 +110,9 @@ def test_builder_counts_and_batch_equal_the_spec():
     ("", "projector_hidden_act", "silu", "GELU"),
 ])
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
-    config = json.loads((FIX / "config.json").read_text())
-    (config[where] if where else config)[key] = value
-    folder = tmp_path / "variant"
-    shutil.copytree(FIX, folder)
-    (folder / "config.json").write_text(json.dumps(config))
+    def edit(config):
+        (config[where] if where else config)[key] = value
+
     with pytest.raises(MemspecError) as err:
-        importer.import_spec(str(folder))
+        importer.import_spec(hf.edited_copy(FIX, tmp_path / "variant", edit))
     assert words in str(err.value)

@@ -61,12 +61,7 @@ def test_a_video_is_its_temporal_patches_read_as_images(frames, patches):
 
 
 def _edited(tmp_path: Path, **vision) -> str:
-    folder = tmp_path / "Qwen3-VL-2B-Instruct"
-    shutil.copytree(HUB / "Qwen3-VL-2B-Instruct", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["vision_config"].update(vision)
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
+    return hf.edited_copy(HUB / "Qwen3-VL-2B-Instruct", tmp_path / "Qwen3-VL-2B-Instruct", lambda config: config["vision_config"].update(vision))
 
 
 @pytest.mark.parametrize("vision, message", [
