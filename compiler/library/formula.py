@@ -19,6 +19,7 @@ reference, so that values and errors are Jinja2's (tests/test_expr_python.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -26,12 +27,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import Diagnostic, MemspecError, did_you_mean
 from ..pipeline.load import Document, child_path, load_yaml
-from ..paths import display
+from ..paths import display, formulas_dir
 from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
-# declares it (`resolve._check_setups`); a file without the key models none of them.
+# declares it (`admit._check_setups`); a file without the key models none of them.
 SETUPS: Mapping[str, str] = {
     "packing": "packing: the micro-batch packed into one row, position_ids restarting per sequence",
     "activation_offloading": "activation offloading: saved activations kept in host memory (save_on_cpu)",
@@ -644,6 +645,27 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
 
     by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
     return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem))
+
+
+def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:
+    """The formulas in `folder` (default: the shipped ones); with `types`, only those layer
+    types and what they reach, which is all an estimate of a spec with those modules reads.
+    NB: kept per working directory too, since the files' names in messages are relative to it."""
+    return _library(folder, types, os.getcwd())
+
+
+@lru_cache(maxsize=16)
+def _library(folder: str | None, types: frozenset[str] | None, cwd: str) -> Library:
+    return load_library(folder or formulas_dir(), types)
+
+
+library.cache_clear = _library.cache_clear  # type: ignore[attr-defined]
+
+
+def spec_library(spec) -> Library:
+    """The formulas a spec's estimate can reach (a `resolve.Spec`), loaded once per set of
+    module types (and peft's ModulesToSaveWrapper, which expand puts around any of them)."""
+    return library(None, frozenset(m.type for m in spec.modules) | {"modules_to_save"})
 
 
 def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:
