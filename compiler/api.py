@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import checked
 from .errors import Diagnostic, MemspecError
 from .pipeline.admit import admit
 from .pipeline.evaluate import Node, Row, evaluate, image_tokens_per_sample, layer_table  # noqa: F401  (re-exported)
@@ -23,14 +22,15 @@ from .pipeline.expand import expand
 from .library.formula import Library, library, load_library, spec_library  # noqa: F401  (re-exported)
 from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py reads api.load_yaml in every revision)
 from .paths import display
+from .pipeline.validate import checked_document
 from .pipeline.resolve import (
-    Constant, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
+    Constant, Setup, Spec, catalog_constants, checked_spec, deepspeed_constants, gpu_catalog, resolve_setup,
 )
 from .pipeline.render import Report  # noqa: F401  (re-exported: callers take the Report from api)
 from .pipeline.simulate import ALLOCATOR_CONSTANTS, device_overhead, simulate
 
 def _validated(path: str | Path, kind: str) -> Document:
-    return checked.document(path, kind)
+    return checked_document(path, kind)
 
 
 def file_kind(doc: Document) -> str:
@@ -54,7 +54,7 @@ def load_spec(path: str | Path) -> Spec:
     """A model spec file, loaded, validated and resolved: a frozen `resolve.Spec` (model name,
     modules in forward order with their layer type, inputs and checkpoint parameter count,
     image_tokens, hidden_size). Bad input raises `errors.MemspecError` with every diagnostic."""
-    return checked.spec(path)
+    return checked_spec(path)
 
 
 def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
@@ -73,7 +73,7 @@ def admitted_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any
 def load_sources(path: str | Path) -> tuple[Spec, Document | None]:
     """The resolved model spec and the validated experiment document (None for a bare spec):
     what `admitted_setup(doc, spec, overrides)` needs, loaded once for many setups (sweeps)."""
-    doc = checked.document(path, None)
+    doc = checked_document(path, None)
     kind = file_kind(doc)
     if kind == "experiment":
         doc = _validated(path, "experiment")

@@ -644,7 +644,7 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     from .. import checked
 
     by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
-    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem))
+    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem), Library)
 
 
 def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:

@@ -3,7 +3,8 @@ the frozen `Spec` and `Setup` (vocabulary.py) with every default filled and ever
 derived, each value checked on its own; whether the formulas model the setup is decided by
 `admit`, a later stage (resolve runs no formula).
 
-Contract: `resolve_spec(doc)` turns a validated spec document into a `Spec`;
+Contract: `resolve_spec(doc)` turns a validated spec document into a `Spec` (`checked_spec(path)`:
+a spec file's, kept in the checked-input cache);
 `resolve_setup(doc, spec, overrides)` turns an experiment document (or none, for a bare spec)
 and the overrides into a `Setup`. Precision and optimizer reach formulas only through
 `Setup.bytes`; nothing later in the pipeline looks at the precision name again except to
@@ -12,12 +13,15 @@ print it. Problems are raised together as one `MemspecError`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any, Mapping
 
+from .. import checked
 from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
 from ..library.formula import compile_expr
 from .load import Document, child_path
+from .validate import checked_document
 from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import TYPE_IMPLS, Optimizer
@@ -80,6 +84,21 @@ def resolve_spec(doc: Document) -> Spec:
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
+
+
+def checked_spec(path: str | os.PathLike) -> Spec:
+    """A model spec file loaded, validated and resolved, through the checked-input cache
+    (`compiler.checked`)."""
+    file = os.fspath(path)
+    raw = checked.read(file)
+    name = checked.key("spec", file, raw) if raw is not None else None
+    hit = checked.get(name) if name else None
+    if isinstance(hit, Spec):
+        return hit
+    value = resolve_spec(checked_document(file, "spec"))
+    if name:
+        checked.put(name, value)
+    return value
 
 
 def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
