@@ -13,6 +13,8 @@ import pytest
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.library.formula import load_library
+from compiler.pipeline.admit import admit
+from compiler.pipeline.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMULAS = ROOT / "formulas"
@@ -171,3 +173,16 @@ def test_internlm2_is_refused_through_its_layer_types_not_the_flag():
         api.admitted_setup(None, spec, {**BASE, "packing": True})
     (d,) = info.value.diagnostics
     assert d.code == "E316" and "'internlm2_decoder_layer'" in d.message and "formulas/internlm2_decoder_layer.yaml" in d.message
+
+
+def test_resolve_reads_the_setup_and_admit_refuses_it():
+    # resolve runs no formula: the setup it reads is refused by admit, the stage after expand
+    spec = api.load_spec(ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml")
+    knobs = {**BASE, "packing": True}
+    setup = resolve_setup(None, spec, knobs)
+    assert setup.packing
+    with pytest.raises(MemspecError) as info:
+        admit(None, spec, setup, knobs)
+    assert [(d.code, d.path) for d in info.value.diagnostics] == [("E316", "--packing")]
+    assert admit(None, spec, resolve_setup(None, spec, BASE), BASE) == resolve_setup(None, spec, BASE)
+

@@ -5,7 +5,8 @@ the only registry), validates each against `schemas/formula.schema.json`, compil
 expression with Jinja2's sandbox and checks, before anything is evaluated, that each name an
 expression uses is declared: an input, an earlier `let`, a context name or an allowed
 function. It returns a frozen `Library`, or raises one `MemspecError` with every problem of
-every file.
+every file. `library(folder, types)` and `spec_library(spec)` are the libraries an estimate
+reads, loaded once per folder, set of layer types and working directory.
 
 Expressions are integer arithmetic over named values. The grammar is Jinja2's expression
 language cut down to what a formula needs: literals, names, `bytes.<dtype>`, arithmetic,
