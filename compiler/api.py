@@ -19,7 +19,8 @@ from .errors import Diagnostic, MemspecError
 from .pipeline.admit import admit
 from .pipeline.evaluate import Node, Row, evaluate, image_tokens_per_sample, layer_table  # noqa: F401  (re-exported)
 from .pipeline.expand import expand
-from .library.formula import Library, library, load_library, spec_library  # noqa: F401  (re-exported)
+from .library.formula import Library
+from .library.shipped import library, spec_library  # noqa: F401  (re-exported)
 from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py reads api.load_yaml in every revision)
 from .paths import display
 from .pipeline.validate import checked_document

@@ -26,9 +26,9 @@ STAGES = (
     ("render", ("compiler.pipeline.render",)),
 )
 # What every stage may read besides the stages before it: diagnostics, data paths, the cache
-# of checked inputs, the memory models and the formula registry.
+# of checked inputs, the memory models and the formula registry (and its shipped libraries).
 BELOW = ("compiler.errors", "compiler.paths", "compiler.checked", "compiler.memory", "compiler.library.formula",
-         "compiler.library.expr_python")
+         "compiler.library.expr_python", "compiler.library.shipped")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
 

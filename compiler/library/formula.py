@@ -5,8 +5,7 @@ the only registry), validates each against `schemas/formula.schema.json`, compil
 expression with Jinja2's sandbox and checks, before anything is evaluated, that each name an
 expression uses is declared: an input, an earlier `let`, a context name or an allowed
 function. It returns a frozen `Library`, or raises one `MemspecError` with every problem of
-every file. `library(folder, types)` and `spec_library(spec)` are the libraries an estimate
-reads, loaded once per folder, set of layer types and working directory.
+every file.
 
 Expressions are integer arithmetic over named values. The grammar is Jinja2's expression
 language cut down to what a formula needs: literals, names, `bytes.<dtype>`, arithmetic,
@@ -20,7 +19,6 @@ reference, so that values and errors are Jinja2's (tests/test_expr_python.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import Diagnostic, MemspecError, did_you_mean
 from ..pipeline.load import Document, child_path, load_yaml
-from ..paths import display, formulas_dir
+from ..paths import display
 from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
@@ -646,27 +644,6 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
 
     by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
     return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem), Library)
-
-
-def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:
-    """The formulas in `folder` (default: the shipped ones); with `types`, only those layer
-    types and what they reach, which is all an estimate of a spec with those modules reads.
-    NB: kept per working directory too, since the files' names in messages are relative to it."""
-    return _library(folder, types, os.getcwd())
-
-
-@lru_cache(maxsize=16)
-def _library(folder: str | None, types: frozenset[str] | None, cwd: str) -> Library:
-    return load_library(folder or formulas_dir(), types)
-
-
-library.cache_clear = _library.cache_clear  # type: ignore[attr-defined]
-
-
-def spec_library(spec) -> Library:
-    """The formulas a spec's estimate can reach (a `resolve.Spec`), loaded once per set of
-    module types (and peft's ModulesToSaveWrapper, which expand puts around any of them)."""
-    return library(None, frozenset(m.type for m in spec.modules) | {"modules_to_save"})
 
 
 def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import MemspecError
-from ..library.formula import SETUPS, Library, spec_library
+from ..library.formula import SETUPS, Library
+from ..library.shipped import spec_library
 from ..paths import data_root
 from .expand import expand, experiment_scope
 from .load import Document
