@@ -1,4 +1,4 @@
-"""Stage 6, simulate: walk one training step and find its peak.
+"""Stage 7, simulate: walk one training step and find its peak.
 
 Contract: `simulate(nodes, setup)` returns an `Estimate`: the allocated-bytes timeline
 of a steady-state step (forward, loss, backward, optimizer step, in that order), its peak with
