@@ -1,0 +1,129 @@
+"""device_map placement (compiler/pipeline/walks/device_map.py): the map memspec computes
+against the one from_pretrained computes for the real model built on the meta device
+(transformers' _get_device_map: get_balanced_memory, then its infer_auto_device_map), module
+for module; the per-GPU estimate; and the errors of bad device_map / max_memory values."""
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+
+import pytest
+
+from compiler import api
+from compiler.errors import MemspecError, UsageError
+from compiler.pipeline.resolve import resolve_setup
+from compiler.pipeline.walks import device_map as dmw
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [
+    ("specs/qwen2/qwen2.5-0.5b.yaml", "tests/fixtures/hub/Qwen2.5-0.5B", "AutoModelForCausalLM"),  # tied lm_head
+    ("specs/llama/llama-2-7b.yaml", "tests/fixtures/hub/Llama-2-7b-hf", "AutoModelForCausalLM"),
+    ("specs/llava/llava-1.5-7b.yaml", "tests/fixtures/hub/llava-1.5-7b-hf", "AutoModelForImageTextToText"),
+]
+MEMORY = [["300MB", "2GB"], ["4GiB", "4GiB"], ["1GiB", "1GiB", "1GiB", "1GiB"], ["8GiB", "8GiB"], ["5GiB", "5GiB", "5GiB"], ["600MB", "600MB"]]
+STRATEGIES = ("auto", "sequential", "balanced_low_0")
+
+
+def _setup(spec_path: str, **overrides):
+    spec, _ = api.load_sources(ROOT / spec_path)
+    return spec, resolve_setup(None, spec, {"micro_batch": 1, "seq_len": 1024, **overrides})
+
+
+@pytest.fixture(scope="module")
+def meta_models():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    out = {}
+    for spec_path, folder, cls in CASES:
+        config = transformers.AutoConfig.from_pretrained(ROOT / folder)
+        with torch.device("meta"):
+            out[spec_path] = getattr(transformers, cls).from_config(config, dtype=torch.bfloat16)
+    return out
+
+
+@pytest.mark.parametrize("spec_path", [c[0] for c in CASES])
+def test_the_placement_is_from_pretrained_s_module_for_module(meta_models, spec_path):
+    from transformers.integrations.accelerate import _get_device_map
+
+    model = meta_models[spec_path]
+    logging.disable(logging.WARNING)
+    try:
+        for memory in MEMORY:
+            for strategy in STRATEGIES:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    expected = dict(_get_device_map(model, strategy, dict(enumerate(memory)), None))
+                spec, setup = _setup(spec_path, device_map=strategy, max_memory=memory)
+                _, mine = dmw.hf_device_map(api.layers(spec, setup), setup)
+                assert mine == expected, (strategy, memory)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_balanced_splits_the_layers_and_keeps_the_tied_head_with_the_embeddings():
+    spec, setup = _setup("specs/qwen2/qwen2.5-0.5b.yaml", device_map="auto", max_memory=["4GiB", "4GiB"])
+    _, placed = dmw.hf_device_map(api.layers(spec, setup), setup)
+    # 494,032,768 parameters x 2 B over 2 GPUs + 1.25 x the embeddings (151,936 x 896 x 2 B)
+    assert placed["model.embed_tokens"] == placed["lm_head"] == 0
+    assert placed["model.layers.16"] == 0 and placed["model.layers.17"] == 1
+    assert placed["model.rotary_emb"] == 1
+
+
+def test_every_gpu_gets_its_own_estimate_and_the_largest_decides():
+    spec, setup = _setup("specs/qwen2/qwen2.5-0.5b.yaml", device_map="auto", max_memory=["4GiB", "4GiB"], lora={"r": 16})
+    report = api.run(spec, setup)
+    per_gpu = report.estimate.devices
+    assert len(per_gpu) == 2
+    assert report.allocated == max(e.peak.total for e in per_gpu)
+    _, alone = _setup("specs/qwen2/qwen2.5-0.5b.yaml", lora={"r": 16})
+    whole = api.run(spec, alone)
+    # each GPU holds part of the weights: less than the whole model on one GPU
+    assert all(e.peak.total < whole.allocated for e in per_gpu)
+    weights = [sum(c["parameters"] for c in e.resident.values()) for e in per_gpu]
+    assert sum(weights) >= sum(c["parameters"] for c in whole.estimate.resident.values())
+
+
+def test_an_explicit_map_places_what_it_names():
+    names = {"model.embed_tokens": 0, "model.layers": 1, "model.norm": 1, "model.rotary_emb": 1, "lm_head": 0}
+    spec, setup = _setup("specs/qwen2/qwen2.5-0.5b.yaml", device_map=names)
+    assert setup.device_map.gpus == 2
+    nodes = api.layers(spec, setup)
+    placement = dmw.place(nodes, setup)
+    paths = {n.inst.path: placement[id(n)] for r in nodes for n in r.walk()}
+    assert paths["language.layers[0]"] == 1 and paths["language.embed_tokens"] == 0 and paths["language.loss"] == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"device_map": "autoo", "max_memory": ["1GiB"]}, "device_map 'autoo' is no placement"),
+    ({"device_map": "auto"}, "without max_memory"),
+    ({"device_map": "auto", "max_memory": ["20 GiB", "twenty"]}, "is not a size"),
+    ({"device_map": {"model.layers": 2}, "max_memory": ["1GiB", "1GiB"]}, "GPU 2 is beyond the 2 GPU(s)"),
+    ({"device_map": {"model.layers": "cpu"}}, "offloading to host memory or disk is not modelled"),
+    ({"device_map": "auto", "max_memory": ["1GiB"], "dp": 2}, "runs in one process"),
+])
+def test_bad_values_are_refused(overrides, message):
+    with pytest.raises((MemspecError, UsageError)) as error:
+        _setup("specs/qwen2/qwen2.5-0.5b.yaml", **overrides)
+    assert message in str(error.value)
+    assert "E332" in str(error.value)
+
+
+def test_an_unknown_module_is_refused_at_its_line(tmp_path):
+    experiment = tmp_path / "split.yaml"
+    experiment.write_text(
+        f"experiment: split\nmodel: {ROOT / 'specs/qwen2/qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 1024\n"
+        "device_map:\n  model.embed_tokens: 0\n  model.layer: 1\n  lm_head: 0\nmax_memory: [2GiB, 2GiB]\n")
+    with pytest.raises(MemspecError) as error:
+        spec, setup = api.load_inputs(experiment, {})
+        api.run(spec, setup)
+    text = str(error.value)
+    assert f"{experiment}:7:3: E332" in text or "split.yaml:7:3: E332" in text
+    assert "'model.layer'" in text and "model.layers" in text
+
+
+def test_what_does_not_fit_the_gpus_is_refused():
+    spec, setup = _setup("specs/llava/llava-1.5-7b.yaml", device_map="auto", max_memory=["4GiB", "4GiB"])
+    with pytest.raises(MemspecError) as error:
+        api.run(spec, setup)
+    assert "would put 'model.language_model.layers.17' on disk" in str(error.value)
