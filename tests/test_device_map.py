@@ -127,3 +127,25 @@ def test_what_does_not_fit_the_gpus_is_refused():
     with pytest.raises(MemspecError) as error:
         api.run(spec, setup)
     assert "would put 'model.language_model.layers.17' on disk" in str(error.value)
+
+
+RECORDS = sorted((ROOT / "tests/measured/cpu-trace").glob("device-map-*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_each_gpu_s_estimate_is_at_or_above_its_trace_and_within_half_a_percent(path):
+    import json
+
+    from compiler.commands.validation import record_report
+
+    record = json.loads(path.read_text())
+    report, why = record_report(path, record)
+    assert report is not None, why
+    estimated = {e.gpu: e for e in report.estimate.devices}
+    assert sorted(estimated) == [d["gpu"] for d in record["devices"]]
+    for traced in record["devices"]:
+        e = estimated[traced["gpu"]]
+        assert traced["allocated"] <= e.peak.total <= traced["allocated"] * 1.005, traced
+        assert traced["allocated_first_step"] <= e.first_step.total <= traced["allocated_first_step"] * 1.005, traced
+    assert report.allocated == record["allocated"] + (report.allocated - record["allocated"])  # the largest GPU's
+    assert report.allocated == max(e.peak.total for e in report.estimate.devices)

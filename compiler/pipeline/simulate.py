@@ -77,6 +77,7 @@ class Estimate:
     oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
     # device_map: each GPU's own estimate, by GPU index (this one is the GPU that needs the most)
     devices: tuple["Estimate", ...] = ()
+    gpu: int | None = None  # device_map: the GPU this estimate is of
 
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     if setup.device_map is not None and setup.device_map.gpu < 0:
@@ -142,10 +143,16 @@ def _per_gpu_estimates(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     placement = device_map.place(nodes, setup)
     paths = tuple((n.inst.path, placement[id(n)]) for r in nodes for n in r.walk())
     dm = replace(setup.device_map, placement=paths, trains=_trainable_elements(nodes, setup) > 0)
-    per_gpu = tuple(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g)))
-                    for g in range(dm.gpus))
-    worst = max(per_gpu, key=lambda e: (e.oom is not None, e.reserved, e.peak.total))
-    return replace(worst, devices=per_gpu, trainable_params=sum(e.trainable_params for e in per_gpu))
+    # NB: GPU 0 holds the batch (and the model's outputs) even with no layer of its own
+    used = sorted({0, *placement.values()})
+    per_gpu = tuple(replace(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g))), gpu=g)
+                    for g in used)
+    # "fits" decides on the GPU that needs the most: the largest allocated, the largest reserved
+    worst = max(per_gpu, key=lambda e: e.peak.total)
+    oom = next((e.oom for e in per_gpu if e.oom is not None), None)
+    return replace(worst, devices=per_gpu, trainable_params=sum(e.trainable_params for e in per_gpu),
+                   reserved=max(e.reserved for e in per_gpu), oom=oom,
+                   first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total))
 
 
 def _per_gpu(step: Step, placing: Walk) -> dict:

@@ -36,8 +36,8 @@ from ..resolve import Setup
 from .base import Walk
 from .timeline import ALLOCATOR_GRANULE, Row, round_up
 
-HANDOFF = Row("device_map.handoff", "activations")  # the breakdown row of what crosses GPUs
-OUTPUT_COPY = Row("device_map.output_copy", "activations", transient=True)
+HANDOFF = Row("handoff", "activations")  # the breakdown row of what crosses GPUs
+OUTPUT_COPY = Row("output_copy", "activations", transient=True)
 
 _INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
 _ADAPTERS = ("lora_linear", "dora_linear")
@@ -382,6 +382,9 @@ def place(nodes: tuple[Node, ...], setup: Setup) -> dict[int, int]:
             for x in n.walk():
                 placement[id(x)] = device
     for root in nodes:
+        # NB: a model's own tensors (the batch: input_ids, labels, pixel_values, and what the
+        # model's forward builds from it) are on the batch's GPU, 0
+        placement[id(root)] = 0
         _follow(root, placement)
     return placement
 
@@ -400,8 +403,9 @@ def _follow(node: Node, placement: dict[int, int]) -> None:
                 placement[id(c)] = previous
         previous = placement.get(id(c), previous)
     if id(node) not in placement:
-        first = next((placement[id(x)] for x in node.walk() if id(x) in placement), 0)
-        placement[id(node)] = first
+        first = next((placement[id(x)] for x in node.walk() if id(x) in placement), None)
+        if first is not None:
+            placement[id(node)] = first
 
 
 _EMPTY = {f.name: (() if f.type.startswith("tuple") else 0) for f in fields(Cost)}
@@ -436,6 +440,10 @@ class DeviceMapWalk(Walk):
     def start(self) -> None:
         placed, gpu, setup = self._placed(), self.setup.device_map.gpu, self.setup
         mine = [n for r in self.step.nodes for n in r.walk() if placed.get(n.inst.path) == gpu]
+        if not any(n.cost.parameters for n in mine):
+            # NB: a GPU with no layer (GPU 0 under balanced_low_0) runs no GEMM: no cuBLAS workspace
+            self.state.level -= self.state.workspace
+            self.state.workspace = self.state.first_forward_workspace = 0
         extra = 0
         # cos and sin: a copy per layer on a GPU other than rotary_emb's, each saved
         rotary_gpu = next((placed[n.inst.path] for r in self.step.nodes for n in r.walk()
