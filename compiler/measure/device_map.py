@@ -9,8 +9,9 @@ accelerate's AlignDevicesHook does (its tensor inputs sent to its GPU: a copy wh
 is on another one, whose backward copies the gradient back) and the model's forward as the
 hook with io_same_device does (its outputs sent to the GPU of the batch, GPU 0). On the CPU
 `.to("cuda:1")` cannot run, so a copy is a `clone()` made while the tracer's `force_device`
-names the GPU it lands on. NB: an explicit `.to(x.device)` inside the model's code (the
-labels moved to the logits' GPU) stays a no-op: a few bytes attributed to the other GPU.
+names the GPU it lands on. NB: an explicit `.to(x.device)` inside the model's code stays a
+no-op, but for the causal-LM loss's labels (emulated): LLaVA's image features are moved to the
+embeddings' GPU the same way, which the traced splits keep on one GPU.
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ def send(value, gpu: int, tracer: MemoryTracer):
     return value
 
 
-def install(device_map: dict[str, Any], objects: dict[str, Any], tracer: MemoryTracer) -> None:
+def install(device_map: dict[str, Any], objects: dict[str, Any], tracer: MemoryTracer):
     """The hooks dispatch_model attaches, on the module objects the map names (taken before
-    peft wraps the model, so that its renaming does not matter) and on the model itself."""
+    peft wraps the model, so that its renaming does not matter) and on the model itself; and
+    the causal-LM loss's `shift_labels.to(logits.device)` (the labels are padded and shifted on
+    the batch's GPU, then copied to the logits' GPU). Returns what undoes the last."""
     for name in device_map:
         if name == "":
             continue
@@ -129,3 +132,18 @@ def install(device_map: dict[str, Any], objects: dict[str, Any], tracer: MemoryT
         return output
 
     top.forward = top_forward
+
+    from transformers.loss import loss_utils
+
+    cross_entropy = loss_utils.fixed_cross_entropy
+
+    def fixed_cross_entropy(source, target, *args, **kwargs):
+        gpu = tracer.gpu_of(source)
+        return cross_entropy(source, send(target, gpu, tracer) if gpu is not None else target, *args, **kwargs)
+
+    loss_utils.fixed_cross_entropy = fixed_cross_entropy
+
+    def undo() -> None:
+        loss_utils.fixed_cross_entropy = cross_entropy
+
+    return undo

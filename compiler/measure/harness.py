@@ -480,8 +480,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     scope = ModuleScope(model)
     split = getattr(model, "_memspec_device_map", None)
     tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split)
-    if split is not None:
-        device_map.install(split[0], split[2], tracer)
+    undo = device_map.install(split[0], split[2], tracer) if split is not None else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
@@ -518,6 +517,8 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
                         after_forward=take_inventory if step == steps else None,
                         offload=bool(exp.get("activation_offloading")))
     scope.remove()
+    if undo is not None:
+        undo()
     tricks_applied = ([tricks.FUSED_LOSS] if fused else []) + ([tricks.OFFLOAD_HOST_AS_META] if exp.get("activation_offloading") else [])
     return Measurement(
         steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),

@@ -464,7 +464,8 @@ class DeviceMapWalk(Walk):
             return
         # the model's output (the logits) sent to the batch's GPU by the hook on the model
         s = head.inst.scope
-        size = round_up(s["tokens"] * s["d_out"] * self.setup.bytes["act"], ALLOCATOR_GRANULE)
+        # NB: and the loss, a 0-dim fp32 tensor
+        size = round_up(s["tokens"] * s["d_out"] * self.setup.bytes["act"], ALLOCATOR_GRANULE) + ALLOCATOR_GRANULE
         self.state.add_buffer(OUTPUT_COPY, size)
         self.state.observe("forward", "device_map.output_copy", {})
         self.state.drop_buffer(OUTPUT_COPY, size)
