@@ -18,7 +18,10 @@ rule would send to "cpu" or "disk" is refused: offloaded weights are not modelle
 
 What crosses the GPUs (accelerate's AlignDevicesHook on every placed module sends a module's
 inputs to its GPU; the hook on the model sends its outputs back to the GPU of the inputs):
-- the hidden states and their gradient at each boundary (`.to(device)` and its backward);
+- the gradient of the hidden states at each boundary, copied back (`.to(device)`'s backward)
+  and alive while the layer before the boundary runs its backward, where that layer is a leaf
+  (a decoder layer's backward transient counts its output's gradient already; the forward's
+  copy is the next layer's input, which that layer's own formula charges);
 - cos and sin (`position_embeddings`): computed once on the GPU of `rotary_emb`, copied for
   every layer elsewhere, and each copy is saved by that layer's `q * cos` and `k * sin`;
 - the model's output, logits included, copied to the GPU of the batch (GPU 0) when the
@@ -38,6 +41,7 @@ from .timeline import ALLOCATOR_GRANULE, Row, round_up
 
 HANDOFF = Row("handoff", "activations")  # the breakdown row of what crosses GPUs
 OUTPUT_COPY = Row("output_copy", "activations", transient=True)
+GRADIENT_COPY = Row("gradient_copy", "transient", transient=True)
 
 _INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
 _ADAPTERS = ("lora_linear", "dora_linear")
@@ -122,36 +126,27 @@ def _causal_lm(root: Node, body: HfModule, top: HfModule) -> None:
 
 
 def _clip(root: Node, body: HfModule) -> None:
-    """CLIPVisionModel (transformers 5): embeddings (CLIPVisionEmbeddings, no split),
-    pre_layrnorm, encoder.layers.N (CLIPEncoderLayer, no split), post_layernorm."""
+    """CLIPVisionModel (transformers 5): embeddings (CLIPVisionEmbeddings, no split: the patch
+    embedding and the class and position embeddings), pre_layrnorm, encoder.layers.N
+    (CLIPEncoderLayer, no split; the layers after the feature layer too), post_layernorm."""
+    parts: dict[str, list[Node]] = {"embeddings": [], "pre_layrnorm": [], "layers": [], "post_layernorm": []}
     used = sum(1 for c in root.children if _local(root, c)[0] == "layers")
     for c in root.children:
         name, index = _local(root, c)
         if name in ("patch_embedding", "embeddings"):
-            body.child("embeddings", no_split=True).nodes.append(c)
-        elif name == "layers":
-            pass
-        elif name == "unused_layers":
-            pass
+            parts["embeddings"].append(c)
+        elif name in ("layers", "unused_layers"):
+            parts["layers"].append((index if name == "layers" else used + index, c))
         elif name in ("pre_layrnorm", "post_layernorm"):
-            pass
+            parts[name].append(c)
         else:
             raise Unsupported(f"{root.inst.module}.{name} ({c.inst.formula.layer_type})")
-    for c in root.children:
-        name, _ = _local(root, c)
-        if name == "pre_layrnorm":
-            body.child("pre_layrnorm").nodes.append(c)
-    for c in root.children:
-        name, index = _local(root, c)
-        if name in ("layers", "unused_layers"):
-            i = index if name == "layers" else used + index
-            body.child("encoder").child("layers").child(str(i), no_split=True).nodes.append(c)
-    for c in root.children:
-        if _local(root, c)[0] == "post_layernorm":
-            body.child("post_layernorm").nodes.append(c)
-    # NB: named_children() order of encoder.layers is by index, as appended
+    body.child("embeddings", no_split=True).nodes.extend(parts["embeddings"])
+    body.child("pre_layrnorm").nodes.extend(parts["pre_layrnorm"])
     layers = body.child("encoder").child("layers")
-    layers.children.sort(key=lambda m: int(m.name.rsplit(".", 1)[1]))
+    for i, c in sorted(parts["layers"], key=lambda t: t[0]):
+        layers.child(str(i), no_split=True).nodes.append(c)
+    body.child("post_layernorm").nodes.extend(parts["post_layernorm"])
 
 
 def _projector(root: Node, body: HfModule) -> None:
@@ -451,11 +446,20 @@ class DeviceMapWalk(Walk):
         if rotary_gpu != gpu:
             copies = [b for n in mine if not _in_checkpoint(n, self.step.nodes) for _, b in _rope(n)]
             extra += sum(round_up(b, ALLOCATOR_GRANULE) for b in copies[1:])
-        # the hidden states' hand-off: the copy a GPU receives, and in backward the gradient it
-        # sends back arriving on the GPU before (one [tokens, hidden] tensor per boundary)
-        for size in _boundaries(self.step.nodes, placed, gpu, setup):
-            extra += round_up(size, ALLOCATOR_GRANULE)
         self.state.add_buffer(HANDOFF, extra)
+        # the gradient of a boundary's hidden states, copied back from the GPU after it: alive
+        # while the layer before the boundary runs its backward
+        self.senders = {path: round_up(size, ALLOCATOR_GRANULE) for path, size in _senders(self.step.nodes, placed, gpu, setup)}
+
+    def before_layer_backward(self, node: Node, stack) -> None:
+        size = self.senders.get(node.inst.path)
+        if size:
+            self.state.add_buffer(GRADIENT_COPY, size)
+
+    def after_layer_backward(self, node: Node, stack) -> None:
+        size = self.senders.get(node.inst.path)
+        if size:
+            self.state.drop_buffer(GRADIENT_COPY, size)
 
     def after_forward(self) -> None:
         placed, gpu = self._placed(), self.setup.device_map.gpu
@@ -476,21 +480,23 @@ def _in_checkpoint(node: Node, roots: tuple[Node, ...]) -> bool:
     return any(n.inst.checkpointed and (path == n.inst.path or path.startswith(n.inst.path + ".")) for r in roots for n in r.walk())
 
 
-def _boundaries(roots: tuple[Node, ...], placed: dict[str, int], gpu: int, setup: Setup) -> list[int]:
-    """Bytes of the hidden states crossing each boundary that `gpu` is on, in the order the
-    forward runs the top-level layers."""
+def _senders(roots: tuple[Node, ...], placed: dict[str, int], gpu: int, setup: Setup) -> list[tuple[str, int]]:
+    """(path, bytes) of each layer on `gpu` whose output goes to a layer on another GPU, in the
+    order the forward runs a module's layers: the gradient of that output comes back as a
+    copy of [tokens, hidden]."""
     out = []
     for root in roots:
-        # NB: rotary_emb's input is a transient copy, gone when it returns
+        # NB: rotary_emb's output is not the hidden states; the loss follows lm_head
         seq = [c for c in root.children if c.inst.formula.layer_type != "rotary_embedding"]
+        s = root.inst.scope
+        hidden = s.get("hidden") or 0
+        tokens = s.get("tokens") or (s.get("batch", 1) * s.get("seq", 0))
         for a, b in zip(seq, seq[1:]):
-            ga, gb = placed.get(a.inst.path), placed.get(b.inst.path)
-            if ga is None or gb is None or ga == gb or gpu not in (ga, gb):
-                continue
-            s = root.inst.scope
-            hidden = s.get("hidden") or 0
-            tokens = s.get("tokens") or (s.get("batch", 1) * s.get("seq", 0))
-            out.append(tokens * hidden * setup.bytes["act"])
+            # NB: a composite (a decoder layer) counts the gradient of its output in its own
+            # backward transient (llama_decoder_layer: the residual's gradient, one x); a leaf
+            # (the final norm before lm_head) had it from the layer after it, on the other GPU
+            if placed.get(a.inst.path) == gpu and placed.get(b.inst.path) not in (None, gpu) and not a.children:
+                out.append((a.inst.path, tokens * hidden * setup.bytes["act"]))
     return out
 
 
