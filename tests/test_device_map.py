@@ -45,15 +45,21 @@ def meta_models():
 
 @pytest.mark.parametrize("spec_path", [c[0] for c in CASES])
 def test_the_placement_is_from_pretrained_s_module_for_module(meta_models, spec_path):
-    from transformers.integrations.accelerate import _get_device_map
+    from accelerate import infer_auto_device_map
+    from transformers.integrations.accelerate import _get_device_map, get_balanced_memory
 
     model = meta_models[spec_path]
     logging.disable(logging.WARNING)
     try:
         for memory in MEMORY:
             for strategy in STRATEGIES:
+                sizes = dict(enumerate(memory))
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    expected = dict(_get_device_map(model, strategy, dict(enumerate(memory)), None))
+                    expected = dict(_get_device_map(model, strategy, sizes, None))
+                    # accelerate's own rule, given the same per-GPU memory, places alike
+                    if strategy != "sequential":
+                        sizes = get_balanced_memory(model, sizes, model._no_split_modules, None, low_zero=strategy == "balanced_low_0")
+                    assert dict(infer_auto_device_map(model, max_memory=sizes, no_split_module_classes=list(model._no_split_modules))) == expected
                 spec, setup = _setup(spec_path, device_map=strategy, max_memory=memory)
                 _, mine = dmw.hf_device_map(api.layers(spec, setup), setup)
                 assert mine == expected, (strategy, memory)
