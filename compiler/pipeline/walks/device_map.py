@@ -23,7 +23,9 @@ inputs to its GPU; the hook on the model sends its outputs back to the GPU of th
   (a decoder layer's backward transient counts its output's gradient already; the forward's
   copy is the next layer's input, which that layer's own formula charges);
 - cos and sin (`position_embeddings`): computed once on the GPU of `rotary_emb`, copied for
-  every layer elsewhere, and each copy is saved by that layer's `q * cos` and `k * sin`;
+  every layer elsewhere, and each copy is saved by that layer's `q * cos` and `k * sin`; a
+  checkpointing unit keeps its copies of cos, sin and the position ids (made on the GPU of the
+  embeddings) until its backward;
 - the model's output, logits included, copied to the GPU of the batch (GPU 0) when the
   forward returns, alive until the training loop drops the output.
 """
@@ -416,8 +418,35 @@ def on_gpu(nodes: tuple[Node, ...], placement: dict[int, int], gpu: int) -> tupl
     return tuple(keep(r) for r in nodes)
 
 
-def _rope(node: Node) -> list[tuple[str, int]]:
-    return [(name, b) for name, b in node.cost.saved if node.inst.formula.layer_type == "rotary"]
+def _copies(roots: tuple[Node, ...], placed: dict[str, int], gpu: int) -> list[int]:
+    """Bytes of the copies `gpu`'s layers keep of tensors the model makes once for every layer
+    on another GPU, beyond the one the walk charges by name: cos and sin (made on rotary_emb's
+    GPU) saved by each layer's q * cos and k * sin; and where a layer is a checkpointing unit,
+    what it keeps of its inputs (cos, sin, the position ids, made on the GPU of the embeddings)."""
+    made = {}
+    for root in roots:
+        for c in root.children:
+            kind = c.inst.formula.layer_type
+            if kind == "rotary_embedding":
+                made["rope"] = placed.get(c.inst.path)
+            elif kind == "embedding" and "embed" not in made:
+                made["embed"] = placed.get(c.inst.path)
+    copies: dict[str, list[int]] = {}
+    for root in roots:
+        # NB: what a unit keeps of the model's tensors, as any unit lists it (the first layer's
+        # formula lists none: the model's own copies are charged elsewhere, its GPU's copies not)
+        inputs = {n: b for c in root.children if c.inst.checkpointed
+                  for n, b in c.cost.checkpoint if not n.startswith(c.inst.path + "/")}
+        for c in root.children:
+            if placed.get(c.inst.path) != gpu:
+                continue
+            rope = [(n, b) for x in c.walk() if x.inst.formula.layer_type == "rotary" for n, b in x.cost.saved]
+            kept = rope + [(n, b) for n, b in inputs.items() if n not in dict(rope)] if c.inst.checkpointed else rope
+            for name, size in kept:
+                origin = made.get("rope") if name.endswith("rope") else made.get("embed")
+                if origin is not None and origin != gpu:
+                    copies.setdefault(name, []).append(size)
+    return [b for sizes in copies.values() for b in sizes[1:]]
 
 
 class DeviceMapWalk(Walk):
@@ -435,17 +464,12 @@ class DeviceMapWalk(Walk):
     def start(self) -> None:
         placed, gpu, setup = self._placed(), self.setup.device_map.gpu, self.setup
         mine = [n for r in self.step.nodes for n in r.walk() if placed.get(n.inst.path) == gpu]
+        extra = 0
         if not any(n.cost.parameters for n in mine):
             # NB: a GPU with no layer (GPU 0 under balanced_low_0) runs no GEMM: no cuBLAS workspace
             self.state.level -= self.state.workspace
             self.state.workspace = self.state.first_forward_workspace = 0
-        extra = 0
-        # cos and sin: a copy per layer on a GPU other than rotary_emb's, each saved
-        rotary_gpu = next((placed[n.inst.path] for r in self.step.nodes for n in r.walk()
-                           if n.inst.formula.layer_type == "rotary_embedding"), gpu)
-        if rotary_gpu != gpu:
-            copies = [b for n in mine if not _in_checkpoint(n, self.step.nodes) for _, b in _rope(n)]
-            extra += sum(round_up(b, ALLOCATOR_GRANULE) for b in copies[1:])
+        extra = sum(round_up(b, ALLOCATOR_GRANULE) for b in _copies(self.step.nodes, placed, gpu))
         self.state.add_buffer(HANDOFF, extra)
         # the gradient of a boundary's hidden states, copied back from the GPU after it: alive
         # while the layer before the boundary runs its backward
@@ -473,11 +497,6 @@ class DeviceMapWalk(Walk):
         self.state.add_buffer(OUTPUT_COPY, size)
         self.state.observe("forward", "device_map.output_copy", {})
         self.state.drop_buffer(OUTPUT_COPY, size)
-
-
-def _in_checkpoint(node: Node, roots: tuple[Node, ...]) -> bool:
-    path = node.inst.path
-    return any(n.inst.checkpointed and (path == n.inst.path or path.startswith(n.inst.path + ".")) for r in roots for n in r.walk())
 
 
 def _senders(roots: tuple[Node, ...], placed: dict[str, int], gpu: int, setup: Setup) -> list[tuple[str, int]]:
