@@ -493,7 +493,8 @@ class DeviceMapWalk(Walk):
         # the model's output (the logits) sent to the batch's GPU by the hook on the model
         s = head.inst.scope
         # NB: and the loss, a 0-dim fp32 tensor
-        size = round_up(s["tokens"] * s["d_out"] * self.setup.bytes["act"], ALLOCATOR_GRANULE) + ALLOCATOR_GRANULE
+        logits = 0 if self.setup.loss == "fused_linear_cross_entropy" else s["tokens"] * s["d_out"] * self.setup.bytes["act"]
+        size = round_up(logits, ALLOCATOR_GRANULE) + ALLOCATOR_GRANULE
         self.state.add_buffer(OUTPUT_COPY, size)
         self.state.observe("forward", "device_map.output_copy", {})
         self.state.drop_buffer(OUTPUT_COPY, size)
