@@ -136,11 +136,10 @@ def test_margin_zero_and_absolute_margins(capsys):
 
 def _resolved(path: str, knobs: dict):
     """(spec, setup, resolve): resolve is the setup with more overrides, as the CLI gives fit."""
-    from compiler.api import load_sources
-    from compiler.pipeline.resolve import resolve_setup
+    from compiler.api import admitted_setup, load_sources
 
     spec, doc = load_sources(path)
-    return spec, resolve_setup(doc, spec, knobs), lambda more: resolve_setup(doc, spec, {**knobs, **more})
+    return spec, admitted_setup(doc, spec, knobs), lambda more: admitted_setup(doc, spec, {**knobs, **more})
 
 
 def _check_levers(spec, f, resolve, at: int):

@@ -31,7 +31,7 @@ from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
-# declares it (`resolve._check_setups`); a file without the key models none of them.
+# declares it (`admit._check_setups`); a file without the key models none of them.
 SETUPS: Mapping[str, str] = {
     "packing": "packing: the micro-batch packed into one row, position_ids restarting per sequence",
     "activation_offloading": "activation offloading: saved activations kept in host memory (save_on_cpu)",
@@ -643,7 +643,7 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     from .. import checked
 
     by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
-    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem))
+    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem), Library)
 
 
 def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:

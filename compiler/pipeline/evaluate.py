@@ -1,4 +1,4 @@
-"""Stage 5, evaluate: every layer instance's formula becomes exact integer bytes.
+"""Stage 6, evaluate: every layer instance's formula becomes exact integer bytes.
 
 Contract: `evaluate(roots)` returns a `Node` tree mirroring the `Instance` tree, each node
 with its own `Cost` (parameters, gradients, optimizer states, buffers, the tensors it saves
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ..memory import optimizers
 from ..errors import Diagnostic, MemspecError
-from .expand import Instance
+from .expand import Instance, image_merge, merged_positions
 from ..memory.optimizers import Optimizer
 from ..library.formula import FACTOR_NAMES, Formula, integer
 
@@ -277,3 +277,12 @@ def _collapse(template: str, indices: list[tuple[int, ...]]) -> str:
         else:
             parts.append(",".join(map(str, values)))
     return template.format(*parts)
+
+
+def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
+    """The LLM positions the images of one sample take, as the formulas count them at the
+    experiment's image size (image_merge: images x tokens per image); None without a merge."""
+    for n in nodes:
+        if image_merge(n.inst) is not None:
+            return sum(items * tokens for items, tokens in merged_positions(n.inst))
+    return None

@@ -1,6 +1,7 @@
-"""Stage 7, render: a `Report` as text for people, JSON for programs, TSV for diffs.
+"""Stage 8, render: a `Report` as text for people, JSON for programs, TSV for diffs.
 
-Contract: pure functions from a report (or its rows) to a string; the HTML report is
+Contract: `Report` is everything one estimate produced (`api.run` makes it); the rest are
+pure functions from a report (or its rows) to a string; the HTML report is
 `html_report.py`, from the same `as_data` numbers. Bytes are printed exactly
 in JSON and TSV; the text view prints GiB (2^30 bytes) with two decimals and says so.
 """
@@ -9,12 +10,52 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
-from ..api import Report, image_tokens_per_sample
-from .evaluate import Row
-from .resolve import PRECISION_MODES, TRANSFORMERS, release_text
-from .simulate import CATEGORIES, Point
+from .evaluate import Node, Row, image_tokens_per_sample
+from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text
+from .simulate import CATEGORIES, Estimate, Point
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one estimate produced."""
+
+    spec: Spec
+    setup: Setup
+    nodes: tuple[Node, ...]
+    rows: tuple[Row, ...]
+    estimate: Estimate
+    allocated: int
+    reserved: int
+    device: int
+    device_constants: DeviceConstants
+    gpu: Gpu | None
+    parameters: Mapping[str, int]  # module -> parameter count (elements)
+    # How the inputs were read: "note: ..." / "warning: ..." lines of --from-command and
+    # --deepspeed, as the CLI prints them on stderr.
+    notes: tuple[str, ...] = ()
+
+    def with_notes(self, notes: tuple[str, ...]) -> "Report":
+        return replace(self, notes=tuple(notes))
+
+    @property
+    def margin(self) -> Margin:
+        """What the verdict keeps free: --margin, else the catalog's device.margin_pct."""
+        return self.setup.margin or self.device_constants.margin
+
+    @property
+    def budget(self) -> int | None:
+        """The most the device figure may be on `gpu` and fit: its memory less the margin."""
+        return None if self.gpu is None else self.margin.budget(self.gpu.memory)
+
+    @property
+    def fits(self) -> bool | None:
+        """The verdict with --gpu: the replay never runs out of the GPU's memory and the device
+        figure is within the budget; None without a GPU."""
+        return None if self.gpu is None else self.device <= self.budget and self.estimate.oom is None
+
 
 GIB = 1 << 30
 TABLE_COLUMNS = (

@@ -281,10 +281,10 @@ class Constant:
 @lru_cache(maxsize=1)
 def _catalog() -> Document:
     """specs/gpus.yaml, validated."""
-    from .. import checked
     from ..paths import specs_dir
+    from .validate import checked_document
 
-    return checked.document(specs_dir() / "gpus.yaml", "gpus")
+    return checked_document(specs_dir() / "gpus.yaml", "gpus")
 
 
 def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
