@@ -165,35 +165,7 @@ def parse_size(text: str) -> int:
     return int(size)
 
 
-# accelerate.utils.modeling.convert_file_size_to_int (accelerate 1.15.0): the units a
-# `max_memory` size may carry, binary (GiB) or decimal (GB); a decimal unit ending in a
-# lowercase b ("5Gb") is bits, an eighth of the bytes.
-_ACCELERATE_UNITS = (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
-def accelerate_size(value: Any) -> int:
-    """A `max_memory` value in bytes, as accelerate reads it: an integer is bytes, a string a
-    number with one of accelerate's units ("20GiB", "500MB"). ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("not a size")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("negative")
-        return value
-    if not isinstance(value, str):
-        raise ValueError("not a size")
-    for unit, factor in _ACCELERATE_UNITS:
-        if value.upper().endswith(unit):
-            try:
-                number = float(value[: -len(unit)])
-            except ValueError:
-                raise ValueError(f"'{value[: -len(unit)]}' is not a number") from None
-            size = int(number * factor)
-            if number < 0:
-                raise ValueError("negative")
-            return size // 8 if len(unit) == 2 and value.endswith("b") else size
-    raise ValueError("no unit accelerate reads (GiB, MiB, KiB, GB, MB, KB)")
 
 
 @dataclass(frozen=True)
