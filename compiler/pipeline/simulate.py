@@ -34,7 +34,7 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ..memory import allocator, optimizers
@@ -42,7 +42,7 @@ from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocat
 from .evaluate import Node, first_charges
 from .expand import forward_order
 from .resolve import Constant, Setup, gpu_catalog
-from .walks import strategies
+from .walks import device_map, strategies
 from .walks.base import Step, Walk
 from .walks.optimizer_step import _paged_bytes, _trainable_elements, _trainable_tensors
 from .walks.resident import _blocks
@@ -75,8 +75,13 @@ class Estimate:
     not_modelled: tuple[str, ...]
     trainable_params: int  # elements, all ranks
     oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
+    # device_map: each GPU's own estimate, by GPU index (this one is the GPU that needs the most)
+    devices: tuple["Estimate", ...] = ()
+    gpu: int | None = None  # device_map: the GPU this estimate is of
 
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+    if setup.device_map is not None and setup.device_map.gpu < 0:
+        return _per_gpu_estimates(nodes, setup)
     trainable = _trainable_elements(nodes, setup)
     step = Step(nodes, setup, trainable)
     walks = [cls(step) for cls in strategies(setup, trainable)]
@@ -104,7 +109,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     walk = _StepWalk(step, walks)
     walk_start = len(state.events)
     end_of_forward = walk.forward_pass()
-    if trainable:
+    # NB: under a device_map a GPU with nothing to train still runs its layers' backward
+    if trainable or (setup.device_map is not None and setup.device_map.trains):
         walk.backward_pass()
     step_point, first_step_point, step_start = walk.optimizer_step()
 
@@ -130,6 +136,24 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         not_modelled=_not_modelled(setup) + _paged_note(nodes, setup),
         trainable_params=trainable,
     )
+
+
+def _per_gpu_estimates(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+    """device_map: the step walked once per GPU, each with only its own layers
+    (walks/device_map.py); the estimate of the GPU that needs the most, with every GPU's."""
+    placement = device_map.place(nodes, setup)
+    paths = tuple((n.inst.path, placement[id(n)]) for r in nodes for n in r.walk())
+    dm = replace(setup.device_map, placement=paths, trains=_trainable_elements(nodes, setup) > 0)
+    # NB: GPU 0 holds the batch (and the model's outputs) even with no layer of its own
+    used = sorted({0, *placement.values()})
+    per_gpu = tuple(replace(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g))), gpu=g)
+                    for g in used)
+    # "fits" decides on the GPU that needs the most: the largest allocated, the largest reserved
+    worst = max(per_gpu, key=lambda e: e.peak.total)
+    oom = next((e.oom for e in per_gpu if e.oom is not None), None)
+    return replace(worst, devices=per_gpu, trainable_params=sum(e.trainable_params for e in per_gpu),
+                   reserved=max(e.reserved for e in per_gpu), oom=oom,
+                   first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total))
 
 
 def _per_gpu(step: Step, placing: Walk) -> dict:
