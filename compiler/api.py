@@ -2,8 +2,8 @@
 
 Contract: `load_spec(path)` loads and validates a model spec; `load_inputs(path, overrides)`
 takes a model spec or an experiment file (the kind is read from its top-level keys) and
-returns the resolved `Spec` and `Setup`; `estimate(path, **overrides)` runs every stage and
-returns a `Report`. For the HTML report, `step_timeline(report)` splits the simulated step into
+returns the resolved `Spec` and the admitted `Setup` (`admitted_setup`: resolve, then admit);
+`estimate(path, **overrides)` runs every stage and returns a `Report`. For the HTML report, `step_timeline(report)` splits the simulated step into
 its phases, `constants(report)` lists the named constants the estimate used and
 `layer_types(report)` the formulas with their assumptions. Every user error is raised as one
 `MemspecError` carrying all of its diagnostics. Nothing here prints.
@@ -11,65 +11,27 @@ its phases, `constants(report)` lists the named constants the estimate used and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-import os
-from functools import lru_cache
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import checked
 from .errors import Diagnostic, MemspecError
-from .pipeline.evaluate import Node, Row, evaluate, layer_table
-from .pipeline.expand import expand, image_merge, merged_positions
-from .library.formula import Library, load_library
+from .pipeline.admit import admit
+from .pipeline.evaluate import Node, Row, evaluate, image_tokens_per_sample, layer_table  # noqa: F401  (re-exported)
+from .pipeline.expand import expand
+from .library.formula import Library
+from .library.shipped import library, spec_library  # noqa: F401  (re-exported)
 from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py reads api.load_yaml in every revision)
-from .paths import display, formulas_dir
+from .paths import display
+from .pipeline.validate import checked_document
 from .pipeline.resolve import (
-    Constant, DeviceConstants, Gpu, Margin, Setup, Spec, catalog_constants, deepspeed_constants, gpu_catalog, resolve_setup,
+    Constant, Setup, Spec, catalog_constants, checked_spec, deepspeed_constants, gpu_catalog, resolve_setup,
 )
-from .pipeline.simulate import ALLOCATOR_CONSTANTS, Estimate, device_overhead, simulate
-
-@dataclass(frozen=True)
-class Report:
-    """Everything one estimate produced."""
-
-    spec: Spec
-    setup: Setup
-    nodes: tuple[Node, ...]
-    rows: tuple[Row, ...]
-    estimate: Estimate
-    allocated: int
-    reserved: int
-    device: int
-    device_constants: DeviceConstants
-    gpu: Gpu | None
-    parameters: Mapping[str, int]  # module -> parameter count (elements)
-    # How the inputs were read: "note: ..." / "warning: ..." lines of --from-command and
-    # --deepspeed, as the CLI prints them on stderr.
-    notes: tuple[str, ...] = ()
-
-    def with_notes(self, notes: tuple[str, ...]) -> "Report":
-        return replace(self, notes=tuple(notes))
-
-    @property
-    def margin(self) -> Margin:
-        """What the verdict keeps free: --margin, else the catalog's device.margin_pct."""
-        return self.setup.margin or self.device_constants.margin
-
-    @property
-    def budget(self) -> int | None:
-        """The most the device figure may be on `gpu` and fit: its memory less the margin."""
-        return None if self.gpu is None else self.margin.budget(self.gpu.memory)
-
-    @property
-    def fits(self) -> bool | None:
-        """The verdict with --gpu: the replay never runs out of the GPU's memory and the device
-        figure is within the budget; None without a GPU."""
-        return None if self.gpu is None else self.device <= self.budget and self.estimate.oom is None
-
+from .pipeline.render import Report  # noqa: F401  (re-exported: callers take the Report from api)
+from .pipeline.simulate import ALLOCATOR_CONSTANTS, device_overhead, simulate
 
 def _validated(path: str | Path, kind: str) -> Document:
-    return checked.document(path, kind)
+    return checked_document(path, kind)
 
 
 def file_kind(doc: Document) -> str:
@@ -89,43 +51,30 @@ def file_kind(doc: Document) -> str:
     return "spec"
 
 
-def library(folder: str | None = None, types: frozenset[str] | None = None) -> Library:
-    """The formulas in `folder` (default: the shipped ones); with `types`, only those layer
-    types and what they reach, which is all an estimate of a spec with those modules reads.
-    NB: kept per working directory too, since the files' names in messages are relative to it."""
-    return _library(folder, types, os.getcwd())
-
-
-@lru_cache(maxsize=16)
-def _library(folder: str | None, types: frozenset[str] | None, cwd: str) -> Library:
-    return load_library(folder or formulas_dir(), types)
-
-
-library.cache_clear = _library.cache_clear  # type: ignore[attr-defined]
-
-
-def spec_library(spec: Spec) -> Library:
-    """The formulas a spec's estimate can reach, loaded once per set of module types (and
-    peft's ModulesToSaveWrapper, which expand puts around any of them)."""
-    return library(None, frozenset(m.type for m in spec.modules) | {"modules_to_save"})
-
-
 def load_spec(path: str | Path) -> Spec:
     """A model spec file, loaded, validated and resolved: a frozen `resolve.Spec` (model name,
     modules in forward order with their layer type, inputs and checkpoint parameter count,
     image_tokens, hidden_size). Bad input raises `errors.MemspecError` with every diagnostic."""
-    return checked.spec(path)
+    return checked_spec(path)
 
 
 def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
     spec, doc = load_sources(path)
-    return spec, resolve_setup(doc, spec, overrides)
+    return spec, admitted_setup(doc, spec, overrides)
+
+
+def admitted_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None,
+                   formulas: Library | None = None) -> Setup:
+    """Stages resolve -> admit: the experiment in `doc` (None for a bare spec) with `overrides`
+    on top, resolved, and refused where the formulas (default: the shipped ones) do not
+    model it. What every caller that estimates a setup takes."""
+    return admit(doc, spec, resolve_setup(doc, spec, overrides), overrides, formulas)
 
 
 def load_sources(path: str | Path) -> tuple[Spec, Document | None]:
     """The resolved model spec and the validated experiment document (None for a bare spec):
-    what `resolve_setup(doc, spec, overrides)` needs, loaded once for many setups (sweeps)."""
-    doc = checked.document(path, None)
+    what `admitted_setup(doc, spec, overrides)` needs, loaded once for many setups (sweeps)."""
+    doc = checked_document(path, None)
     kind = file_kind(doc)
     if kind == "experiment":
         doc = _validated(path, "experiment")
@@ -138,7 +87,7 @@ def load_sources(path: str | Path) -> tuple[Spec, Document | None]:
 def experiment_inputs(doc: Document, base: Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, Setup]:
     """A validated experiment document whose `model:` is relative to `base`."""
     spec = experiment_spec(doc, base)
-    return spec, resolve_setup(doc, spec, overrides)
+    return spec, admitted_setup(doc, spec, overrides)
 
 
 def experiment_spec(doc: Document, base: Path) -> Spec:
@@ -185,16 +134,6 @@ def _elements(node: Node, setup: Setup) -> int:
         s = node.inst.scope
         return s["d_in"] * s["d_out"] + (s["d_out"] if s["bias"] else 0)
     return node.cost.parameters // setup.bytes["param"]
-
-
-def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
-    """The LLM positions the images of one sample take, as the formulas count them at the
-    experiment's image size (image_merge: images x tokens per image); None without a merge."""
-    for n in nodes:
-        if image_merge(n.inst) is not None:
-            return sum(items * tokens for items, tokens in merged_positions(n.inst))
-    return None
-
 
 
 def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:

@@ -1,11 +1,13 @@
 """A cache of checked inputs: files loaded, validated against their schema and compiled once,
 kept by content.
 
-Contract: `document(path, kind)` is `load_yaml(path)` validated against
-`schemas/<kind>.schema.json` (a `MemspecError` with every problem otherwise); `spec(path)` is
-that for a model spec, resolved (`resolve.resolve_spec`); `library(folder, types, build)` is
-`build()`, the linked formula library. Each answer is the same value the uncached stages
-give, kept under `paths.user_cache()/checked/` by a blake2b hash of everything it was made
+Contract: `key(kind, *parts)` names a value by everything it is made from, `get(name)` and
+`put(name, value)` read and keep it; the stages keep theirs here: `validate.checked_document(path,
+kind)` (`load_yaml(path)` validated against `schemas/<kind>.schema.json`),
+`resolve.checked_spec(path)` (that for a model spec, resolved) and
+`library(folder, files, types, build, kind)` (`build()`, the linked formula library, for
+`library.formula.load_library`). This module imports no stage. Each answer is the same value
+the uncached stages give, kept under `paths.user_cache()/checked/` by a blake2b hash of everything it was made
 from: the file's bytes (every formula file of the folder for a library), the path as the
 messages name it, the schemas, memspec's version and the source of the modules that make the
 value. A changed byte anywhere is a new key; nothing is ever invalidated in place.
@@ -30,7 +32,7 @@ from . import paths
 
 VERSION = "0.1.0"  # NB: pyproject.toml's [project] version
 # The modules whose code makes a cached value: a change to any of them is a new key.
-_MAKERS = ("checked.py", "paths.py", "errors.py", "pipeline/load.py", "pipeline/strict_yaml.py", "pipeline/validate.py", "pipeline/vocabulary.py",
+_MAKERS = ("checked.py", "paths.py", "errors.py", "pipeline/load.py", "pipeline/json_path.py", "pipeline/strict_yaml.py", "pipeline/validate.py", "pipeline/vocabulary.py",
            "pipeline/resolve.py", "library/formula.py", "library/expr_python.py")
 _PACKAGE = Path(__file__).resolve().parent
 _FINGERPRINTS: dict[Path, bytes] = {}  # by schemas folder
@@ -128,69 +130,26 @@ def put(name: str, value: Any) -> None:
                 pass
 
 
-def _read(path: str | os.PathLike) -> bytes | None:
+def read(path: str | os.PathLike) -> bytes | None:
+    """The bytes of `path` a key is made from; None when it cannot be read."""
     try:
         return Path(os.fspath(path)).resolve().read_bytes()
     except OSError:
         return None  # NB: load_yaml says what is wrong (not found, a directory, unreadable)
 
 
-def document(path: str | os.PathLike, kind: str | None):
-    """`load_yaml(path)` validated against the `kind` schema (None: loaded only); the Document
-    names `path` as given."""
-    from .errors import MemspecError
-    from .pipeline.load import Document, load_yaml
-
-    file = os.fspath(path)
-    raw = _read(file)
-    name = key("document", kind or "", file, raw) if raw is not None else None
-    hit = get(name) if name else None
-    if isinstance(hit, tuple) and len(hit) == 2:
-        from types import MappingProxyType
-
-        return Document(file, hit[0], MappingProxyType(hit[1]))
-    doc = load_yaml(file)
-    if kind is not None:
-        from .pipeline.validate import load_schema, validate
-
-        problems = validate(doc, load_schema(kind))
-        if problems:
-            raise MemspecError(problems)
-    if name:
-        put(name, (doc.data, dict(doc.positions)))
-    return doc
-
-
-def spec(path: str | os.PathLike):
-    """A model spec file loaded, validated and resolved (`resolve.resolve_spec`)."""
-    from .pipeline.resolve import Spec, resolve_spec
-
-    file = os.fspath(path)
-    raw = _read(file)
-    name = key("spec", file, raw) if raw is not None else None
-    hit = get(name) if name else None
-    if isinstance(hit, Spec):
-        return hit
-    value = resolve_spec(document(file, "spec"))
-    if name:
-        put(name, value)
-    return value
-
-
-def library(folder: str | os.PathLike, files: Iterable[Path], types: Iterable[str] | None, build: Callable[[], Any]):
+def library(folder: str | os.PathLike, files: Iterable[Path], types: Iterable[str] | None, build: Callable[[], Any], kind: type):
     """The formula library `build()` makes from `files` (every formula file of `folder`), for
-    the layer types `types` (None: all)."""
-    from .library.formula import Library
-
+    the layer types `types` (None: all); a kept value that is no `kind` is made again."""
     parts: list[bytes | str] = [os.fspath(folder), os.getcwd(), "\0".join(sorted(types)) if types is not None else "\0all"]
     for file in files:
-        raw = _read(file)
+        raw = read(file)
         if raw is None:
             return build()
         parts += [file.name, raw]
     name = key("library", *parts)
     hit = get(name)
-    if isinstance(hit, Library):
+    if isinstance(hit, kind):
         return hit
     value = build()
     put(name, value)

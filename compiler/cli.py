@@ -305,17 +305,17 @@ def _inputs(args):
 def _inputs_and_notes(args):
     """`_inputs`, and the notes on reading the launch files and on the defaults taken (also
     printed on stderr)."""
-    from .pipeline.resolve import resolve_setup
+    from .api import admitted_setup
 
     spec, doc, knobs, notes = _sources_and_notes(args)
     for line in notes:
         sys.stderr.write(line + "\n")
-    return (spec, resolve_setup(doc, spec, knobs)), tuple(notes)
+    return (spec, admitted_setup(doc, spec, knobs)), tuple(notes)
 
 
 def _sources(args, searched: tuple[str, ...] = ()):
     """(spec, experiment document or None, overrides) of the file argument, loaded once for
-    many setups (`resolve_setup(doc, spec, overrides)`); the notes go to stderr. `searched`:
+    many setups (`api.admitted_setup(doc, spec, overrides)`); the notes go to stderr. `searched`:
     the knobs the command varies itself, which a bare spec takes no default for."""
     spec, doc, knobs, notes = _sources_and_notes(args, searched)
     for line in notes:
@@ -467,15 +467,15 @@ def _import(args) -> int:
 def _fit(args) -> int:
     from .pipeline import render
     from .commands.fit import fit
-    from .pipeline.resolve import resolve_setup
+    from .api import admitted_setup
 
     spec, doc, knobs = _sources(args, searched=("micro_batch",))
     if doc is None and "micro_batch" not in knobs:
         knobs["micro_batch"] = 1  # NB: where the search for the largest micro-batch starts
-    setup = resolve_setup(doc, spec, knobs)
+    setup = admitted_setup(doc, spec, knobs)
     if setup.gpu is None:
         raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
-    report = fit(spec, setup, setup.gpu, resolve=lambda more: resolve_setup(doc, spec, {**knobs, **more}))
+    report = fit(spec, setup, setup.gpu, resolve=lambda more: admitted_setup(doc, spec, {**knobs, **more}))
     sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
     return 0
 

@@ -22,6 +22,22 @@ def as_list(text: str) -> list[str]:
     return [] if text in ("", "none") else [x.strip() for x in text.split(",") if x.strip()]
 
 
+def device_map(text: str) -> str | dict[str, int | str]:
+    """'auto' -> 'auto'; 'model.embed_tokens=0,model.layers.0=1' -> {name: GPU} (checked by resolve)."""
+    if "=" not in text:
+        return text
+    out: dict[str, int | str] = {}
+    for item in as_list(text):
+        name, _, gpu = item.partition("=")
+        out[name.strip()] = int(gpu) if gpu.strip().isdigit() else gpu.strip()
+    return out
+
+
+def max_memory(text: str) -> list[int | str]:
+    """'20GiB,20GiB' -> one size per GPU, in order (a bare number is bytes)."""
+    return [int(x) if x.isdigit() else x for x in as_list(text)]
+
+
 def image_size(text: str) -> list[int]:
     """'448x448' -> [448, 448] (height, width)."""
     try:
@@ -121,6 +137,11 @@ KNOBS: tuple[Knob, ...] = (
          "e.g. 24GiB (2^30 bytes) or 80GB (10^9 bytes): say whether it fits", metavar="NAME|SIZE"),
     Knob("--margin", "margin", "memory a 'fits' verdict keeps free beyond the device figure: a percentage of the GPU "
          "(5%%) or a size (2GiB); default specs/gpus.yaml device.margin_pct, the estimate's measured error; --margin 0 for none", metavar="PCT|SIZE"),
+    Knob("--device-map", "device_map", "from_pretrained's device_map: the model split across the GPUs of one process, auto, balanced, "
+         "balanced_low_0 or sequential with --max-memory, or name=GPU,... (model.layers.0=0,...); the estimate is per GPU, e.g. "
+         "--device-map auto --max-memory 20GiB,20GiB", type=device_map, metavar="RULE|NAME=GPU,..."),
+    Knob("--max-memory", "max_memory", "from_pretrained's max_memory, one size per GPU as accelerate reads it, e.g. 20GiB,20GiB",
+         type=max_memory, metavar="SIZE,SIZE"),
     Knob("--alloc-conf", "alloc_conf", "PYTORCH_CUDA_ALLOC_CONF of the job, which the allocator's replay assumes (default: the experiment's "
          "alloc_conf, else PyTorch's defaults), e.g. --alloc-conf expandable_segments:True", metavar="CONF"),
     Knob("--transformers-version", None, "the transformers release the job runs, e.g. 4.46.3: the loss of that release "

@@ -25,8 +25,14 @@ def test_record_is_valid_and_consistent(path):
     rec = record.read_record(path)
     assert record.validate(rec) == []
     assert rec["name"] == path.stem
-    assert rec["allocated_first_step"] == rec["steps"][0]["allocated"]
-    assert rec["allocated"] == max(s["allocated"] for s in rec["steps"][1:])
+    if "devices" in rec:
+        # device_map: the figures are the largest GPU's; the steps are all GPUs together
+        assert rec["allocated_first_step"] == max(d["allocated_first_step"] for d in rec["devices"])
+        assert rec["allocated"] == max(d["allocated"] for d in rec["devices"])
+        assert sum(d["allocated"] for d in rec["devices"]) >= max(s["allocated"] for s in rec["steps"][1:])
+    else:
+        assert rec["allocated_first_step"] == rec["steps"][0]["allocated"]
+        assert rec["allocated"] == max(s["allocated"] for s in rec["steps"][1:])
     for step in rec["steps"]:
         assert sum(step["breakdown"].values()) == step["allocated"]
         assert step["phases"][step["phase"]]["allocated"] == step["allocated"]

@@ -59,7 +59,8 @@ def test_autocast_gate(comparisons, measure):
 def test_gpu_gate(gpu, measure):
     assert len(gpu) >= 9
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"][measure]
-    failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure)
+    failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure,
+                    limits.get("under_tolerance_pct", 0.0))
     assert failures == [], render(gpu)
 
 

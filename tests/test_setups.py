@@ -2,7 +2,7 @@
 
 An estimate refuses packing, activation offloading, the fused linear cross-entropy loss and
 tensor / sequence / pipeline parallelism unless every formula its spec instantiates lists the
-setup (compiler/pipeline/resolve.py, setup_refusals). The table below is what the shipped formulas
+setup (compiler/pipeline/admit.py, setup_refusals). The table below is what the shipped formulas
 allow per spec; a change to a formula's `setups:` shows up here as a diff."""
 
 import shutil
@@ -13,6 +13,7 @@ import pytest
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.library.formula import load_library
+from compiler.pipeline.admit import admit
 from compiler.pipeline.resolve import resolve_setup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +108,7 @@ def _allowed(spec_path: Path, library=None) -> str:
     ok = []
     for name, overrides in ASK.items():
         try:
-            resolve_setup(None, spec, {**BASE, **overrides}, formulas=library)
+            api.admitted_setup(None, spec, {**BASE, **overrides}, formulas=library)
             ok.append(name)
         except MemspecError as exc:
             assert [d.code for d in exc.diagnostics] == [CODES[name]], (spec_path, name, [d.message for d in exc.diagnostics])
@@ -140,17 +141,17 @@ def _copy_without(tmp_path: Path, layer_type: str, setup: str) -> Path:
 def test_a_formula_that_drops_packing_refuses_it_and_is_named(tmp_path):
     spec = api.load_spec(QWEN3)
     # the shipped formulas: Qwen3's layers all list packing
-    assert resolve_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(FORMULAS)).packing
+    assert api.admitted_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(FORMULAS)).packing
     folder = _copy_without(tmp_path, "swiglu_mlp", "packing")
     with pytest.raises(MemspecError) as info:
-        resolve_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(folder))
+        api.admitted_setup(None, spec, {**BASE, "packing": True}, formulas=load_library(folder))
     (d,) = info.value.diagnostics
     assert (d.code, d.path) == ("E316", "--packing")
     assert "layer type 'swiglu_mlp' of module 'language'" in d.message
     assert "language.layers[0].mlp" in d.message  # its first instance
     assert f"{folder / 'swiglu_mlp.yaml'} does not list packing under setups" in d.message
     # what the copy still lists is allowed
-    assert resolve_setup(None, spec, {**BASE, "activation_offloading": True}, formulas=load_library(folder)).activation_offloading
+    assert api.admitted_setup(None, spec, {**BASE, "activation_offloading": True}, formulas=load_library(folder)).activation_offloading
 
 
 def test_a_formula_that_drops_tensor_parallel_refuses_tp_only(tmp_path):
@@ -158,10 +159,10 @@ def test_a_formula_that_drops_tensor_parallel_refuses_tp_only(tmp_path):
     library = load_library(folder)
     spec = api.load_spec(QWEN3)
     with pytest.raises(MemspecError) as info:
-        resolve_setup(None, spec, {**BASE, "tp": 2}, formulas=library)
+        api.admitted_setup(None, spec, {**BASE, "tp": 2}, formulas=library)
     (d,) = info.value.diagnostics
     assert (d.code, d.path) == ("E318", "--tp") and "'rms_norm'" in d.message and "rms_norm.yaml" in d.message
-    assert resolve_setup(None, spec, {**BASE, "pp": 2}, formulas=library).pp == 2
+    assert api.admitted_setup(None, spec, {**BASE, "pp": 2}, formulas=library).pp == 2
 
 
 def test_internlm2_is_refused_through_its_layer_types_not_the_flag():
@@ -170,6 +171,19 @@ def test_internlm2_is_refused_through_its_layer_types_not_the_flag():
     assert "packing" in load_library(FORMULAS, {"llama_causal_lm"})["llama_causal_lm"].setups
     spec = api.load_spec(ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml")
     with pytest.raises(MemspecError) as info:
-        resolve_setup(None, spec, {**BASE, "packing": True})
+        api.admitted_setup(None, spec, {**BASE, "packing": True})
     (d,) = info.value.diagnostics
     assert d.code == "E316" and "'internlm2_decoder_layer'" in d.message and "formulas/internlm2_decoder_layer.yaml" in d.message
+
+
+def test_resolve_reads_the_setup_and_admit_refuses_it():
+    # resolve runs no formula: the setup it reads is refused by admit, the stage after expand
+    spec = api.load_spec(ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml")
+    knobs = {**BASE, "packing": True}
+    setup = resolve_setup(None, spec, knobs)
+    assert setup.packing
+    with pytest.raises(MemspecError) as info:
+        admit(None, spec, setup, knobs)
+    assert [(d.code, d.path) for d in info.value.diagnostics] == [("E316", "--packing")]
+    assert admit(None, spec, resolve_setup(None, spec, BASE), BASE) == resolve_setup(None, spec, BASE)
+

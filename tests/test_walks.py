@@ -23,7 +23,7 @@ def _names(path, overrides=None):
 def test_every_strategy_module_is_found():
     defined = {p.stem for p in WALKS.glob("*.py") if "\nWALKS = " in p.read_text()}
     found = {cls.__module__.rsplit(".", 1)[1] for cls in _registry()}
-    assert found == defined == {"data_parallel", "deepspeed", "zero12", "zero3", "fsdp", "offload", "pipeline"}
+    assert found == defined == {"data_parallel", "deepspeed", "zero12", "zero3", "fsdp", "offload", "pipeline", "device_map"}
 
 
 def test_one_placing_walk_then_the_others():

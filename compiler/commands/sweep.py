@@ -7,7 +7,7 @@ the order the knobs are listed in `KNOBS`; `sweep(spec, doc, base, grid, ...)` r
 point's setup first (so that a bad point stops the sweep before any work) and then runs
 expand -> evaluate -> simulate on the spec and formula library loaded once, as `fit` does.
 Every row is what `memspec estimate` gives with the same flags: the point's overrides go
-through `resolve_setup` exactly as the estimate's do.
+through `api.admitted_setup` exactly as the estimate's do.
 
 The knob `gradient_checkpointing` takes `on`, `off` or modules joined by `+`
 (`language+vision`). `on` is the experiment's checkpointed modules when it names any, else
@@ -203,7 +203,7 @@ class SweepReport:
 def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], points: Iterable[Mapping[str, Any]]) -> list[Setup]:
     """Every point's setup; the diagnostics of bad points are raised together, each message
     ending with the point it belongs to."""
-    from ..pipeline.resolve import resolve_setup
+    from ..api import admitted_setup
 
     on = checkpointing_on(spec, doc)
     setups: list[Setup] = []
@@ -211,7 +211,7 @@ def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], po
     usage = True
     for point in points:
         try:
-            setups.append(resolve_setup(doc, spec, point_overrides(point, base, on)))
+            setups.append(admitted_setup(doc, spec, point_overrides(point, base, on)))
         except MemspecError as exc:
             usage = usage and isinstance(exc, UsageError)
             problems += [replace(d, message=f"{d.message}; sweep point {describe(point)}") for d in exc.diagnostics]

@@ -36,7 +36,7 @@ from .family import Families, Family, Values, load_families
 from .hub import FLOAT_DTYPES, QUANTIZED_SUFFIXES, Checkpoint, Tensor, open_checkpoint
 from ..pipeline.load import load_yaml_text
 from ..paths import families_dir
-from ..pipeline.resolve import Setup, Spec, resolve_setup, resolve_spec
+from ..pipeline.resolve import Setup, Spec, resolve_spec
 
 _MODEL_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _SHOWN_TENSORS = 8  # tensor groups named in one error
@@ -175,13 +175,13 @@ def _reconcile(formula: Mapping[str, int], header: Header, ckpt: Checkpoint, fam
 
 def formula_counts(spec: Spec) -> dict[str, int]:
     """The formulas' parameter count per module (elements), as `api.run` reconciles them."""
-    from ..api import spec_library
+    from ..api import admitted_setup, spec_library
     from ..pipeline.evaluate import evaluate
     from ..pipeline.expand import expand
 
     # NB: parameters do not depend on the sequence; one of COUNTING_SEQ positions holds the
     # image tokens of any default image (a tiled one has more than spec.image_tokens)
-    setup = resolve_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, COUNTING_SEQ)})
+    setup = admitted_setup(None, spec, {"micro_batch": 1, "seq_len": max(spec.image_tokens, COUNTING_SEQ)})
     nodes = evaluate(expand(spec, setup, spec_library(spec)), setup.optimizer, setup.state_bytes, setup.master_bytes)
     return {n.inst.module: sum(x.cost.parameters for x in n.walk()) // setup.bytes["param"] for n in nodes}
 
@@ -411,5 +411,7 @@ def is_source(arg: str) -> bool:
 
 def source_inputs(source: str, overrides: Mapping[str, Any] | None = None, revision: str | None = None) -> tuple[Spec, Setup]:
     """The dry run: import in memory, then resolve the setup as for a bare spec."""
+    from ..api import admitted_setup
+
     imported = import_spec(source, revision)
-    return imported.spec, resolve_setup(None, imported.spec, overrides)
+    return imported.spec, admitted_setup(None, imported.spec, overrides)

@@ -31,7 +31,7 @@ from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
-# declares it (`resolve._check_setups`); a file without the key models none of them.
+# declares it (`admit._check_setups`); a file without the key models none of them.
 SETUPS: Mapping[str, str] = {
     "packing": "packing: the micro-batch packed into one row, position_ids restarting per sequence",
     "activation_offloading": "activation offloading: saved activations kept in host memory (save_on_cpu)",
@@ -295,6 +295,18 @@ class Saved:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One entry of a layer's allocation order (the caching allocator's replay): `op` alloc
+    (a transient tensor `name` of `bytes`), free (the alloc of that name), grad (the alloc of
+    that name becomes the layer's shared gradient, State._regrad), or saved (the layer's
+    activation `name`: allocated here in forward, freed here in backward)."""
+
+    op: str
+    name: str
+    bytes: Expr | None = None
+
+
+@dataclass(frozen=True)
 class Child:
     name: str
     type: str
@@ -343,6 +355,8 @@ class Formula:
     param_rows: tuple[Expr, ...] = ()
     # the training setups (SETUPS) this file's figures model, beyond a plain step
     setups: frozenset[str] = frozenset()
+    # phase -> the order its own transient tensors are allocated and freed in (replay only)
+    allocations: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
     # the names of its tensor-typed inputs (expand asks for every child input of every instance)
     tensor_inputs: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -394,6 +408,33 @@ def _compile_saved(entries, doc, base, declared, inputs, problems) -> tuple[Save
     return tuple(out)
 
 
+def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, tuple[Allocation, ...]]:
+    """Each phase's allocation order; a free or a grad names an alloc above it, a saved entry
+    one of the layer's activations (E401 otherwise)."""
+    saved = [s.tensor for s in activations]
+    out = {}
+    for phase, entries in data.items():
+        order, made = [], []
+        for i, entry in enumerate(entries):
+            path = child_path(child_path("$.allocations", phase), i)
+            if "alloc" in entry:
+                made.append(entry["alloc"])
+                order.append(Allocation("alloc", entry["alloc"], compile_expr(entry["bytes"], doc, child_path(path, "bytes"), scope, problems)))
+            elif "free" in entry or "grad" in entry:
+                op = "free" if "free" in entry else "grad"
+                if entry[op] not in made:
+                    problems.append(doc.diag("E401", child_path(path, op), f"'{entry[op]}' is {'freed' if op == 'free' else 'made the gradient'} before any alloc of that name",
+                                             did_you_mean(entry[op], made) or f"allocated above: {', '.join(made) or 'nothing'}"))
+                order.append(Allocation(op, entry[op]))
+            else:
+                if entry["saved"] not in saved:
+                    problems.append(doc.diag("E401", child_path(path, "saved"), f"'{entry['saved']}' is none of the layer's activations",
+                                             did_you_mean(entry["saved"], saved) or f"activations: {', '.join(saved) or 'none'}"))
+                order.append(Allocation("saved", entry["saved"]))
+        out[phase] = tuple(order)
+    return out
+
+
 def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     data = doc.data
     stem = Path(doc.file).stem
@@ -432,6 +473,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         (data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems
     )
     children = _compile_children(data.get("children") or (), doc, scope, problems)
+    allocations = _compile_allocations(data.get("allocations") or {}, doc, scope, activations, problems)
     examples = tuple(
         Example(e["name"], e.get("inputs") or {}, e.get("context") or {}, e["expect"], child_path("$.examples", i))
         for i, e in enumerate(data.get("examples") or ())
@@ -458,6 +500,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         examples=examples,
         doc=doc,
         setups=frozenset(data.get("setups") or ()),
+        allocations=allocations,
         tensor_inputs=frozenset(i.name for i in inputs.values() if i.type == "tensor"),
     )
 
@@ -643,7 +686,7 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     from .. import checked
 
     by_stem = {p.stem: p for p in sorted(Path(folder).glob("*.yaml"))}
-    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem))
+    return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem), Library)
 
 
 def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:

@@ -41,7 +41,7 @@ MEASURED_KEYS = (
 )
 # Measured keys only some families have; a record keeps them when present.
 OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode",
-                 "versions")
+                 "versions", "device_map", "max_memory")
 # Libraries whose release an experiment may name (`versions: {transformers: 4.46.3}`): the
 # measurement runs only under that release (the record's own `versions` say what ran).
 VERSIONED = ("transformers",)

@@ -36,7 +36,7 @@ import transformers
 
 from ..memory.allocator import Allocator
 from ..pipeline.vocabulary import release_code
-from . import emulation, fsdp, tricks
+from . import device_map, emulation, fsdp, tricks
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
 from .tracer import (
@@ -91,6 +91,9 @@ class Measurement:
     # highest reserved and allocated (block sizes, an unsplit remainder included) over the run
     reserved: int | None = None
     allocator_allocated: int | None = None
+    # device_map: each GPU's highest allocated per step (step -> GPU -> bytes); the steps above
+    # are then of all GPUs together, and `reserved` (one allocator for every GPU) is left out
+    devices: dict | None = None
 
 
 def load_config(config_path: Path):
@@ -161,8 +164,14 @@ def build_model(config, exp: dict):
         module = pick(model, name) if pick else groups[name][0]
         enable = getattr(module, "activation_checkpointing_enable", None) or module.gradient_checkpointing_enable
         enable({"use_reentrant": False})
+    if exp.get("device_map"):
+        # NB: from_pretrained places the model before peft wraps it
+        model._memspec_device_map = device_map.plan(model, exp)
     if exp.get("lora"):
+        placed = getattr(model, "_memspec_device_map", None)
         model = apply_lora(model, exp, groups)
+        if placed is not None:
+            model._memspec_device_map = placed
     return model
 
 
@@ -469,7 +478,9 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     if autocast(exp):
         wrap_forward_as_accelerate(model, DTYPES[exp["precision"]])
     scope = ModuleScope(model)
-    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity)
+    split = getattr(model, "_memspec_device_map", None)
+    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split)
+    undo = device_map.install(split[0], split[2], tracer) if split is not None else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
@@ -506,14 +517,17 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
                         after_forward=take_inventory if step == steps else None,
                         offload=bool(exp.get("activation_offloading")))
     scope.remove()
+    if undo is not None:
+        undo()
     tricks_applied = ([tricks.FUSED_LOSS] if fused else []) + ([tricks.OFFLOAD_HOST_AS_META] if exp.get("activation_offloading") else [])
     return Measurement(
         steps=tuple(_step_peak(tracer, s) for s in range(1, steps + 1)),
         emulation=_emulation_names(applied + patched + tricks_applied, exp, fake) if emulate else (),
         inventory=inventory[0],
         timeline=tracer.timeline,
-        reserved=tracer.allocator.peak_reserved if tracer.allocator is not None else None,
-        allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None else None,
+        reserved=tracer.allocator.peak_reserved if tracer.allocator is not None and split is None else None,
+        allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None and split is None else None,
+        devices=tracer.device_peaks if split is not None else None,
     )
 
 
@@ -542,8 +556,10 @@ def _model_and_batch(exp: dict, fake: bool):
     return fake_mode, model, batch, host_values
 
 
-def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None) -> MemoryTracer:
-    """The tracer of one measurement, the model's parameters, buffers and the batch registered."""
+def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None,
+            split: tuple | None = None) -> MemoryTracer:
+    """The tracer of one measurement, the model's parameters, buffers and the batch registered;
+    with `split` (device_map.plan's), each on its GPU (the batch on GPU 0)."""
     tracer = MemoryTracer(
         context=scope.context,
         scratch=emulation.kernel_scratch if emulate else None,
@@ -557,9 +573,20 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
         **({"granularity": granularity} if granularity else {}),
         allocator=Allocator() if emulate else None,
     )
-    tracer.register(model.parameters(), PARAMETERS)
-    tracer.register(model.buffers(), BUFFERS)
-    tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
+    if split is None:
+        tracer.register(model.parameters(), PARAMETERS)
+        tracer.register(model.buffers(), BUFFERS)
+        tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
+        return tracer
+    gpus = device_map.module_gpus(model, split[1])
+    by_path = {path: gpus[id(m)] for m, path in scope.names.items()}
+    head = next((by_path[p] for p in by_path if p.endswith("lm_head")), 0)
+    tracer.track_devices(lambda module: by_path.get(module, head if module == "loss" else 0))
+    for name, module in model.named_modules():
+        gpu = gpus[id(module)]
+        tracer.register(module.parameters(recurse=False), PARAMETERS, device=lambda t, g=gpu: g)
+        tracer.register(module.buffers(recurse=False), BUFFERS, device=lambda t, g=gpu: g)
+    tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS, device=lambda t: 0)
     return tracer
 
 def _input_embeddings(model, scope: ModuleScope) -> frozenset:

@@ -69,7 +69,7 @@ def steady_state(steps: list[dict]) -> dict:
 
 def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[str, Any]:
     steps = [_step(s) for s in measurement.steps]
-    return {
+    record = {
         "schema": SCHEMA_ID,
         "name": name,
         "experiment": to_record(exp),
@@ -84,6 +84,16 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
         "reserved": measurement.reserved,
         "device": None,
     }
+    if getattr(measurement, "devices", None):
+        # device_map: each GPU's peak; the record's figures are the largest GPU's
+        peaks = measurement.devices
+        gpus = sorted({g for highs in peaks.values() for g in highs})
+        record["devices"] = [{"gpu": g, "allocated": max(peaks[s].get(g, 0) for s in peaks if s >= 2),
+                              "allocated_first_step": peaks.get(1, {}).get(g, 0)} for g in gpus]
+        record["allocated"] = max(d["allocated"] for d in record["devices"])
+        record["allocated_first_step"] = max(d["allocated_first_step"] for d in record["devices"])
+        record["reserved"] = None
+    return record
 
 
 def gpu_key(accelerator: str, total_memory: int) -> str | None:

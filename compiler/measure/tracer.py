@@ -60,6 +60,10 @@ SETUP, FORWARD, LOSS, BACKWARD, OPTIMIZER = "setup", "forward", "loss", "backwar
 PHASES = (FORWARD, LOSS, BACKWARD, OPTIMIZER)
 
 
+# The ops that run cuBLAS: a GPU holds cuBLAS workspaces once it has run one (device_map)
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_scaled_mm"})
+
+
 def round_up(nbytes: int, granularity: int) -> int:
     """Bytes the caching allocator hands out for a request of `nbytes` (0 stays 0)."""
     return -(-nbytes // granularity) * granularity
@@ -173,10 +177,44 @@ class MemoryTracer(TorchDispatchMode):
         # moment of one layer, which a phase's own peak need not be
         self.watch = watch
         self.watched: dict[tuple[int, str], dict[str, int]] = {}
+        # A model split across GPUs (device_map): each storage's GPU and the highest point of
+        # each GPU per step; off (None) unless `track_devices` is called
+        self.device_of: dict[int, int] | None = None
+        self.by_device: Counter[int] = Counter()
+        self.device_peaks: dict[int, dict[int, int]] = {}
+        self.force_device: int | None = None
+        self.gemm_devices: set[int] = set()
+        self.module_device: Callable[[str], int] = lambda module: 0
 
     # -- storages -------------------------------------------------------------------------
 
-    def _track(self, tensor: torch.Tensor, category: str, module: str, op: str) -> Allocation | None:
+    def track_devices(self, module_device: Callable[[str], int]) -> None:
+        """Attribute every storage to a GPU: a new tensor to the GPU of the op's first input
+        whose GPU is known (a foreach op's i-th output to its first list's i-th tensor, as
+        torch groups foreach ops by device), `force_device` while it is set (a copy to another
+        GPU), else the GPU of the running module (`module_device`); keep each GPU's highest
+        point per step in `device_peaks` (its storages, the scratch of its ops, and the
+        persistent scratch, which every GPU holds)."""
+        self.device_of = {}
+        self.module_device = module_device
+
+    def gpu_of(self, tensor: torch.Tensor) -> int | None:
+        if self.device_of is None:
+            return None
+        return self.device_of.get(local_tensor(tensor).untyped_storage()._cdata)
+
+    def _output_devices(self, func, args, kwargs, outs: list, module: str) -> list[int]:
+        if self.force_device is not None:
+            return [self.force_device] * len(outs)
+        if func.__name__.startswith("_foreach") and args and isinstance(args[0], (list, tuple)):
+            firsts = [self.gpu_of(t) if isinstance(t, torch.Tensor) else None for t in args[0]]
+            fallback = next((d for d in firsts if d is not None), self.module_device(module))
+            return [firsts[i] if i < len(firsts) and firsts[i] is not None else fallback for i in range(len(outs))]
+        known = next((d for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                      for d in (self.gpu_of(t),) if d is not None), None)
+        return [known if known is not None else self.module_device(module)] * len(outs)
+
+    def _track(self, tensor: torch.Tensor, category: str, module: str, op: str, device: int | None = None) -> Allocation | None:
         tensor = local_tensor(tensor)
         if self.device is not None and tensor.device.type != self.device:
             return None
@@ -197,6 +235,10 @@ class MemoryTracer(TorchDispatchMode):
             shape=tuple(tensor.shape),
         )
         self.live[key] = record
+        if self.device_of is not None:
+            gpu = device if device is not None else self.module_device(module)
+            self.device_of[key] = gpu
+            self.by_device[gpu] += record.nbytes
         if self.allocator is not None and storage.nbytes():
             self.allocator.malloc(key, storage.nbytes())
         self.total += record.nbytes
@@ -216,6 +258,8 @@ class MemoryTracer(TorchDispatchMode):
         if record is None:
             return
         record.alive = False
+        if self.device_of is not None and key in self.device_of:
+            self.by_device[self.device_of.pop(key)] -= record.nbytes
         if self.allocator is not None and key in self.allocator:
             self.allocator.free(key)
         self.total -= record.nbytes
@@ -266,10 +310,12 @@ class MemoryTracer(TorchDispatchMode):
         torch.UntypedStorage.resize_ = self._original_resize
         return super().__exit__(*exc)
 
-    def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "") -> None:
-        """Count tensors created before tracing began (weights, buffers, the batch)."""
+    def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "",
+                 device: Callable[[torch.Tensor], int] | None = None) -> None:
+        """Count tensors created before tracing began (weights, buffers, the batch); `device`
+        gives each one's GPU when devices are tracked."""
         for tensor in tensors:
-            self._track(tensor, category, module, "register")
+            self._track(tensor, category, module, "register", device(tensor) if device is not None else None)
 
     def relabel(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Move the storages of `tensors` to `category` (they keep their history)."""
@@ -296,10 +342,14 @@ class MemoryTracer(TorchDispatchMode):
         else:
             category = default_category(self.phase, recomputing)
             name = func.__name__
-            for t in tree_flatten(out)[0]:
+            outs = tree_flatten(out)[0]
+            devices = self._output_devices(func, args, kwargs, outs, module) if self.device_of is not None else [None] * len(outs)
+            for t, gpu in zip(outs, devices):
                 if isinstance(t, torch.Tensor):
-                    self._track(t, category, module, name)
+                    self._track(t, category, module, name, gpu)
         scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
+        if self.device_of is not None:
+            self._observe_devices(func, args, kwargs, out, module, scratch)
         if self.allocator is not None:
             for i, (name, nbytes) in enumerate(scratch):
                 if nbytes:
@@ -309,6 +359,21 @@ class MemoryTracer(TorchDispatchMode):
                     self.allocator.free(("scratch", name, i))
         self._observe(func.__name__, module, scratch)
         return out
+
+    def _observe_devices(self, func, args, kwargs, out, module: str, scratch) -> None:
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        gpu = self.gpu_of(outs[0]) if outs else None
+        if gpu is None:
+            gpu = self._output_devices(func, args, kwargs, [None], module)[0]
+        if func.__name__.split(".")[0] in GEMM_OPS:
+            self.gemm_devices.add(gpu)
+        persistent = sum(self.persistent.values())
+        highs = self.device_peaks.setdefault(self.step, {})
+        for d in set(self.by_device) | {gpu}:
+            # NB: the persistent scratch (cuBLAS workspaces) is made on a GPU by its first GEMM
+            point = self.by_device[d] + (persistent if d in self.gemm_devices else 0) + (sum(b for _, b in scratch) if d == gpu else 0)
+            if point > highs.get(d, -1):
+                highs[d] = point
 
     def _observe(self, op: str, module: str, scratch: tuple[tuple[str, int], ...]) -> None:
         scratch = scratch + tuple(self.persistent.items())

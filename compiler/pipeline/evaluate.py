@@ -1,4 +1,4 @@
-"""Stage 5, evaluate: every layer instance's formula becomes exact integer bytes.
+"""Stage 6, evaluate: every layer instance's formula becomes exact integer bytes.
 
 Contract: `evaluate(roots)` returns a `Node` tree mirroring the `Instance` tree, each node
 with its own `Cost` (parameters, gradients, optimizer states, buffers, the tensors it saves
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ..memory import optimizers
 from ..errors import Diagnostic, MemspecError
-from .expand import Instance
+from .expand import Instance, image_merge, merged_positions
 from ..memory.optimizers import Optimizer
 from ..library.formula import FACTOR_NAMES, Formula, integer
 
@@ -47,6 +47,10 @@ class Cost:
     # first forward): autocast's cached 16-bit weight copies
     cached: tuple[tuple[str, int], ...] = ()
     param_names: tuple[str, ...] = ()  # each parameter tensor's attribute name, as param_tensors
+    # the order of the layer's own transient tensors, forward and backward, for the caching
+    # allocator's replay: (op, name, bytes), op alloc | free | saved (a saved tensor's name)
+    allocations_forward: tuple[tuple[str, str, int], ...] = ()
+    allocations_backward: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
         tb = integer(formula.transient["backward"], formula.transient["backward"](scope)) if "backward" in formula.transient else 0
         given = tuple(integer(e, e(scope)) for e in formula.param_rows) or (0,) * len(params)
         rows = tuple(r for b, r in zip(params, given) if b)
-        hit = memo[key] = (factors, saved, ckpt, tf, tb, rows)
+        order = {phase: tuple((a.op, a.name, integer(a.bytes, a.bytes(scope)) if a.bytes is not None else 0) for a in entries)
+                 for phase, entries in formula.allocations.items()}
+        hit = memo[key] = (factors, saved, ckpt, tf, tb, rows, order)
     return hit
 
 
@@ -112,7 +118,7 @@ def trained(inst: Instance, tensors: tuple, shapes: tuple, names: tuple) -> tupl
 
 def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     f = inst.formula
-    factors, saved, ckpt, tf, tb, rows = _numbers(f, inst.scope, memo)
+    factors, saved, ckpt, tf, tb, rows, order = _numbers(f, inst.scope, memo)
     *factors, shapes, names = factors
     b = inst.scope["bytes"]
     params, grads, optim, *buffers = factors
@@ -149,8 +155,20 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         pinned=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "step"),
         cached=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "cached"),
         param_names=names,
+        allocations_forward=_order(inst, order.get("forward", ()), f, saved),
+        allocations_backward=_order(inst, order.get("backward", ()), f, saved),
     )
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
+
+
+def _order(inst: Instance, entries: tuple, formula: Formula, saved: tuple[int, ...]) -> tuple[tuple[str, str, int], ...]:
+    """An allocation order with each saved tensor named as the ledger names it, with its
+    bytes; an entry of no bytes (a variant the formula does not run) is left out, and so is
+    the free of such an alloc."""
+    sizes = {s.tensor: b for s, b in zip(formula.activations, saved)}
+    entries = tuple((op, name, sizes.get(name, 0) if op == "saved" else size) for op, name, size in entries)
+    empty = {name for op, name, size in entries if op not in ("free", "grad") and not size}
+    return tuple((op, inst.tensor(name) if op == "saved" else name, size) for op, name, size in entries if name not in empty)
 
 
 def _optimizer_states(inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int],
@@ -277,3 +295,12 @@ def _collapse(template: str, indices: list[tuple[int, ...]]) -> str:
         else:
             parts.append(",".join(map(str, values)))
     return template.format(*parts)
+
+
+def image_tokens_per_sample(nodes: tuple[Node, ...]) -> int | None:
+    """The LLM positions the images of one sample take, as the formulas count them at the
+    experiment's image size (image_merge: images x tokens per image); None without a merge."""
+    for n in nodes:
+        if image_merge(n.inst) is not None:
+            return sum(items * tokens for items, tokens in merged_positions(n.inst))
+    return None

@@ -19,71 +19,13 @@ The YAML is strict on purpose, because reviewed files must say what they mean:
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from compiler.errors import Diagnostic, MemspecError
-
-_TAG = "tag:yaml.org,2002:"
-STR, INT, FLOAT, BOOL, NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
-MERGE = _TAG + "merge"
-SEQ, MAP = _TAG + "seq", _TAG + "map"
-# Private tags for plain scalars that are reported instead of converted.
-_AMBIGUOUS_BOOL = "tag:memspec,2024:ambiguous-bool"
-_AMBIGUOUS_INT = "tag:memspec,2024:ambiguous-int"
-_ALIAS = "tag:memspec,2024:alias"
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_PATH_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]")
-
-# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution) plus underscores
-# in numbers, which PyYAML and Python both accept. One alternation, first group wins.
-_PLAIN_RULES = re.compile("|".join(f"(?P<{name}>{rule})" for name, rule in (
-    ("null", r"(?:~|null|Null|NULL|)\Z"),
-    ("bool", r"(?:true|True|TRUE|false|False|FALSE)\Z"),
-    ("ambiguous_bool", r"(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)\Z"),
-    ("ambiguous_int", r"[-+]?0[0-9_]*[0-9][0-9_]*\Z"),
-    ("int", r"[-+]?[0-9][0-9_]*\Z|0x[0-9a-fA-F_]+\Z|0o[0-7_]+\Z"),
-    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?\Z"
-              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+\Z"
-              r"|[-+]?\.(?:inf|Inf|INF)\Z|\.(?:nan|NaN|NAN)\Z"),
-    ("merge", r"<<\Z"),
-)))
-_RULE_TAGS = {"null": NULL, "bool": BOOL, "ambiguous_bool": _AMBIGUOUS_BOOL,
-              "ambiguous_int": _AMBIGUOUS_INT, "int": INT, "float": FLOAT, "merge": MERGE}
-# Plain scalars starting with any other character are strings; checking that first keeps
-# loading fast, since most scalars are names.
-_RULE_FIRST = frozenset("~nNtTfFyYoO0123456789+-.<")
-
-_NO_ANCHORS_HELP = "write the value out in full: anchors and aliases hide what a reviewed file says"
-
-
-# --------------------------------------------------------------------------- paths
-
-def child_path(parent: str, key: str | int) -> str:
-    """JSON path of `key` under `parent`: `$.modules`, `$.trainable[0]`, `$['a b']`."""
-    if isinstance(key, int):
-        return f"{parent}[{key}]"
-    if _IDENTIFIER.match(key):
-        return f"{parent}.{key}"
-    escaped = key.replace("\\", "\\\\").replace("'", "\\'")
-    return f"{parent}['{escaped}']"
-
-
-def _ancestors(path: str) -> list[str]:
-    """`path` and each of its ancestors, longest first, down to "$"."""
-    if not path.startswith("$"):
-        return ["$"]
-    prefixes, end = ["$"], 1
-    for step in _PATH_STEP.finditer(path, 1):
-        if step.start() != end:
-            break  # NB: malformed tail; fall back to the prefix parsed so far
-        end = step.end()
-        prefixes.append(path[:end])
-    return prefixes[::-1]
+from compiler.pipeline.json_path import ancestors, child_path  # noqa: F401  (re-exported: callers take child_path from load)
 
 
 # --------------------------------------------------------------------------- document
@@ -98,7 +40,7 @@ class Document:
 
     def where(self, path: str) -> tuple[int, int]:
         """(line, col) of `path`, or of its nearest ancestor that has one; (0, 0) if none."""
-        for candidate in _ancestors(path):
+        for candidate in ancestors(path):
             if candidate in self.positions:
                 return self.positions[candidate]
         return (0, 0)

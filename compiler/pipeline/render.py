@@ -1,6 +1,7 @@
-"""Stage 7, render: a `Report` as text for people, JSON for programs, TSV for diffs.
+"""Stage 8, render: a `Report` as text for people, JSON for programs, TSV for diffs.
 
-Contract: pure functions from a report (or its rows) to a string; the HTML report is
+Contract: `Report` is everything one estimate produced (`api.run` makes it); the rest are
+pure functions from a report (or its rows) to a string; the HTML report is
 `html_report.py`, from the same `as_data` numbers. Bytes are printed exactly
 in JSON and TSV; the text view prints GiB (2^30 bytes) with two decimals and says so.
 """
@@ -9,12 +10,52 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
-from ..api import Report, image_tokens_per_sample
-from .evaluate import Row
-from .resolve import PRECISION_MODES, TRANSFORMERS, release_text
-from .simulate import CATEGORIES, Point
+from .evaluate import Node, Row, image_tokens_per_sample
+from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text
+from .simulate import CATEGORIES, Estimate, Point
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one estimate produced."""
+
+    spec: Spec
+    setup: Setup
+    nodes: tuple[Node, ...]
+    rows: tuple[Row, ...]
+    estimate: Estimate
+    allocated: int
+    reserved: int
+    device: int
+    device_constants: DeviceConstants
+    gpu: Gpu | None
+    parameters: Mapping[str, int]  # module -> parameter count (elements)
+    # How the inputs were read: "note: ..." / "warning: ..." lines of --from-command and
+    # --deepspeed, as the CLI prints them on stderr.
+    notes: tuple[str, ...] = ()
+
+    def with_notes(self, notes: tuple[str, ...]) -> "Report":
+        return replace(self, notes=tuple(notes))
+
+    @property
+    def margin(self) -> Margin:
+        """What the verdict keeps free: --margin, else the catalog's device.margin_pct."""
+        return self.setup.margin or self.device_constants.margin
+
+    @property
+    def budget(self) -> int | None:
+        """The most the device figure may be on `gpu` and fit: its memory less the margin."""
+        return None if self.gpu is None else self.margin.budget(self.gpu.memory)
+
+    @property
+    def fits(self) -> bool | None:
+        """The verdict with --gpu: the replay never runs out of the GPU's memory and the device
+        figure is within the budget; None without a GPU."""
+        return None if self.gpu is None else self.device <= self.budget and self.estimate.oom is None
+
 
 GIB = 1 << 30
 TABLE_COLUMNS = (
@@ -71,7 +112,7 @@ def setup_line(r: Report) -> str:
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {precision_label(s)} | {opt} | "
-        f"attention {s.attention} | checkpointing {ckpt} | dp {s.dp} {_sharding(s)}"
+        f"attention {s.attention} | checkpointing {ckpt} | " + (device_map_label(s.device_map) if s.device_map is not None else f"dp {s.dp} {_sharding(s)}")
         + (f" | {_lora_label(s.lora)}" if s.lora is not None else "")
         + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
         + (f" | peft bias {s.lora.bias}" if s.lora is not None and s.lora.bias != "none" else "")
@@ -112,6 +153,25 @@ def _sharding(s) -> str:
         return f"ZeRO-{s.zero}{optimizer}{param}"
     keep = "reshard after forward" if s.fsdp.reshard_after_forward else "no reshard after forward"
     return f"FSDP2 ({keep}, reduce {s.fsdp.reduce_dtype})"
+
+
+def device_map_label(dm) -> str:
+    how = dm.strategy or "explicit map"
+    memory = f", max_memory {' '.join(f'{b / 2**30:.2f}' for _, b in dm.max_memory)} GiB" if dm.max_memory else ""
+    return f"device_map {how} over {dm.gpus} GPUs{memory}"
+
+
+def device_map_lines(r: Report) -> list[str]:
+    """Each GPU's figures under a device_map (the peak above is the largest GPU's)."""
+    e = r.estimate
+    if not e.devices:
+        return []
+    lines = ["", f"per GPU ({device_map_label(r.setup.device_map)}; the peak above is the largest, which 'fits' decides on)",
+             f"  {'gpu':<4} {'allocated':>10} {'reserved':>10} {'weights':>10}   peak at"]
+    for d in e.devices:
+        weights = sum(c["parameters"] for c in d.resident.values())
+        lines.append(f"  {d.gpu:<4} {gib(d.peak.total):>10} {gib(d.reserved):>10} {gib(weights):>10}   {_where(d.peak)}")
+    return lines
 
 
 def quantization_label(q) -> str:
@@ -183,6 +243,7 @@ def text(r: Report) -> str:
         *breakdown_table(e.peak),
         "",
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()}",
+        *device_map_lines(r),
     ]
     if r.gpu is not None:
         headroom = r.gpu.memory - r.device
@@ -262,8 +323,22 @@ def as_data(r: Report) -> dict[str, Any]:
                                            "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
                                                                                        "allocated": e.oom.allocated, "reserved": e.oom.reserved}},
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": s.alloc_conf.text},
+        **({"device_map": {"strategy": s.device_map.strategy or "explicit", "gpus": s.device_map.gpus,
+                           "max_memory": [b for _, b in s.device_map.max_memory],
+                           "placement": _placement(r),
+                           "per_gpu": [{"gpu": d.gpu, "allocated": d.peak.total, "reserved": d.reserved,
+                                        "first_step": d.first_step.total, "steady_state": point(d.peak),
+                                        "resident": d.resident} for d in e.devices]}} if e.devices else {}),
         "not_modelled": list(e.not_modelled),
     }
+
+
+def _placement(r: Report) -> dict[str, int]:
+    """The GPU of each top-level layer (a module's children) under a device_map."""
+    from .walks import device_map
+
+    placement = device_map.place(r.nodes, r.setup)
+    return {c.inst.path: placement[id(c)] for n in r.nodes for c in n.children}
 
 
 def json_text(r: Report) -> str:

@@ -1,9 +1,11 @@
 """Stage 3, resolve: a validated model spec and experiment (plus command-line overrides) become
 the frozen `Spec` and `Setup` (vocabulary.py) with every default filled and every byte size
-derived; every refusal of a setup that is not modelled is made here.
+derived, each value checked on its own; whether the formulas model the setup is decided by
+`admit`, a later stage (resolve runs no formula).
 
-Contract: `resolve_spec(doc)` turns a validated spec document into a `Spec`;
-`resolve_setup(doc, overrides, spec)` turns an experiment document (or none, for a bare spec)
+Contract: `resolve_spec(doc)` turns a validated spec document into a `Spec` (`checked_spec(path)`:
+a spec file's, kept in the checked-input cache);
+`resolve_setup(doc, spec, overrides)` turns an experiment document (or none, for a bare spec)
 and the overrides into a `Setup`. Precision and optimizer reach formulas only through
 `Setup.bytes`; nothing later in the pipeline looks at the precision name again except to
 print it. Problems are raised together as one `MemspecError`.
@@ -11,12 +13,15 @@ print it. Problems are raised together as one `MemspecError`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
+from .. import checked
 from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
-from ..library.formula import SETUPS, Library, compile_expr
+from ..library.formula import compile_expr
 from .load import Document, child_path
+from .validate import checked_document
 from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import TYPE_IMPLS, Optimizer
@@ -32,7 +37,7 @@ from .vocabulary import (  # noqa: F401  (re-exported: callers take the vocabula
     offload_problem, deepspeed_constants, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS, fsdp_setup,
     LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items,
     precision_mode, derive_bytes, TRANSFORMERS, TRANSFORMERS_RELEASE, OLDER_TRANSFORMERS,
-    UNMODELLED_TRANSFORMERS, release_code, release_text,
+    UNMODELLED_TRANSFORMERS, release_code, release_text, DeviceMap, DEVICE_MAP_STRATEGIES,
 )
 
 
@@ -81,6 +86,21 @@ def resolve_spec(doc: Document) -> Spec:
     )
 
 
+def checked_spec(path: str | os.PathLike) -> Spec:
+    """A model spec file loaded, validated and resolved, through the checked-input cache
+    (`compiler.checked`)."""
+    file = os.fspath(path)
+    raw = checked.read(file)
+    name = checked.key("spec", file, raw) if raw is not None else None
+    hit = checked.get(name) if name else None
+    if isinstance(hit, Spec):
+        return hit
+    value = resolve_spec(checked_document(file, "spec"))
+    if name:
+        checked.put(name, value)
+    return value
+
+
 def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
     """Videos need a model that reads them (the spec's video_temporal_patch) and a frame count;
     a frame count needs videos."""
@@ -96,20 +116,19 @@ def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
                  "give videos_per_sample (e.g. --videos-per-sample 1), or leave video_frames out")
 
 
-def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None, formulas: Library | None = None) -> Setup:
+def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None) -> Setup:
     """The experiment in `doc` (None for a bare spec) with `overrides` applied on top.
 
     Overrides come from the command line and are already typed; their errors are located
-    at the flag (`path` "--flag") rather than in a file. A setup beyond a plain step
-    (packing, offloading, the fused loss, tp / sp / pp) is refused unless every formula the
-    spec instantiates declares it in its `setups:` (`formulas`: the library to read them
-    from, default the shipped formulas).
+    at the flag (`path` "--flag") rather than in a file. Whether the formulas model the
+    setup is the next stages' question (`admit.admit`).
     """
-    r = _Resolution(doc, spec, overrides or {})
+    r = Resolution(doc, spec, overrides or {})
     optimizer, alloc_conf = r.check_knobs()
     image_size = r.check_media()
     gpu, margin, consts = r.gpu_and_margin()
-    deepspeed = r.check_combinations(formulas)
+    deepspeed = r.check_deepspeed()
+    device_map = r.check_device_map()
     r.raise_problems()
     lora, quantization = r.peft()
     r.raise_problems()
@@ -155,10 +174,11 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         margin=margin,
         precision_mode=data["precision_mode"],
         transformers=data["transformers"],
+        device_map=device_map,
     )
 
 
-class _Resolution:
+class Resolution:
     """One experiment being resolved: its values merged from the defaults, the file and the
     flags (`data`, `parallel`), and the problems found so far, each at the key or flag that
     set it."""
@@ -351,28 +371,9 @@ class _Resolution:
             complain("margin", "E204", f"a margin of {margin.text} leaves nothing of {whole}", "keep less free, e.g. --margin 5%")
         return gpu, margin, consts
 
-    def check_combinations(self, formulas: Library | None) -> DeepSpeed | None:
-        """Setups that exclude each other or that the formulas do not model; DeepSpeed's buffers."""
-        data, parallel, spec, overrides, complain = self.data, self.parallel, self.spec, self.overrides, self.complain
-        if data.get("activation_offloading") and data["gradient_checkpointing"]:
-            complain("activation_offloading", "E315",
-                     "activation offloading together with gradient checkpointing is not modelled",
-                     "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
-        for key in ("packing", "activation_offloading"):
-            if data.get(key) and (data["images_per_sample"] or data["videos_per_sample"]):
-                complain(key, "E316",
-                         f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
-                         + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
-                         f"set images_per_sample: 0 (a text-only model), or {key}: false")
-        if data["precision_mode"] == "autocast":
-            _check_autocast(data, parallel, complain)
-        if data["transformers"] < OLDER_TRANSFORMERS:
-            _check_older_transformers(data, parallel, complain)
-        # NB: packing or offloading with images is refused above, whatever the formulas declare
-        refused = _check_setups(data, parallel, spec, formulas, complain,
-                                {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
-        if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
-            _check_model_parallel(parallel, data, spec, complain)
+    def check_deepspeed(self) -> DeepSpeed | None:
+        """DeepSpeed's buffers, and the offload settings they cannot take."""
+        parallel, spec, overrides, complain = self.parallel, self.spec, self.overrides, self.complain
         deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
         if problem:
             # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
@@ -380,6 +381,65 @@ class _Resolution:
                          if k in overrides), None) if problem[0] in ("E311", "E806", "E807") else None
             complain(flag or "parallel", problem[0], problem[1], problem[2])
         return deepspeed
+
+    def check_device_map(self) -> DeviceMap | None:
+        """`device_map` and `max_memory` (from_pretrained's, accelerate's meaning): the strategy
+        or the explicit map, each size, the GPU indices; what the placement does not combine
+        with. Module names of an explicit map are checked once the model's modules are known
+        (walks/device_map.py), at the places kept in `DeviceMap.where`."""
+        data, parallel, complain = self.data, self.parallel, self.complain
+        value, memory = data.get("device_map"), data.get("max_memory")
+        if value is None:
+            if memory is not None:
+                complain("max_memory", "E332", "max_memory without device_map: it bounds what from_pretrained places on each GPU",
+                         "add device_map: auto (or balanced, balanced_low_0, sequential, or a map of module name -> GPU)")
+            return None
+        file, base = self.where("device_map")
+        where: dict[str, tuple[str, int, int, str]] = {}
+
+        def locate(key: str, path: str) -> None:
+            line, col = self.doc.where(path) if file and self.doc is not None else (0, 0)
+            where[key] = (file, line, col, path)
+
+        sizes = _max_memory(memory, complain) if memory is not None else []
+        explicit: list[tuple[str, int]] = []
+        strategy = ""
+        if isinstance(value, str):
+            if value not in DEVICE_MAP_STRATEGIES:
+                complain("device_map", "E332", f"device_map '{value}' is no placement from_pretrained knows",
+                         did_you_mean(value, list(DEVICE_MAP_STRATEGIES)) or f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map of module name -> GPU")
+                return None
+            strategy = value
+            if not sizes:
+                complain("device_map" if memory is None else "max_memory", "E332",
+                         f"device_map '{value}' without max_memory: the GPUs and what each may hold are unknown",
+                         "add max_memory: one size per GPU, e.g. [20GiB, 20GiB] for two GPUs (accelerate's meaning: the weights each may take)")
+                return None
+        elif isinstance(value, dict) and value:
+            for name, gpu in value.items():
+                path = child_path(base, name) if file else base
+                if isinstance(gpu, str) and gpu in ("cpu", "disk", "meta"):
+                    complain("device_map", "E332", f"device_map '{name}': {gpu}: offloading to host memory or disk is not modelled",
+                             "place every module on a GPU (0, 1, ...)")
+                    continue
+                if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+                    complain("device_map", "E332", f"device_map '{name}': {gpu!r} is not a GPU index", "write the GPU's index, e.g. 0")
+                    continue
+                explicit.append((name, gpu))
+                locate(name, path)
+            gpus = len(sizes) if sizes else max((g for _, g in explicit), default=0) + 1
+            for name, gpu in explicit:
+                if gpu >= gpus:
+                    complain("device_map", "E332", f"device_map '{name}': GPU {gpu} is beyond the {gpus} GPU(s) max_memory gives",
+                             f"use a GPU from 0 to {gpus - 1}, or give max_memory for {gpu + 1} GPUs")
+        else:
+            complain("device_map", "E332", f"device_map {value!r} is neither a placement nor a map of module name -> GPU",
+                     f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map such as {{model.embed_tokens: 0, model.layers.0: 0, ...}}")
+            return None
+        _device_map_combinations(data, parallel, complain)
+        locate("", base)
+        gpus = len(sizes) if sizes else max((g for _, g in explicit), default=0) + 1
+        return DeviceMap(strategy, tuple(explicit), tuple(sizes), gpus, tuple(where.items()))
 
     def peft(self) -> tuple[Lora | None, Quantization | None]:
         """The LoRA and quantization blocks, their modules known."""
@@ -402,6 +462,76 @@ class _Resolution:
                 complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
                          "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
         return lora, quantization
+
+
+# accelerate.utils.modeling.convert_file_size_to_int (accelerate 1.15.0): the units a
+# `max_memory` size may carry, binary (GiB) or decimal (GB); a decimal unit ending in a
+# lowercase b ("5Gb") is bits, an eighth of the bytes.
+_ACCELERATE_UNITS = (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+
+
+def accelerate_size(value: Any) -> int:
+    """A `max_memory` value in bytes, as accelerate reads it: an integer is bytes, a string a
+    number with one of accelerate's units ("20GiB", "500MB"). ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("negative")
+        return value
+    if not isinstance(value, str):
+        raise ValueError("not a size")
+    for unit, factor in _ACCELERATE_UNITS:
+        if value.upper().endswith(unit):
+            try:
+                number = float(value[: -len(unit)])
+            except ValueError:
+                raise ValueError(f"'{value[: -len(unit)]}' is not a number") from None
+            size = int(number * factor)
+            if number < 0:
+                raise ValueError("negative")
+            return size // 8 if len(unit) == 2 and value.endswith("b") else size
+    raise ValueError("no unit accelerate reads (GiB, MiB, KiB, GB, MB, KB)")
+
+
+def _max_memory(memory: Any, complain) -> list[tuple[int, int]]:
+    """max_memory as (GPU index, bytes), sorted: a list (GPU 0, 1, ...) or a map of quoted indices."""
+    items = list(enumerate(memory)) if isinstance(memory, list) else list(memory.items()) if isinstance(memory, dict) else None
+    if items is None:
+        complain("max_memory", "E332", f"max_memory {memory!r} is neither a list nor a map of GPU index -> size",
+                 "write max_memory: [20GiB, 20GiB] (GPU 0, GPU 1) or {'0': 20GiB, '1': 20GiB}")
+        return []
+    sizes: list[tuple[int, int]] = []
+    for key, size in items:
+        index = key if isinstance(key, int) else int(key) if isinstance(key, str) and key.isdigit() else None
+        if index is None:
+            what = "offloading to host memory or disk is not modelled" if key in ("cpu", "disk", "mps") else "not a GPU index"
+            complain("max_memory", "E332", f"max_memory key '{key}': {what}", "give the GPUs' sizes only (0, 1, ...); everything must fit on them")
+            continue
+        try:
+            sizes.append((index, accelerate_size(size)))
+        except ValueError as error:
+            where = f"[{key}]" if isinstance(key, int) else f".{key}"
+            complain("max_memory", "E332", f"max_memory{where} {size!r} is not a size: {error}",
+                     "an integer in bytes, or a number and a unit as accelerate reads it: 20GiB (2^30 bytes), 20GB (10^9 bytes), 500MiB")
+    sizes.sort()
+    if sizes and [i for i, _ in sizes] != list(range(len(sizes))):
+        complain("max_memory", "E332", f"max_memory names GPUs {', '.join(str(i) for i, _ in sizes)}: the GPUs of a process are numbered from 0",
+                 "give GPUs 0 to N-1")
+    return sizes
+
+
+def _device_map_combinations(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
+    """What a model split by device_map (one process, unsharded, 16-bit weights) is not estimated with."""
+    for key, why in (("zero", parallel["zero"] > 0), ("dp", parallel["dp"] > 1), ("tp", parallel["tp"] > 1), ("pp", parallel["pp"] > 1)):
+        if why:
+            complain("device_map", "E332", f"device_map with {key} {parallel[key]}: a model split by device_map runs in one process, unsharded",
+                     f"set {key}: {0 if key == 'zero' else 1}, or drop device_map")
+    if parallel.get("fsdp") is not None:
+        complain("device_map", "E332", "device_map with FSDP: a model split by device_map runs in one process, unsharded", "drop fsdp, or drop device_map")
+    if data.get("quantization"):
+        complain("device_map", "E332", "device_map with quantized weights is not modelled (the quantizer's sizes and its adjust_max_memory)",
+                 "estimate the 16-bit model with device_map, or the quantized one on one GPU")
 
 
 # Flags whose key in the experiment is spelled otherwise
@@ -493,245 +623,6 @@ def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
         groups = "one"
     return Optimizer(kind, impl, float(opt.get("momentum", default_momentum)), float(opt.get("weight_decay", 0.0)),
                      int(opt.get("bits", 32)), bool(opt.get("paged", False)), groups)
-
-
-# What each of SETUPS is called where an experiment asks for it, and the code of its refusal.
-_SETUP_KEYS: Mapping[str, tuple[str, str]] = {
-    "packing": ("packing", "E316"),
-    "activation_offloading": ("activation_offloading", "E316"),
-    "fused_linear_cross_entropy": ("loss", "E317"),
-    "tensor_parallel": ("tp", "E318"),
-    "sequence_parallel": ("sp", "E318"),
-    "pipeline_parallel": ("pp", "E318"),
-    "autocast": ("precision", "E325"),
-    "older_transformers": ("versions", "E331"),
-}
-# Setups that change only what a forward holds: a module that runs on no rows (a vision tower
-# of a text-only batch) is not concerned. tp / sp / pp also place parameters, which every
-# module has.
-_RUN_ONLY = frozenset({"packing", "activation_offloading", "fused_linear_cross_entropy"})
-_PARALLEL = ("tensor_parallel", "sequence_parallel", "pipeline_parallel")
-
-
-def wanted_setups(setup_data: Mapping[str, Any], parallel: Mapping[str, Any]) -> tuple[str, ...]:
-    """The SETUPS an experiment's values ask for, in SETUPS order."""
-    tp, pp = parallel.get("tp", 1), parallel.get("pp", 1)
-    on = {
-        "packing": bool(setup_data.get("packing")),
-        "activation_offloading": bool(setup_data.get("activation_offloading")),
-        "fused_linear_cross_entropy": setup_data.get("loss", "cross_entropy") == "fused_linear_cross_entropy",
-        "tensor_parallel": tp > 1,
-        "sequence_parallel": bool(parallel.get("sp")) and tp > 1,  # NB: sp at tp 1 is E318 of its own
-        "pipeline_parallel": pp > 1,
-        "autocast": setup_data.get("precision_mode") == "autocast",
-        "older_transformers": setup_data.get("transformers", TRANSFORMERS) < OLDER_TRANSFORMERS,
-    }
-    return tuple(k for k in SETUPS if on[k])
-
-
-def instantiated_types(spec: Spec, setup: "Setup", library: Library) -> dict[str, tuple[dict[str, str], bool]]:
-    """Per module of `spec`: {layer type: the first path that instantiates it} under `setup`,
-    and whether the module runs on any row (a vision tower of a text-only batch runs on none)."""
-    from .expand import expand
-
-    out: dict[str, tuple[dict[str, str], bool]] = {}
-    for root in expand(spec, setup, library):
-        types: dict[str, str] = {}
-        stack, seen = [root], set()
-        while stack:
-            inst = stack.pop()
-            if id(inst) in seen:
-                continue
-            seen.add(id(inst))
-            types.setdefault(inst.formula.layer_type, inst.path)
-            stack.extend(reversed(inst.children))
-        out[root.module] = (types, bool(root.scope.get("batch", 1)))
-    return out
-
-
-def setup_refusals(spec: Spec, setup: "Setup", library: Library, wanted: Iterable[str],
-                   reached: Mapping[str, tuple[Mapping[str, str], bool]] | None = None) -> dict[str, tuple[str, str, str]]:
-    """For each wanted setup that a formula `spec` instantiates under `setup` does not declare:
-    (module, layer type, path of its first instance). A setup that changes only what a
-    forward holds (_RUN_ONLY) is not asked of modules that run on no rows, and needs one that
-    does. The fused loss also needs a formula that switches to it (its own layer type)."""
-    probed = reached is None  # NB: else only the modules' own types, which switch to nothing yet
-    if reached is None:
-        reached = instantiated_types(spec, setup, library)
-    out: dict[str, tuple[str, str, str]] = {}
-    for name in wanted:
-        running = [m.name for m in spec.modules if m.name in reached and (name not in _RUN_ONLY or reached[m.name][1])]
-        if not running:
-            out[name] = ("", "", "")
-        for module in running:
-            # NB: a type the library lacks is the estimate's E301, not a refusal of the setup
-            bad = next(((t, path) for t, path in reached[module][0].items() if t in library and name not in library[t].setups), None)
-            if bad:
-                out[name] = (module, *bad)
-                break
-        if probed and name == "fused_linear_cross_entropy" and name not in out and not any(name in types for types, _ in reached.values()):
-            # NB: the fused loss is a layer that replaces lm_head and the loss; a spec whose
-            # formulas never switch to it (no causal LM head) has nothing to fuse
-            out[name] = ("", name, "")
-    return out
-
-
-def _runs(module: Module, setup: "Setup") -> bool:
-    """Whether `module` runs on any row of `setup`'s batch (its context's batch, as expand
-    binds it), without instantiating it."""
-    from .expand import experiment_scope
-
-    scope = {**experiment_scope(setup), **module.inputs}
-    try:
-        return bool(module.batch(scope))
-    except MemspecError:  # NB: a batch expression expand will refuse (E404); count the module as running
-        return True
-
-
-def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain,
-                  skip: set[str]) -> set[str]:
-    """Refuse each setup beyond a plain step (SETUPS) that a formula the spec instantiates does
-    not declare in its `setups:`; returns the refused ones. The formulas are instantiated for
-    the experiment's batch, images, loss, packing and offloading on one GPU without LoRA or
-    quantization: the layers a setup reaches, which tp / pp only split."""
-    wanted = tuple(w for w in wanted_setups(data, parallel) if w not in skip)
-    if not wanted or "micro_batch" not in data or "seq_len" not in data:
-        return set()
-    from ..api import spec_library
-
-    library = formulas if formulas is not None else spec_library(spec)
-    names = {m.name for m in spec.modules}
-    optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
-    values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
-    _, consts = gpu_catalog()
-    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
-    probe = Setup(
-        experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
-        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
-        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
-        video_temporal_patch=spec.video_temporal_patch or 1,
-        trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
-        optimizer=optimizer,
-        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
-        dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
-        loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
-        precision_mode=data["precision_mode"], transformers=data.get("transformers", TRANSFORMERS),
-    )
-    try:
-        refusals = setup_refusals(spec, probe, library, wanted)
-    except MemspecError:
-        # NB: inputs the estimate's own expand will refuse: judge the modules' own layer
-        # types, the ones known without instantiating anything
-        refusals = setup_refusals(spec, probe, library, wanted, reached={m.name: ({m.type: m.name}, _runs(m, probe)) for m in spec.modules})
-    flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
-    for name, (module, layer_type, path) in refusals.items():
-        key, code = _SETUP_KEYS[name]
-        if name in _PARALLEL:
-            if any(n in refusals for n in _PARALLEL[:_PARALLEL.index(name)]):
-                continue  # NB: one refusal of model parallelism
-            key = next((k for k in (key, "tp", "pp") if k in flags), "parallel")
-        what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
-        if name == "autocast":
-            what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
-        if name == "older_transformers":
-            what = f"transformers {release_text(data['transformers'])}"
-        off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
-               "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1",
-               "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
-        if not module and layer_type:
-            complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
-            continue
-        if not module:
-            complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
-            continue
-        file = _shown(library[layer_type].file)
-        declared = ", ".join(k for k in SETUPS if k in library[layer_type].setups) or "none"
-        complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
-                 f"{off}; a formula lists a setup in `setups:` once its figures model it")
-    return set(refusals)
-
-
-def _check_older_transformers(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
-    """An older transformers release is measured on a plain step with sdpa (flash_attention_2
-    traced as its flash kernel): refuse the rest."""
-    release = release_text(data["transformers"])
-    others = [SETUPS[k].split(":")[0] for k in wanted_setups(data, parallel) if k != "older_transformers"]
-    if data["attention"] == "eager":
-        others.insert(0, "eager attention")
-    if others:
-        complain("versions", "E331", f"transformers {release} is modelled for a plain step with sdpa or flash_attention_2; not with {', '.join(others)}",
-                 f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later")
-
-
-def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
-    """Settings the autocast step is not measured with (specs/matrices/autocast-*.yaml: sdpa,
-    unpacked, nothing offloaded, the plain loss, one device's tensors whole, no adapters or
-    quantized weights). NB: eager
-    attention under autocast keeps fp32 probabilities and a 16-bit copy of them
-    (softmax(dtype=fp32).to(query.dtype) with an fp32 query after the fp32 rotary), which
-    attention_core does not model."""
-    given = data.get("precision_given", data["precision"])
-    unmeasured = [(key, what) for key, on, what in (
-        ("attention", data["attention"] == "eager", "eager attention"),
-        ("packing", bool(data.get("packing")), "packing"),
-        ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
-        ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
-        ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
-        # NB: the setups check instantiates the spec without adapters or quantization, so
-        # lora_linear, dora_linear and the bitsandbytes linears are refused here
-        ("lora", bool(data.get("lora")), "LoRA (peft adapters on frozen fp32 weights)"),
-        ("quantization", bool(data.get("quantization")), "bitsandbytes quantization"),
-    ) if on]
-    for key, what in unmeasured:
-        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: full or partial fine-tuning without adapters, sdpa or flash attention, unpacked, nothing offloaded)",
-                 "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32")
-
-
-def _shown(file: str) -> str:
-    """A formula file as a refusal names it: a bundled one by its place in the package's data
-    (formulas/<type>.yaml), wherever the command runs; another as given."""
-    from pathlib import Path
-
-    from ..paths import data_root
-
-    try:
-        return str(Path(file).resolve().relative_to(data_root().resolve()))
-    except ValueError:
-        return file
-
-
-def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], spec: Spec, complain) -> None:
-    """Tensor / sequence / pipeline parallelism: what is modelled, and sizes that split evenly."""
-    tp, pp, sp = parallel["tp"], parallel["pp"], parallel["sp"]
-    flags = [k for k in ("tp", "pp", "sp") if k in data]  # given on the command line
-
-    def at(*keys: str) -> str:
-        return next((k for k in keys if k in flags), "parallel")
-
-    if tp == 1 and pp == 1:
-        if sp:
-            complain(at("sp", "tp"), "E318", "sequence parallelism (sp) splits activations by tp, and tp is 1", "set tp > 1, or sp: false")
-        return
-    # NB: which layers tp / pp split is the formulas' `setups:` (_check_setups); these are
-    # the other parts of a setup that no formula models together with model parallelism
-    why = None
-    if data.get("lora"):
-        why = "LoRA or DoRA"
-    elif (data.get("quantization") or {}).get("bits"):
-        why = "bitsandbytes quantization"
-    elif data.get("activation_offloading") or data.get("packing"):
-        why = "activation offloading or packing"
-    elif parallel.get("fsdp") is not None or parallel.get("zero"):  # NB: --fsdp alone is {}
-        why = "FSDP2 or ZeRO sharding"
-    if why:
-        complain(at("tp", "pp"), "E318", f"tensor / pipeline parallelism (tp {tp}, pp {pp}) is modelled for a text-only Llama-style causal LM without {why}",
-                 "set tp: 1 and pp: 1")
-        return
-    for m in spec.modules:
-        for key, degree in (("n_heads", tp), ("n_kv_heads", tp), ("intermediate", tp), ("n_layers", pp)):
-            if key in m.inputs and m.inputs[key] % degree:
-                complain(at("pp" if key == "n_layers" else "tp"), "E319", f"{'tp' if key != 'n_layers' else 'pp'} {degree} does not divide {key} {m.inputs[key]} of module '{m.name}'",
-                         "Megatron splits heads and the MLP evenly across tensor ranks, and layers evenly across pipeline stages")
 
 
 def _lora(block: Mapping[str, Any] | None) -> Lora | None:

@@ -1,4 +1,4 @@
-"""Stage 6, simulate: walk one training step and find its peak.
+"""Stage 7, simulate: walk one training step and find its peak.
 
 Contract: `simulate(nodes, setup)` returns an `Estimate`: the allocated-bytes timeline
 of a steady-state step (forward, loss, backward, optimizer step, in that order), its peak with
@@ -34,7 +34,7 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ..memory import allocator, optimizers
@@ -42,7 +42,7 @@ from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocat
 from .evaluate import Node, first_charges
 from .expand import forward_order
 from .resolve import Constant, Setup, gpu_catalog
-from .walks import strategies
+from .walks import device_map, strategies
 from .walks.base import Step, Walk
 from .walks.optimizer_step import _paged_bytes, _trainable_elements, _trainable_tensors
 from .walks.resident import _blocks
@@ -75,8 +75,13 @@ class Estimate:
     not_modelled: tuple[str, ...]
     trainable_params: int  # elements, all ranks
     oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
+    # device_map: each GPU's own estimate, by GPU index (this one is the GPU that needs the most)
+    devices: tuple["Estimate", ...] = ()
+    gpu: int | None = None  # device_map: the GPU this estimate is of
 
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+    if setup.device_map is not None and setup.device_map.gpu < 0:
+        return _per_gpu_estimates(nodes, setup)
     trainable = _trainable_elements(nodes, setup)
     step = Step(nodes, setup, trainable)
     walks = [cls(step) for cls in strategies(setup, trainable)]
@@ -104,7 +109,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     walk = _StepWalk(step, walks)
     walk_start = len(state.events)
     end_of_forward = walk.forward_pass()
-    if trainable:
+    # NB: under a device_map a GPU with nothing to train still runs its layers' backward
+    if trainable or (setup.device_map is not None and setup.device_map.trains):
         walk.backward_pass()
     step_point, first_step_point, step_start = walk.optimizer_step()
 
@@ -114,7 +120,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     resident_blocks = [b for r in nodes for n in r.walk() for b in placing.resident_blocks(n)]
     states = [b for r in nodes for n in r.walk() for b in placing.state_blocks(n)]
     states += [round_up(b, ALLOCATOR_GRANULE) for b in once]
-    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start)
+    first_step = walk.owner.first_step_allocations(once) if trainable else None
+    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step)
     return Estimate(
         peak=state.best,
         reserved=reserved,
@@ -129,6 +136,24 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         not_modelled=_not_modelled(setup) + _paged_note(nodes, setup),
         trainable_params=trainable,
     )
+
+
+def _per_gpu_estimates(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+    """device_map: the step walked once per GPU, each with only its own layers
+    (walks/device_map.py); the estimate of the GPU that needs the most, with every GPU's."""
+    placement = device_map.place(nodes, setup)
+    paths = tuple((n.inst.path, placement[id(n)]) for r in nodes for n in r.walk())
+    dm = replace(setup.device_map, placement=paths, trains=_trainable_elements(nodes, setup) > 0)
+    # NB: GPU 0 holds the batch (and the model's outputs) even with no layer of its own
+    used = sorted({0, *placement.values()})
+    per_gpu = tuple(replace(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g))), gpu=g)
+                    for g in used)
+    # "fits" decides on the GPU that needs the most: the largest allocated, the largest reserved
+    worst = max(per_gpu, key=lambda e: e.peak.total)
+    oom = next((e.oom for e in per_gpu if e.oom is not None), None)
+    return replace(worst, devices=per_gpu, trainable_params=sum(e.trainable_params for e in per_gpu),
+                   reserved=max(e.reserved for e in per_gpu), oom=oom,
+                   first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total))
 
 
 def _per_gpu(step: Step, placing: Walk) -> dict:
@@ -220,6 +245,7 @@ class _StepWalk:
         if first:
             for hook in self.before_layer_forward:
                 hook(node, stack)
+        mark = len(state.events)
         if lo > 0:
             pass  # NB: the rest of a split root: its own tensors were charged with its first part
         elif keep:
@@ -241,11 +267,17 @@ class _StepWalk:
         t = push(stack, inst.module, node.cost.transient_forward + self._running(node))
         if not node.children:
             cached = {name for name, _ in node.cost.cached} if phase == "forward" and not self.act_offload else set()
-            unkept = 0 if keep else sum(b for name, b in node.cost.saved if name not in cached)
-            state.observe(phase, inst.path, push(t, inst.module, unkept), (inst.module, node.cost.transient_forward))
+            pieces = () if keep else tuple((name, b) for name, b in node.cost.saved if name not in cached)
+            unkept = sum(b for _, b in pieces)
+            order = node.cost.allocations_forward
+            if order:
+                _defer(state.events, mark, {name for op, name, _ in order if op == "saved"})
+            state.observe(phase, inst.path, push(t, inst.module, unkept), (inst.module, node.cost.transient_forward), order, pieces=pieces)
             self._ran(node)
+        held = self.state.hold(inst.module, t.get(inst.module, 0) - stack.get(inst.module, 0)) if node.children else None
         for c in node.children[lo:hi]:
             self.forward(c, t, keep, phase)
+        self.state.unhold(held)
         if first:
             for hook in self.after_layer_forward:
                 hook(node)
@@ -262,11 +294,13 @@ class _StepWalk:
             return
         for hook in self.before_layer_backward:
             hook(node, stack)
+        # NB: a checkpointing unit's backward transient (the gradient of its output, which
+        # triggers the recomputation) is alive while it recomputes
+        grad_out = state.hold(inst.module, node.cost.transient_backward) if node.children and inst.checkpointed else None
         if inst.checkpointed:
-            # NB: the unit's backward transient (the gradient of its output, which triggers
-            # the recomputation) is alive while it recomputes
             self.forward(node, push(stack, inst.module, node.cost.transient_backward), keep=True, phase="backward")
         t = push(stack, inst.module, node.cost.transient_backward + self._running(node) + self._unpacked(node))
+        held = state.hold(inst.module, t.get(inst.module, 0) - stack.get(inst.module, 0) - (grad_out[1] if grad_out else 0)) if node.children else None
         for c in reversed(node.children[:hi]):
             self.backward(c, t)
         if node.cost.gradients:
@@ -274,8 +308,11 @@ class _StepWalk:
             # it becomes the .grad here rather than being allocated beside it
             state.free(inst.path, [(name, 0) for name in node.cost.handover])
             self.placing.layer_gradients(node, t)
+        state.unhold(held)
+        state.unhold(grad_out)
         if not node.children:
-            state.observe("backward", inst.path, t, (inst.module, node.cost.transient_backward))
+            state.observe("backward", inst.path, t, (inst.module, node.cost.transient_backward),
+                          node.cost.allocations_backward, backward=True)
             self._ran(node)
         state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         for hook in self.after_layer_backward:
@@ -299,6 +336,7 @@ class _StepWalk:
                 break
         step_start = len(state.events)
         state.observe("optimizer", "optimizer.step", transient)
+        self.owner = owner
         events = owner.step_allocations()
         if events is not None:
             # the replay sees the step tensor by tensor, as torch's optimizer allocates it
@@ -307,21 +345,29 @@ class _StepWalk:
         step = state._point("optimizer", "optimizer.step", state.level + sum(transient.values()), transient)
         return step, owner.first_step(step, transient), step_start
 
+def _defer(events: list, mark: int, names: set[str]) -> None:
+    """Take the allocations of the saved tensors `names` made since `mark` out of `events`:
+    the leaf's allocation order makes them where its operators do."""
+    keys = {("tensor", name) for name in names}
+    events[mark:] = [e for e in events[mark:] if e[0] not in keys or e[1] is None]
+
+
 def _replay(setup: Setup, state: State, resident: list[int], states: list[int], walk_start: int,
-            step_start: int) -> tuple[int, OutOfMemory | None]:
+            step_start: int, first_step: list | None = None) -> tuple[int, OutOfMemory | None]:
     """The caching allocator's reserved bytes over two training steps, and the allocation
     that fails on `setup.gpu` if one does.
 
     The replay runs what a job allocates in its order: the weights and buffers, the
     cuBLAS workspaces, the allocations made before the walk (ZeRO-3's gradient partition,
-    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, the
-    optimizer states made at its step(), the step's temporaries) and step 2 (the same with
-    the states in place); whatever a step made and still holds goes at its end
-    (zero_grad(set_to_none=True)). Step 1's pattern of frees leaves cached blocks that step
-    2 is served from, which is why two steps are replayed.
+    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, then its
+    step(): `first_step`, the placing walk's order of the masters, the master gradients, the
+    states and the temporaries where it knows them, else the states then the steady step's
+    allocations) and step 2 (the same with the states in place); whatever a step made and
+    still holds goes at its end (zero_grad(set_to_none=True)). Step 1's pattern of frees
+    leaves cached blocks that step 2 is served from, which is why two steps are replayed.
     NB: a formula's transient is one allocation (the running layer's, beside the rest of its
-    module's stack), and so are a layer's gradients: finer in the real step, so fragmentation
-    is modelled at that grain.
+    module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
+    modelled at that grain.
     """
     capacity = None
     if setup.gpu is not None:
@@ -353,23 +399,35 @@ def _replay(setup: Setup, state: State, resident: list[int], states: list[int], 
         for number in (1, 2):
             made: list = []
             play(walk, made)
-            if number == 1:
-                for i, size in enumerate(states):
-                    if size:
-                        malloc(("state", i), size)
-            play(step, made)
+            if number == 1 and first_step is not None:
+                play(first_step, [])  # NB: the states it makes stay
+            else:
+                if number == 1:
+                    for i, size in enumerate(states):
+                        if size:
+                            malloc(("state", i), size)
+                play(step, made)
             for key in made:
                 if key in live:
                     free(key)
         return allocator.peak_reserved
 
+    # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
+    # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
+    # frees the cached segments with nothing allocated in them and retries), for the
+    # allocation that fails; a step that gets through only by that release is not counted on
+    # to fit: the replay's blocks are coarser than the step's tensors, so more of its cached
+    # segments are wholly free than the real step's (measured: LLaVA-1.5-7B pretrain at
+    # micro-batch 38 ran out of memory on an H100 that such a release would have served).
+    peak = run(Allocator(setup.alloc_conf))
+    if capacity is None or peak <= capacity:
+        return peak, None
     try:
-        return run(Allocator(setup.alloc_conf, capacity)), None
+        run(Allocator(setup.alloc_conf, capacity))
+        return peak, None
     except OutOfMemoryError as error:
-        # NB: the figure is then what the step would need: the same replay on a device
-        # without a limit, and at least what the failed request would have made it
         oom = error.oom
-        return max(run(Allocator(setup.alloc_conf)), oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
+        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
 
 
 def device_overhead(setup: Setup) -> int:

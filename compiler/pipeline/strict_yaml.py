@@ -6,6 +6,7 @@ this module only when a file is actually read: a cached input needs no PyYAML).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import yaml
@@ -13,10 +14,37 @@ from yaml.events import AliasEvent, DocumentStartEvent, ScalarEvent, StreamEndEv
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from compiler.errors import Diagnostic
-from compiler.pipeline.load import (
-    _ALIAS, _AMBIGUOUS_BOOL, _AMBIGUOUS_INT, _NO_ANCHORS_HELP, _PLAIN_RULES, _RULE_FIRST, _RULE_TAGS, _TAG, BOOL, FLOAT, INT, MAP, MERGE, NULL,
-    SEQ, STR, child_path,
-)
+from compiler.pipeline.json_path import child_path
+
+_TAG = "tag:yaml.org,2002:"
+STR, INT, FLOAT, BOOL, NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+MERGE = _TAG + "merge"
+SEQ, MAP = _TAG + "seq", _TAG + "map"
+# Private tags for plain scalars that are reported instead of converted.
+_AMBIGUOUS_BOOL = "tag:memspec,2024:ambiguous-bool"
+_AMBIGUOUS_INT = "tag:memspec,2024:ambiguous-int"
+_ALIAS = "tag:memspec,2024:alias"
+
+# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution) plus underscores
+# in numbers, which PyYAML and Python both accept. One alternation, first group wins.
+_PLAIN_RULES = re.compile("|".join(f"(?P<{name}>{rule})" for name, rule in (
+    ("null", r"(?:~|null|Null|NULL|)\Z"),
+    ("bool", r"(?:true|True|TRUE|false|False|FALSE)\Z"),
+    ("ambiguous_bool", r"(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)\Z"),
+    ("ambiguous_int", r"[-+]?0[0-9_]*[0-9][0-9_]*\Z"),
+    ("int", r"[-+]?[0-9][0-9_]*\Z|0x[0-9a-fA-F_]+\Z|0o[0-7_]+\Z"),
+    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?\Z"
+              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+\Z"
+              r"|[-+]?\.(?:inf|Inf|INF)\Z|\.(?:nan|NaN|NAN)\Z"),
+    ("merge", r"<<\Z"),
+)))
+_RULE_TAGS = {"null": NULL, "bool": BOOL, "ambiguous_bool": _AMBIGUOUS_BOOL,
+              "ambiguous_int": _AMBIGUOUS_INT, "int": INT, "float": FLOAT, "merge": MERGE}
+# Plain scalars starting with any other character are strings; checking that first keeps
+# loading fast, since most scalars are names.
+_RULE_FIRST = frozenset("~nNtTfFyYoO0123456789+-.<")
+
+_NO_ANCHORS_HELP = "write the value out in full: anchors and aliases hide what a reviewed file says"
 
 # --------------------------------------------------------------------------- composing
 

@@ -10,6 +10,9 @@ Contract:
 - `$ref` works within a schema and to the sibling files in `schemas/` by their `$id`.
 - `load_schema(kind)` reads `schemas/<kind>.schema.json` under `paths.data_root()`, cached.
   NB: the cached dict is shared; treat it as read-only.
+- `checked_document(path, kind)` is a file loaded and validated against its kind's schema
+  (every violation raised as one `MemspecError`), kept in the checked-input cache
+  (`compiler.checked`) by its bytes.
 
 jsonschema is imported inside the functions that need it: estimating starts fast and only
 pays for it when a file is checked.
@@ -19,13 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from compiler import paths
-from compiler.errors import Diagnostic, did_you_mean
-from compiler.pipeline.load import Document, child_path
+from compiler import checked, paths
+from compiler.errors import Diagnostic, MemspecError, did_you_mean
+from compiler.pipeline.load import Document, child_path, load_yaml
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -53,6 +58,25 @@ def validate(doc: Document, schema: Mapping) -> list[Diagnostic]:
             found.setdefault(diagnostic)
     # NB: stable: diagnostics at one place keep jsonschema's order, which follows the schema.
     return sorted(found, key=lambda d: (d.line, d.col, d.path))
+
+
+def checked_document(path: str | os.PathLike, kind: str | None) -> Document:
+    """`load_yaml(path)` validated against the `kind` schema (None: loaded only), through the
+    checked-input cache (`compiler.checked`); the Document names `path` as given."""
+    file = os.fspath(path)
+    raw = checked.read(file)
+    name = checked.key("document", kind or "", file, raw) if raw is not None else None
+    hit = checked.get(name) if name else None
+    if isinstance(hit, tuple) and len(hit) == 2:
+        return Document(file, hit[0], MappingProxyType(hit[1]))
+    doc = load_yaml(file)
+    if kind is not None:
+        problems = validate(doc, load_schema(kind))
+        if problems:
+            raise MemspecError(problems)
+    if name:
+        checked.put(name, (doc.data, dict(doc.positions)))
+    return doc
 
 
 # --------------------------------------------------------------------------- schema loading

@@ -165,6 +165,31 @@ def parse_size(text: str) -> int:
     return int(size)
 
 
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """A model split across the GPUs of one process (naive model parallelism) as
+    `from_pretrained(device_map=..., max_memory=...)` places it (transformers'
+    integrations/accelerate.py, after accelerate's infer_auto_device_map).
+
+    `strategy` is "auto", "balanced", "balanced_low_0" or "sequential", or "" for an explicit
+    map (`explicit`: module name -> GPU index); `max_memory` is GPU index -> bytes; `gpus` the
+    GPUs of the process. `where` locates each key for errors found once the model's modules
+    are known: key -> (file, line, col, path). `gpu` is the GPU one simulated walk is of and
+    `placement` the device of each layer (instance path -> GPU), set by the simulation."""
+
+    strategy: str
+    explicit: tuple[tuple[str, int], ...]
+    max_memory: tuple[tuple[int, int], ...]
+    gpus: int
+    where: tuple[tuple[str, tuple[str, int, int, str]], ...] = ()
+    gpu: int = -1
+    placement: tuple[tuple[str, int], ...] = ()
+    trains: bool = False  # something trains somewhere: every GPU runs a backward
+
+
 @dataclass(frozen=True)
 class Margin:
     """Memory a "fits" verdict keeps free beyond the device figure: a percentage of the GPU's
@@ -228,10 +253,10 @@ class Constant:
 @lru_cache(maxsize=1)
 def _catalog() -> Document:
     """specs/gpus.yaml, validated."""
-    from .. import checked
     from ..paths import specs_dir
+    from .validate import checked_document
 
-    return checked.document(specs_dir() / "gpus.yaml", "gpus")
+    return checked_document(specs_dir() / "gpus.yaml", "gpus")
 
 
 def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
@@ -683,6 +708,8 @@ class Setup:
     precision_mode: str = ""
     # the transformers release the job runs (release_code; default TRANSFORMERS_RELEASE)
     transformers: int = TRANSFORMERS
+    # device_map placement across the GPUs of one process (None: the whole model on each GPU)
+    device_map: DeviceMap | None = None
 
     @property
     def mode(self) -> str:

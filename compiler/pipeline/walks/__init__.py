@@ -12,6 +12,8 @@ strategy is a new module here implementing the hooks of `base.Walk`.
     fsdp           FSDP2: per-parameter shards, units gathered and reduce-scattered
     offload        DeepSpeed's optimizer offload: the step in host memory
     pipeline       pipeline parallelism (1F1B): the other micro-batches' activations
+    device_map     from_pretrained's device_map: what crosses the GPUs of a split model
+                   (simulate walks the step once per GPU with `device_map.on_gpu`)
 
 Beside them: `base` (the hooks and the shared `Step`), `timeline` (the ledger the walks
 write: `State`, `Point`), `resident` (per-layer weights, gradients and states on a GPU) and

@@ -39,7 +39,7 @@ from typing import Mapping
 from ..evaluate import Node
 from ..resolve import Setup
 from .optimizer_step import Stepped, _largest_trainable, stepped_tensors
-from .resident import _resident_blocks, _state_blocks
+from .resident import _grad_tensors, _offloaded, _resident_blocks, _state_blocks
 from .timeline import Point, State
 
 
@@ -117,8 +117,11 @@ class Walk:
         return {}
 
     def layer_gradients(self, node: Node, stack: Mapping[str, int]) -> None:
-        """The layer's gradients appear: one allocation each layer, kept until the step."""
-        self.state.add_grad(node.inst.module, node.inst.path, self.step.blocks[id(node)][1])
+        """The layer's gradients appear, kept until the step: one allocation per tensor
+        unsharded, else the layer's share of the flat partition."""
+        size = self.step.blocks[id(node)][1]
+        pieces = _grad_tensors(node, self.setup) if size and self.shards()[1] == 1 and not _offloaded(self.setup) else None
+        self.state.add_grad(node.inst.module, node.inst.path, size, pieces if pieces and sum(pieces) == size else None)
 
     # ---------------------------------------------------------------- the step
 
@@ -167,6 +170,11 @@ class Walk:
 
     def step_allocations(self) -> list | None:
         """The step's allocations and frees for the replay, or None: the observed moment's."""
+        return None
+
+    def first_step_allocations(self, once: list[int]) -> list | None:
+        """Step 1's step() for the replay, the states made in it included, or None: the
+        states (`state_blocks`) made before the steady step's allocations."""
         return None
 
     def first_step(self, step: Point, transient: Mapping[str, int]) -> Point:

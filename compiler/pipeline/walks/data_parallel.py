@@ -12,7 +12,7 @@ from typing import Mapping
 
 from ..resolve import Setup
 from .base import Walk
-from .optimizer_step import _first_step_optimizer, _step_events, step_temporaries
+from .optimizer_step import _first_step_events, _first_step_optimizer, _step_events, step_temporaries
 from .resident import _shards
 from .timeline import Point
 
@@ -38,6 +38,9 @@ class DataParallelWalk(Walk):
 
     def step_allocations(self) -> list | None:
         return _step_events(self.setup, self.step.stepped, self.step.largest) if self._exact() else None
+
+    def first_step_allocations(self, once: list[int]) -> list | None:
+        return _first_step_events(self.setup, self.step.stepped, self.step.largest, once) if self._exact() else None
 
     def first_step(self, step: Point, transient: Mapping[str, int]) -> Point:
         """NB: sharded (ZeRO at dp > 1), step 1's optimizer point is the steady one: an upper

@@ -174,6 +174,29 @@ def group_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div:
     return out
 
 
+def _first_step_events(setup: Setup, tensors: list[Stepped], largest: int, once: list[int]) -> list:
+    """Step 1's step() in order, for the allocator's replay, where the states appear: the fp32
+    master copies of every tensor (made at the first step, before the gradients' copies), the
+    master gradients, optimizer-wide tensors (`once`), then group by group `_init_group`'s
+    states, tensor by tensor in the optimizer's order with each tensor's states together
+    (torch/optim/adam.py: exp_avg, then exp_avg_sq), before the group's temporaries. The
+    states stay; the rest is freed as in the steady step (`_step_events`)."""
+    steady = _step_events(setup, tensors, largest)
+    events: list = []
+    if setup.master_bytes:
+        events += [(("master", i), round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)) for i, t in enumerate(tensors)]
+    events += [e for e in steady if e[0][0] == "master-grad" and e[1] is not None]
+    events += [(("once", i), round_up(b, ALLOCATOR_GRANULE)) for i, b in enumerate(once) if b]
+    for g, _ in param_groups(tensors):
+        for i, t in enumerate(tensors):
+            if t.group == g:
+                events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
+                           for j, x in enumerate(_states(setup, t.elements, t.shape)) if not x.paged and x.nbytes]
+        events += [e for e in steady if e[0][0] == "step" and e[0][1] == g]
+    events += [e for e in steady if e[0][0] == "master-grad" and e[1] is None]
+    return events
+
+
 def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
     """An unsharded step()'s allocations in order, for the allocator's replay: the fp32
     gradients of the master weights (each tensor's, made before the step, alive through it),

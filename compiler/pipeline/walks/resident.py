@@ -103,6 +103,14 @@ def _state_blocks(node: Node, setup: Setup, blocks: dict, o_div: int) -> list[in
     return out
 
 
+def _grad_tensors(node: Node, setup: Setup) -> list[int]:
+    """An unsharded layer's gradients as allocations, one per trained tensor (AccumulateGrad
+    sets each parameter's .grad on its own), in the order the formula lists them."""
+    c = node.cost
+    mine, _ = trained(node.inst, c.param_tensors, c.param_shapes, c.param_names)
+    return [round_up(t // setup.bytes["param"] * setup.bytes["grad"], ALLOCATOR_GRANULE) for t in mine]
+
+
 def _offloaded(setup: Setup) -> bool:
     """DeepSpeed's optimizer offload (zero_optimization.offload_optimizer, cpu or nvme)."""
     return setup.deepspeed is not None and setup.deepspeed.offload_optimizer != "none"

@@ -88,18 +88,21 @@ class State:
     events: list = field(default_factory=list)
     buffer_keys: dict = field(default_factory=dict)  # buffer name -> [(key, bytes)] live, oldest first
     grad_keys: dict = field(default_factory=dict)  # layer path -> [(key, bytes)] live
+    persisted: dict = field(default_factory=dict)  # module -> composites' transients held (hold)
     serial: int = 0
 
     def _new_key(self, kind: str, name: str) -> tuple:
         self.serial += 1
         return (kind, name, self.serial)
 
-    def add_grad(self, module: str, path: str, size: int) -> None:
-        """A layer's gradients appear (one allocation)."""
+    def add_grad(self, module: str, path: str, size: int, pieces: list[int] | None = None) -> None:
+        """A layer's gradients appear: one allocation, or one per tensor (`pieces`, summing
+        to `size`)."""
         if size:
-            key = self._new_key("grad", path)
-            self.events.append((key, size))
-            self.grad_keys.setdefault(path, []).append((key, size))
+            for b in pieces or (size,):
+                key = self._new_key("grad", path)
+                self.events.append((key, b))
+                self.grad_keys.setdefault(path, []).append((key, b))
             self.grads[module] = self.grads.get(module, 0) + size
             self.level += size
 
@@ -186,17 +189,39 @@ class State:
             if name in self.live:
                 self._drop(name)
 
-    def observe(self, phase: str, path: str, transient: Mapping[str, int], own: tuple[str, int] = ("", 0)) -> None:
+    def observe(self, phase: str, path: str, transient: Mapping[str, int], own: tuple[str, int] = ("", 0),
+                order: tuple = (), backward: bool = False, pieces: tuple[tuple[str, int], ...] = ()) -> None:
         """`own`: the running leaf's module and its own transient bytes (inside that module's
-        entry of `transient`, with the transients of the composites around it)."""
+        entry of `transient`, with the transients of the composites around it). `order`: the
+        leaf's allocation order for this phase (evaluate.Cost.allocations_*), which the replay
+        runs in place of its own transient as one allocation; `backward`: the leaf's backward (its
+        saved tensors are freed where the order names them), else a forward or recomputation."""
         # NB: a transient is allocated for the moment observed and freed after it: the running
         # leaf's own as one allocation, the rest of each module's stack as another
         module, mine = own
+        temporary = {} if backward or not order else {
+            name: size for op, name, size in order if op == "saved" and name not in self.live}
+        # NB: `pieces`, the leaf's saved tensors where it keeps none (a checkpointing unit's
+        # first forward), exist as the tensors they are, each its own allocation, unless the
+        # leaf's order makes them
+        pieces = tuple(b for name, b in pieces if name not in temporary)
         keys = []
         for m, size in transient.items():
-            parts = (size - mine, mine) if m == module else (size,)
+            size -= self.persisted.get(m, 0)
+            if m != module:
+                parts = (size,)
+            elif order:
+                # NB: the leaf's own tensors come in their order below; a saved tensor not kept
+                # (a checkpointing unit's first forward) is in its module's entry as well
+                parts = (size - mine - sum(temporary.values()) - sum(pieces), *pieces)
+            else:
+                parts = (size - mine - sum(pieces), *pieces, mine)
             keys += [(self._new_key("transient", m), b) for b in parts if b > 0]
-        if len(keys) == 1:
+        if order:
+            self.events.extend(keys)
+            self._ordered(order, temporary, backward, module)
+            self.events.extend((key, None) for key, _ in keys)
+        elif len(keys) == 1:
             self.events.append((PROBE, keys[0][1]))
         else:
             self.events.extend(keys)
@@ -210,6 +235,66 @@ class State:
             # NB: a snapshot, made into a Point once at the end: this branch runs on most
             # forward events.
             self.best_first = (phase, path, first, dict(self.grads), dict(self.live_by_module), transient, dict(self.buffers))
+
+    def hold(self, module: str, size: int) -> tuple | None:
+        """A composite's transient, allocated for the replay as its children start and kept
+        through them (the tensors it holds between its children: an MLP's intermediates);
+        the moments observed meanwhile allocate only what is above it. The timeline's figures
+        are `observe`'s `transient`, which counts it already."""
+        if size <= 0:
+            return None
+        key = self._new_key("transient", module)
+        self.events.append((key, size))
+        self.persisted[module] = self.persisted.get(module, 0) + size
+        return key, size, module
+
+    def unhold(self, held: tuple | None) -> None:
+        if held is not None:
+            key, size, module = held
+            self.events.append((key, None))
+            self.persisted[module] -= size
+
+    def _ordered(self, order: tuple, temporary: Mapping[str, int], backward: bool, module: str = "") -> None:
+        """Append a leaf's allocation order to `events`: its transient tensors, and its saved
+        tensors where they are made (forward) or freed (backward); an allocation named by
+        `grad` becomes the gradient in place of the one charged for it (`_regrad`); what it
+        allocated and did not free is freed at its end. NB: the saved tensor's own event is the ledger's (charge
+        and free); a free the ledger sends again later is one the replay ignores."""
+        made: dict[str, tuple] = {}
+        sizes: dict[tuple, int] = {}
+        for op, name, size in order:
+            if op == "alloc":
+                if size:
+                    made[name] = key = self._new_key("transient", name)
+                    sizes[key] = size
+                    self.events.append((key, size))
+            elif op == "free":
+                key = made.pop(name, None)
+                if key is not None:
+                    self.events.append((key, None))
+            elif op == "grad":
+                key = made.pop(name, None)
+                if key is not None:
+                    self._regrad(module, key, sizes[key])
+            elif name in temporary:
+                made[name] = key = self._new_key("transient", name)
+                self.events.append((key, temporary[name]))
+            elif name in self.live and self.live[name][1]:
+                self.events.append((("tensor", name), None if backward else self.live[name][1]))
+        self.events.extend((key, None) for key in made.values())
+
+    def _regrad(self, module: str, key: tuple, size: int) -> None:
+        """`key` (an allocation of `size` bytes) becomes the gradient that `module`'s first
+        gradient of that size held, which is freed: a tied table's two gradients summed out of
+        place, the sum kept as the .grad where the sharing layer's was charged."""
+        for path, keys in self.grad_keys.items():
+            if path == module or path.startswith(module + "."):
+                for i, (old, b) in enumerate(keys):
+                    if b == size:
+                        keys[i] = (key, b)
+                        self.events.append((old, None))
+                        return
+        self.events.append((key, None))
 
     def first_point(self) -> Point:
         phase, path, total, grads, live, transient, buffers = self.best_first
