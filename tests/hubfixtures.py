@@ -569,6 +569,53 @@ def glm4v_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int
     return language + out
 
 
+def minicpmv4_6_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """MiniCPMV4_6ForConditionalGeneration as the hub checkpoint stores it (one file, no lm_head: tied):
+    model.language_model.* (Qwen3.5 text: Gated DeltaNet layers with in_proj_qkv / in_proj_z / in_proj_b /
+    in_proj_a, the depthwise conv1d, A_log, dt_bias, the gated norm and out_proj; full-attention layers with
+    a doubled q_proj (query and gate), q_norm / k_norm; SwiGLU MLPs), model.vision_tower.* (SigLIP
+    embeddings and encoder, post_layernorm, the window-attention vit_merger), model.merger.mlp.*."""
+    v, t = c["vision_config"], c["text_config"]
+    h, inter, vocab = t["hidden_size"], t["intermediate_size"], t["vocab_size"]
+    hd, nh, nkv = t["head_dim"], t["num_attention_heads"], t["num_key_value_heads"]
+    kd = t["linear_key_head_dim"] * t["linear_num_key_heads"]
+    vd = t["linear_value_head_dim"] * t["linear_num_value_heads"]
+    conv, nv = 2 * kd + vd, t["linear_num_value_heads"]
+    out = [("model.language_model.embed_tokens.weight", dtype, [vocab, h])]
+    for i, kind in enumerate(t["layer_types"]):
+        p = f"model.language_model.layers.{i}."
+        out.append((p + "input_layernorm.weight", dtype, [h]))
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            out += [(a + "A_log", dtype, [nv]), (a + "conv1d.weight", dtype, [conv, 1, t["linear_conv_kernel_dim"]]),
+                    (a + "dt_bias", dtype, [nv]), (a + "in_proj_a.weight", dtype, [nv, h]),
+                    (a + "in_proj_b.weight", dtype, [nv, h]), (a + "in_proj_qkv.weight", dtype, [conv, h]),
+                    (a + "in_proj_z.weight", dtype, [vd, h]), (a + "norm.weight", dtype, [t["linear_value_head_dim"]]),
+                    (a + "out_proj.weight", dtype, [h, vd])]
+        else:
+            a = p + "self_attn."
+            out += [(a + "k_norm.weight", dtype, [hd]), (a + "k_proj.weight", dtype, [nkv * hd, h]),
+                    (a + "o_proj.weight", dtype, [h, nh * hd]), (a + "q_norm.weight", dtype, [hd]),
+                    (a + "q_proj.weight", dtype, [2 * nh * hd, h]), (a + "v_proj.weight", dtype, [nkv * hd, h])]
+        out += [(p + "mlp.down_proj.weight", dtype, [h, inter]), (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+                (p + "mlp.up_proj.weight", dtype, [inter, h]), (p + "post_attention_layernorm.weight", dtype, [h])]
+    out.append(("model.language_model.norm.weight", dtype, [h]))
+    vh, vi = v["hidden_size"], v["intermediate_size"]
+    out += siglip_tensors(v, "model.vision_tower.", dtype)
+    m = "model.vision_tower.vit_merger."
+    for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+        out += [(m + f"self_attn.{proj}.weight", dtype, [vh, vh]), (m + f"self_attn.{proj}.bias", dtype, [vh])]
+    out += [(m + "layer_norm1.weight", dtype, [vh]), (m + "layer_norm1.bias", dtype, [vh]),
+            (m + "pre_norm.weight", dtype, [4 * vh]), (m + "pre_norm.bias", dtype, [4 * vh]),
+            (m + "linear_1.weight", dtype, [4 * vi, 4 * vh]), (m + "linear_1.bias", dtype, [4 * vi]),
+            (m + "linear_2.weight", dtype, [vh, 4 * vi]), (m + "linear_2.bias", dtype, [vh])]
+    g = "model.merger.mlp.0."
+    out += [(g + "pre_norm.weight", dtype, [4 * vh]), (g + "pre_norm.bias", dtype, [4 * vh]),
+            (g + "linear_1.weight", dtype, [4 * vh, 4 * vh]), (g + "linear_1.bias", dtype, [4 * vh]),
+            (g + "linear_2.weight", dtype, [h, 4 * vh]), (g + "linear_2.bias", dtype, [h])]
+    return out
+
+
 def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Olmo2ForCausalLM: no input norms; RMSNorms after the attention and the MLP
     (post_attention_layernorm, post_feedforward_layernorm), q_norm and k_norm over the whole q
@@ -1347,6 +1394,39 @@ GLM_4_1V_9B_THINKING_PROCESSOR = {
     "processor_class": "Glm4vProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"longest_edge": 9633792, "shortest_edge": 12544}, "temporal_patch_size": 2,
 }
+# openbmb/MiniCPM-V-4.6 (2026-04; bfloat16, one model.safetensors, transformers 5.7.0): the released
+# config.json and preprocessor_config.json, values as published; 1,300,428,016 parameters (the hub's
+# safetensors count, BF16), which MiniCPMV4_6ForConditionalGeneration builds tensor for tensor (779 tensors,
+# lm_head tied to the embeddings).
+_MINICPM_V_4_6_LAYERS = ["linear_attention"] * 3 + ["full_attention"]
+MINICPM_V_4_6 = {
+    "architectures": ["MiniCPMV4_6ForConditionalGeneration"], "bos_token_id": None, "drop_vision_last_layer": False,
+    "eos_token_id": 248044, "image_size": 1120, "model_type": "minicpmv4_6", "pad_token_id": None,
+    "tie_word_embeddings": True, "transformers_version": "5.7.0", "use_cache": True,
+    "vision_config": {
+        "attention_dropout": 0.0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 980,
+        "intermediate_size": 4304, "layer_norm_eps": 1e-06, "model_type": "minicpmv4_6_vision",
+        "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 27, "patch_size": 14,
+    },
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "full_attention_interval": 4,
+        "head_dim": 256, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+        "intermediate_size": 3584, "layer_types": _MINICPM_V_4_6_LAYERS * 6, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+        "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144,
+        "mlp_only_layers": [], "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 8, "num_hidden_layers": 24, "num_key_value_heads": 2, "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
+        "vocab_size": 248094, "model_type": "qwen3_5_text", "tie_word_embeddings": True,
+    },
+    "insert_layer_id": 6, "image_token_id": 248056, "video_token_id": 248057,
+}
+MINICPM_V_4_6_PROCESSOR = {
+    "image_processor_type": "MiniCPMV4_6ImageProcessor", "processor_class": "MiniCPMV4_6Processor",
+    "max_slice_nums": 9, "scale_resolution": 448, "patch_size": 14, "use_image_id": True, "slice_mode": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1372,6 +1452,12 @@ def write_glm4v() -> None:
     """zai-org/GLM-4.1V-9B-Thinking alone (`python tests/hubfixtures.py glm4v`)."""
     write_checkpoint(FIXTURES / "GLM-4.1V-9B-Thinking", GLM_4_1V_9B_THINKING, glm4v_tensors(GLM_4_1V_9B_THINKING),
                      shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR)
+
+
+def write_minicpmv4_6() -> None:
+    """openbmb/MiniCPM-V-4.6 alone (`python tests/hubfixtures.py minicpmv4_6`)."""
+    write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6),
+                     processor=MINICPM_V_4_6_PROCESSOR)
 
 
 def write_all() -> None:
@@ -1415,6 +1501,7 @@ def write_all() -> None:
                      mistral3_tensors(MISTRAL_SMALL_3_1_24B), shards=10, processor=MISTRAL_SMALL_3_1_24B_PROCESSOR)
     write_pixtral_12b()
     write_glm4v()
+    write_minicpmv4_6()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1468,6 +1555,8 @@ if __name__ == "__main__":
         write_pixtral_12b()
     elif sys.argv[1:] == ["glm4v"]:
         write_glm4v()
+    elif sys.argv[1:] == ["minicpmv4_6"]:
+        write_minicpmv4_6()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

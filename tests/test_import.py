@@ -274,6 +274,18 @@ def _error(fn, *args, **kwargs) -> str:
         # four norms) + untied embeddings and lm_head 2 * 620_756_992 + norm 4096;
         # 10_292_777_472 in all, the published 10.3B
         ("GLM-4.1V-9B-Thinking", {"vision": 707_416_576, "projector": 185_081_856, "language": 9_400_279_040}),
+        # MiniCPM-V-4.6 (minicpmv4_6): the tower is the patch conv 1152 x 3 x 14 x 14 + 1152 = 678_528,
+        # the position table 4900 * 1152 = 5_644_800 (980 / 14 = 70 per side), 27 * 15_239_504 SigLIP
+        # layers, post-LN 2304 and the vit_merger 104_507_072 (q, k, v, out 4 * (1152^2 + 1152),
+        # layer_norm1 2 * 1152, pre_norm 2 * 4608, linear_1 4608 x 17216 + 17216, linear_2 17216 x 1152
+        # + 1152); the projector the merger 25_967_104 (pre_norm 2 * 4608, linear_1 4608^2 + 4608,
+        # linear_2 1024 x 4608 + 1024); the Qwen3.5 text: 18 linear-attention layers of 21_555_360
+        # (in_proj_qkv 6144 x 1024, in_proj_z 2048 x 1024, in_proj_b and in_proj_a 16 x 1024, conv1d
+        # 6144 x 4, dt_bias and A_log 16 each, norm 128, out_proj 1024 x 2048, MLP 3 * 1024 * 3584, two
+        # norms) + 6 full-attention layers of 18_352_640 (q 4096 x 1024, k, v 512 x 1024, o 1024 x 2048,
+        # q_norm, k_norm 256 each, the MLP, two norms) + norm 1024 + the tied 248094 x 1024 table
+        # 254_048_256; 1,300,428,016 in all, the hub's safetensors count
+        ("MiniCPM-V-4.6", {"vision": 522_299_312, "projector": 25_967_104, "language": 752_161_600}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
