@@ -582,7 +582,7 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
     by_path = {path: gpus[id(m)] for m, path in scope.names.items()}
     head = next((by_path[p] for p in by_path if p.endswith("lm_head")), 0)
     tracer.track_devices(lambda module: by_path.get(module, head if module == "loss" else 0))
-    for name, module in model.named_modules():
+    for module in model.modules():
         gpu = gpus[id(module)]
         tracer.register(module.parameters(recurse=False), PARAMETERS, device=lambda t, g=gpu: g)
         tracer.register(module.buffers(recurse=False), BUFFERS, device=lambda t, g=gpu: g)

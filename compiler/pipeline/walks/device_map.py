@@ -33,7 +33,7 @@ inputs to its GPU; the hook on the model sends its outputs back to the GPU of th
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from ...errors import Diagnostic, MemspecError, did_you_mean
 from ..evaluate import Cost, Node
