@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..errors import Diagnostic, MemspecError
 from ..pipeline.evaluate import evaluate
-from ..pipeline.expand import _MEMO, _instance
+from ..pipeline.expand import _Expansion, _instance
 from .formula import Example, Formula, Library
 from ..pipeline.load import child_path
 from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
@@ -48,8 +48,9 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
     )
 
 
-def evaluate_example(library: Library, formula: Formula, example: Example) -> dict[str, int]:
-    """The numbers an example's `expect` may name, for this formula and its subtree."""
+def evaluate_example(library: Library, formula: Formula, example: Example, expansion: _Expansion | None = None) -> dict[str, int]:
+    """The numbers an example's `expect` may name, for this formula and its subtree;
+    `expansion`: one shared by the examples of a library (its memo answers the repeats)."""
     ctx = {**DEFAULT_CONTEXT, **example.context}
     setup = example_setup(ctx)
 
@@ -57,8 +58,7 @@ def evaluate_example(library: Library, formula: Formula, example: Example) -> di
         path = child_path(child_path(example.path, "inputs"), key) if key else example.path
         return formula.doc.diag("E407", path, message, help)
 
-    inst = _instance(
-        library, formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
+    inst = _instance(expansion or _Expansion(library), formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
         given=example.inputs, tensors={}, setup=setup, batch=ctx["batch"], seq=ctx["seq"], trainable=ctx["trainable"],
         grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=ctx["checkpointing"], checkpointed=False, locate=locate,
         # NB: `bias_trains` in an example's context: peft's bias option reaches this (frozen) layer
@@ -79,13 +79,14 @@ def evaluate_example(library: Library, formula: Formula, example: Example) -> di
 
 
 def run_examples(library: Library) -> list[Diagnostic]:
-    # NB: expand's memo is keyed by layer type; another library's 'linear' must not answer for this one's
-    _MEMO.clear()
+    # NB: one expansion for this library's examples: its memo is keyed by layer type, so another
+    # library's 'linear' never answers for this one's
+    expansion = _Expansion(library)
     problems: list[Diagnostic] = []
     for formula in library.formulas.values():
         for example in formula.examples:
             try:
-                got = evaluate_example(library, formula, example)
+                got = evaluate_example(library, formula, example, expansion)
             except MemspecError as exc:
                 # NB: an evaluation error is located at the expression; say which inputs made it
                 problems.extend(

@@ -29,7 +29,7 @@ one name, and repeated instances never do unless the parent passes the same tens
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
@@ -123,8 +123,7 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
 
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
-    _MEMO.clear()
-    _MATCHED.clear()
+    ex = _Expansion(library)
     problems: list[Diagnostic] = []
     roots = []
     grad = False
@@ -175,7 +174,7 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
                 bias_ok=setup.lora is not None and setup.lora.bias == "all",
             )
             target = saved_name(setup.lora, m.name, m.type)
-            root = _wrapped(library, library[m.type], kw, target) if target is not None else _instance(library, library[m.type], **kw)
+            root = _wrapped(ex, library[m.type], kw, target) if target is not None else _instance(ex, library[m.type], **kw)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -187,7 +186,7 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
             problems.append(Diagnostic("E723", spec.file, line, col, m.path, short,
                                        "seq_len counts the LLM positions of the text and the image tokens together: raise it, or give a smaller image_size"))
     if not problems:
-        problems.extend(unmatched_saves(setup, tuple(roots)))
+        problems.extend(unmatched_saves(setup, tuple(roots), ex.matched))
     if problems:
         # NB: problems only with flags (--lora-modules-to-save) are the command line's: exit 2
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
@@ -269,25 +268,33 @@ def _grad_out(inst: Instance) -> bool:
     return inst.grad_in or _grad_out(inst.children[-1])
 
 
-# Identical instances (the 32 decoder layers) bind to identical scopes: each distinct
-# (formula, inputs, context) is bound, and its children's expressions evaluated, once.
-_MEMO: dict = {}
+@dataclass
+class _Expansion:
+    """What one expansion shares while it builds the tree: the formula library; `memo`, where
+    identical instances (the 32 decoder layers) find their bound scope, their children's
+    values and their peft-edited inputs, each distinct (formula, inputs, context) made once
+    (the ids in its keys are of mappings it holds, so they stay its own); `matched`, the
+    modules_to_save names that matched a module (unmatched_saves)."""
+
+    library: Library
+    memo: dict = field(default_factory=dict)
+    matched: set = field(default_factory=set)
 
 
-def _bound_scope(formula: Formula, given: Mapping[str, Any], scope_key: tuple, context: Callable[[], dict], locate) -> dict:
+def _bound_scope(memo: dict, formula: Formula, given: Mapping[str, Any], scope_key: tuple, context: Callable[[], dict], locate) -> dict:
     key = ("bind",) + scope_key
-    hit = _MEMO.get(key)
+    hit = memo.get(key)
     if hit is None:
         scalars = {k: v for k, v in given.items() if k not in _tensor_inputs(formula)}
         # NB: `given` rides along so that the id in the key stays its own for the expand.
-        hit = _MEMO[key] = (given, bind(formula, scalars, context(), locate))
+        hit = memo[key] = (given, bind(formula, scalars, context(), locate))
     return hit[1]
 
 
-def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple,
+def _child_values(memo: dict, child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple,
                   upstream: bool = False) -> tuple:
     key = ("child", child.path, c_formula.layer_type, scope_key, previous, upstream)
-    hit = _MEMO.get(key)
+    hit = memo.get(key)
     if hit is None:
         count = integer(child.count, child.count(scope)) if child.count is not None else 1
         if child.when is not None and not child.when(scope):
@@ -297,11 +304,11 @@ def _child_values(child: Child, c_formula: Formula, scope: Mapping[str, Any], pr
         c_grad_in = bool(child.grad_in({**scope, "previous": previous, "upstream": upstream})) if child.grad_in is not None else previous
         c_reaches = bool(child.reaches_loss(scope)) if child.reaches_loss is not None else True
         c_given = {k: (e.constant if _is_tensor(c_formula, k) else e(scope)) for k, e in child.inputs.items()}
-        hit = _MEMO[key] = (count, c_batch, c_seq, c_grad_in, c_reaches, c_given)
+        hit = memo[key] = (count, c_batch, c_seq, c_grad_in, c_reaches, c_given)
     return hit
 
 
-def _instance(library: Library, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
+def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
               trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate, shard_unit=False,
               bias_ok=False, idle=False, saved=False) -> Instance:
     """One instance and its children. `bias_ok`: peft's bias option turns on this instance's
@@ -318,7 +325,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     # Instances with the same formula, the same inputs mapping and the same context share
     # one scope (identical instances are built from one memoised inputs mapping).
     scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing, requires_grad)
-    scope = _bound_scope(formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing,
+    scope = _bound_scope(ex.memo, formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing,
                                                                      requires_grad=requires_grad), locate)
     bias_only = False
     if bias_ok and not requires_grad and not idle:
@@ -327,7 +334,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
             bias_only = True
             flat_states = not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
             if reaches_loss:
-                scope = _bound_scope(formula, given, scope_key + ("bias",),
+                scope = _bound_scope(ex.memo, formula, given, scope_key + ("bias",),
                                      lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, bias_trains=True), locate)
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
     bias_all = setup.lora is not None and setup.lora.bias == "all"
@@ -336,20 +343,20 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     previous = grad_in
     upstream = False  # any earlier sibling's output requires grad (parallel readers: q, k, v)
     for child in formula.children:
-        c_formula = library[child.type]
-        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(child, c_formula, scope, previous, scope_key, upstream)
+        c_formula = ex.library[child.type]
+        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(ex.memo, child, c_formula, scope, previous, scope_key, upstream)
         if count == 0:
             continue
         c_reaches = reaches_loss and c_reaches
         c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
         plain = (c_formula, c_given, c_tensors, c_requires)
-        c_formula, c_given, c_tensors, c_requires = _peft_child(library, setup, formula, child, plain, path=path, module=module,
+        c_formula, c_given, c_tensors, c_requires = _peft_child(ex, setup, formula, child, plain, path=path, module=module,
                                                                 idle=idle, saved=saved, adapter=adapter)
         # peft bias='all': every `.bias` of the model (the wrapped originals excepted);
         # 'lora_only': the bias of each LoRA layer (its base layer's)
         c_bias = bias_all or (setup.lora is not None and setup.lora.bias == "lora_only" and adapter and child.name == "base_layer")
-        made, out = _copies(library, child, count, c_formula, plain, dict(
+        made, out = _copies(ex, child, count, c_formula, plain, dict(
             module=module, given=c_given, tensors=c_tensors, setup=setup, batch=c_batch, seq=c_seq, trainable=c_requires,
             reaches_loss=c_reaches, checkpointing=checkpointing, checkpointed=checkpointing and child.checkpoint_unit,
             locate=_child_locate(child, locate), shard_unit=child.checkpoint_unit, bias_ok=c_bias, idle=idle, saved=saved),
@@ -377,7 +384,7 @@ def _instance(library: Library, formula: Formula, *, path, template, index, modu
     )
 
 
-def _copies(library: Library, child, count: int, c_formula: Formula, plain: tuple, shared: dict, *, path: str, template: str,
+def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple, shared: dict, *, path: str, template: str,
             index: tuple, grad_in: bool, previous: bool, adapter: bool) -> tuple[list[Instance], bool]:
     """The `count` instances of one child (`shared`: the keywords they all take) and whether
     the last one's output requires grad (`previous` when the child reaches no loss); a child
@@ -396,15 +403,15 @@ def _copies(library: Library, child, count: int, c_formula: Formula, plain: tupl
                               "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
         if target is not None:
             kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
-            inst = _wrapped(library, plain[0], kw, target)
+            inst = _wrapped(ex, plain[0], kw, target)
         else:
-            inst = _instance(library, c_formula, **kw)
+            inst = _instance(ex, c_formula, **kw)
         made.append(inst)
         out = _grad_out(inst) if c_reaches else out
     return made, out
 
 
-def _peft_child(library: Library, setup: Setup, formula: Formula, child, plain: tuple, *, path: str, module: str, idle: bool,
+def _peft_child(ex: _Expansion, setup: Setup, formula: Formula, child, plain: tuple, *, path: str, module: str, idle: bool,
                 saved: bool, adapter: bool) -> tuple[Formula, Mapping[str, Any], Mapping[str, str], bool]:
     """A child linear as peft leaves it: adapted by LoRA (its formula lora_linear, the adapters
     trained), quantized by bitsandbytes (frozen), or as it is. NB: the adapter's own linears
@@ -413,7 +420,7 @@ def _peft_child(library: Library, setup: Setup, formula: Formula, child, plain: 
     c_formula, c_given, c_tensors, c_requires = plain
     if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
             and lora_target(setup.lora, module, f"{path}.{child.name}")):
-        c_formula, c_given, c_tensors = _with_lora(library, setup.lora, c_given, c_tensors)
+        c_formula, c_given, c_tensors = _with_lora(ex, setup.lora, c_given, c_tensors)
         c_requires = True  # the adapters train; lora_linear's base_layer is frozen
     elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
         if idle or saved:
@@ -421,7 +428,7 @@ def _peft_child(library: Library, setup: Setup, formula: Formula, child, plain: 
                               f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
                               "of a 4-/8-bit weight cannot require grad",
                               "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
-        c_formula, c_given = _quantized(library, setup.quantization, c_given)
+        c_formula, c_given = _quantized(ex, setup.quantization, c_given)
         c_requires = False
     return c_formula, c_given, c_tensors, c_requires
 
@@ -431,29 +438,29 @@ ADAPTED = ("lora_linear", "dora_linear")
 WRAPPER = "modules_to_save"
 
 
-def _wrapped(library: Library, formula: Formula, kw: dict, target: str) -> Instance:
+def _wrapped(ex: _Expansion, formula: Formula, kw: dict, target: str) -> Instance:
     """peft's ModulesToSaveWrapper around the instance `kw` describes (utils/other.py,
     ModulesToSaveWrapper.update): `original_module`, the module itself, frozen
     (requires_grad_(False), after bias='all' turned its biases on) and never run; then
     `modules_to_save`, its copy.deepcopy, every parameter trainable, which runs the forward.
     A copy of a tied embedding table is a new, untied table (deepcopy copies the shared weight
     into the copy alone)."""
-    _MATCHED.update(t for t in kw["setup"].lora.modules_to_save
+    ex.matched.update(t for t in kw["setup"].lora.modules_to_save
                     if any(n.endswith(t) for n in (re.sub(r"\[(\d+)\]", r".\1", kw["path"]),) + MODULE_NAMES.get(formula.layer_type, ())))
     given = kw["given"]
     if given.get("shared_weight"):
         key = ("untied", id(given))
-        hit = _MEMO.get(key)
+        hit = ex.memo.get(key)
         if hit is None:
-            hit = _MEMO[key] = (given, {**given, "shared_weight": False})
+            hit = ex.memo[key] = (given, {**given, "shared_weight": False})
         given = hit[1]
-    original = _instance(library, formula, **{**kw, "path": kw["path"] + ".original_module", "template": kw["template"] + ".original_module",
+    original = _instance(ex, formula, **{**kw, "path": kw["path"] + ".original_module", "template": kw["template"] + ".original_module",
                                                "trainable": False, "grad_in": False, "checkpointed": False, "shard_unit": False,
                                                "bias_ok": False, "idle": True, "saved": True})
-    copy = _instance(library, formula, **{**kw, "path": kw["path"] + ".modules_to_save", "template": kw["template"] + ".modules_to_save",
+    copy = _instance(ex, formula, **{**kw, "path": kw["path"] + ".modules_to_save", "template": kw["template"] + ".modules_to_save",
                                            "given": given, "trainable": True, "bias_ok": False, "saved": True})
-    w = library[WRAPPER]
-    scope = _bound_scope(w, {}, (id(w), kw["batch"], kw["seq"], copy.trainable, kw["grad_in"]),
+    w = ex.library[WRAPPER]
+    scope = _bound_scope(ex.memo, w, {}, (id(w), kw["batch"], kw["seq"], copy.trainable, kw["grad_in"]),
                          lambda: _context(kw["setup"], kw["batch"], kw["seq"], copy.trainable, copy.grad_in, kw["checkpointing"]), kw["locate"])
     return Instance(path=kw["path"], template=kw["template"], index=kw["index"], module=kw["module"], formula=w, scope=scope,
                     tensors={}, trainable=copy.trainable, grad_in=copy.grad_in, grad_flows=copy.grad_flows, checkpointed=False,
@@ -469,8 +476,6 @@ MODULE_NAMES: Mapping[str, tuple[str, ...]] = {
     "llava_next_projector": ("model.multi_modal_projector",),  # LlavaNextForConditionalGeneration
     "clip_vision_tower": ("model.vision_tower",),
 }
-# Set by expand: the modules_to_save names that matched something
-_MATCHED: set = set()
 
 
 def saved_name(lora, path: str, layer_type: str | None = None) -> str | None:
@@ -509,14 +514,14 @@ def _check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any
                                       "use bias: none, or adapt another module (lora.modules)"))
 
 
-def unmatched_saves(setup: Setup, roots: tuple[Instance, ...]) -> list[Diagnostic]:
+def unmatched_saves(setup: Setup, roots: tuple[Instance, ...], matched: set) -> list[Diagnostic]:
     """A modules_to_save name that matches nothing: peft would silently train nothing extra,
     memspec says so (E320), with the names that exist."""
     if setup.lora is None:
         return []
     out = []
     for i, target in enumerate(setup.lora.modules_to_save):
-        if target in _MATCHED:
+        if target in matched:
             continue
         names = []
         for r in roots:
@@ -566,28 +571,28 @@ def quantized(q, module: str, parent_type: str, name: str, path: str) -> bool:
     return not any(dotted == s or dotted.endswith("." + s) or f".{s}." in f".{dotted}." for s in q.skip_modules)
 
 
-def _quantized(library: Library, q, given: Mapping[str, Any]) -> tuple:
+def _quantized(ex: _Expansion, q, given: Mapping[str, Any]) -> tuple:
     key = ("quantized", id(given), q.bits, q.double_quant)
-    hit = _MEMO.get(key)
+    hit = ex.memo.get(key)
     if hit is None:
         extra = {"double_quant": q.double_quant} if q.bits == 4 else {}
         # NB: `shards` (sequence parallelism) is always 1 here: quantization with tensor
         # parallelism is refused (E318), and the bitsandbytes layers take no such input
-        hit = _MEMO[key] = (given, {**{k: v for k, v in given.items() if k != "shards"}, **extra})
-    return library["linear_4bit" if q.bits == 4 else "linear_8bit"], hit[1]
+        hit = ex.memo[key] = (given, {**{k: v for k, v in given.items() if k != "shards"}, **extra})
+    return ex.library["linear_4bit" if q.bits == 4 else "linear_8bit"], hit[1]
 
 
-def _with_lora(library: Library, lora, given: Mapping[str, Any], tensors: Mapping[str, str]) -> tuple:
+def _with_lora(ex: _Expansion, lora, given: Mapping[str, Any], tensors: Mapping[str, str]) -> tuple:
     """A linear child as a `lora_linear` (`dora_linear` with use_dora): its inputs plus the
     adapter's, and lora_A reading x itself when there is no dropout (nn.Identity)."""
     key = ("lora", id(given))
-    hit = _MEMO.get(key)
+    hit = ex.memo.get(key)
     if hit is None:
-        hit = _MEMO[key] = (given, {**given, "lora_r": lora.r, "lora_dropout": lora.dropout > 0})
+        hit = ex.memo[key] = (given, {**given, "lora_r": lora.r, "lora_dropout": lora.dropout > 0})
     out = dict(tensors)
     if not lora.dropout > 0 and "input" in tensors:
         out["lora_input"] = tensors["input"]
-    return library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
+    return ex.library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
 
 
 def _tensor_inputs(formula: Formula) -> frozenset[str]:
