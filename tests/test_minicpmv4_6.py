@@ -62,10 +62,13 @@ def test_resize_equals_transformers():
 
 def test_sliced_images_and_video_are_refused():
     """An image of more than 448^2 pixels is sliced by the processor (a thumbnail and a grid):
-    refused on the vision module's size; a video: the spec takes none (E327)."""
+    refused at image_size (E725, the spec's image_slice_pixels) with the size that would do;
+    448 x 448 itself is not; a video: the spec takes none (E327)."""
     with pytest.raises(MemspecError) as err:
         api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, image_size=[896, 896])
-    assert err.value.diagnostics[0].code == "E404"
+    d = err.value.diagnostics[0]
+    assert d.code == "E725" and "896 x 896 (802,816 pixels, above 200,704)" in d.message and "--image-size 448x448" in d.help
+    api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, image_size=[448, 448])
     with pytest.raises(MemspecError) as err:
         api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, videos_per_sample=1, video_frames=4)
     assert err.value.diagnostics[0].code == "E327"

@@ -109,6 +109,7 @@ class Family:
     anyres: AnyresMapping | None = None
     image_resize: ImageResizeMapping | None = None
     video_temporal_patch: Expr | None = None  # frames per temporal patch of a video input
+    image_slice_pixels: Expr | None = None  # the processor slices an image above this area
 
     def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
         """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
@@ -292,6 +293,8 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         image_resize=image_resize,
         video_temporal_patch=(compile_expr(data["video_temporal_patch"], doc, "$.video_temporal_patch", names, problems)
                               if "video_temporal_patch" in data else None),
+        image_slice_pixels=(compile_expr(data["image_slice_pixels"], doc, "$.image_slice_pixels", names, problems)
+                            if "image_slice_pixels" in data else None),
         attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
                    if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
     )

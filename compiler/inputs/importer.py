@@ -244,6 +244,8 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
                              for k in ("factor", "min_pixels", "max_pixels")}} if family.image_resize else {}),
         **({"video_temporal_patch": _integer(family.video_temporal_patch(scope), "video_temporal_patch", family, ckpt)}
            if family.video_temporal_patch else {}),
+        # NB: 0 where the processor slices nothing (MiniCPM-V with slice_mode off)
+        **({"image_slice_pixels": n} if family.image_slice_pixels and (n := _integer(family.image_slice_pixels(scope), "image_slice_pixels", family, ckpt)) else {}),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
@@ -344,6 +346,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         r = data["image_resize"]
         lines.append(_commented("image_resize:", "the processor's smart_resize: the bounds from preprocessor_config.json, factor patch x merge"))
         lines += [f"  {k}: {r[k]}" for k in ("factor", "min_pixels", "max_pixels")]
+    if "image_slice_pixels" in data:
+        lines.append(_commented(f"image_slice_pixels: {data['image_slice_pixels']}", "the processor slices a larger image (not modelled: refused)"))
     if "video_temporal_patch" in data:
         lines.append(_commented(f"video_temporal_patch: {data['video_temporal_patch']}", "a video's frames per temporal patch: F frames are read as ceil(F / this) images"))
     lines.append("modules:")

@@ -14,6 +14,7 @@ print it. Problems are raised together as one `MemspecError`.
 from __future__ import annotations
 
 import os
+from math import isqrt
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -81,6 +82,7 @@ def resolve_spec(doc: Document) -> Spec:
         context_length=data.get("context_length"),
         lora_trainable=tuple(data.get("lora_trainable") or ()),
         video_temporal_patch=data.get("video_temporal_patch"),
+        image_slice_pixels=data.get("image_slice_pixels"),
         attention=tuple(data.get("attention") or ()),
         doc=doc,
     )
@@ -325,6 +327,10 @@ class Resolution:
         if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
             complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
                      "give the image size the batches really have")
+        if spec.image_slice_pixels is not None and image_size is not None and image_size[0] * image_size[1] > spec.image_slice_pixels:
+            complain("image_size", "E725", f"{spec.model}'s processor slices an image of {image_size[0]} x {image_size[1]} ({image_size[0] * image_size[1]:,} pixels, "
+                     f"above {spec.image_slice_pixels:,}) into a thumbnail and slices, which the estimate does not model",
+                     f"give an image of at most {spec.image_slice_pixels:,} pixels (e.g. --image-size {isqrt(spec.image_slice_pixels)}x{isqrt(spec.image_slice_pixels)})")
         if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
             complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
                      "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")

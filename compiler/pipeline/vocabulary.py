@@ -407,6 +407,7 @@ class Spec:
     lora_trainable: tuple[str, ...] = ()
     # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
     video_temporal_patch: int | None = None
+    image_slice_pixels: int | None = None  # the processor slices a larger image (refused, E725)
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
