@@ -83,26 +83,12 @@ def host_patches() -> Iterator[list[str]]:
     and their int64 [image tokens x hidden, 3] indices, freed at once (about 1.6 MiB per 64
     image tokens of a 1024-wide model), outside any phase peak; the mask returned is the same
     (`input_ids == image_token_id`, expanded)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import _disable_current_modes
     from transformers.models.minicpmv4_6 import modeling_minicpmv4_6
 
-    original = modeling_minicpmv4_6.get_vision_window_index
+    from .qwen2_5_vl import host_window_index
 
-    def get_vision_window_index(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=None):
-        if not isinstance(grid_thw, FakeTensor):
-            return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=kwargs)
-        fake_mode = grid_thw.fake_mode
-        if grid_thw.constant is None:
-            raise RuntimeError("target_sizes reached the vit_merger without its values (HOST_VALUES)")
-        grid = grid_thw.constant.tolist()  # the host copy a GPU run syncs for; no device op
-        with _disable_current_modes():
-            window_index, cu_window_seqlens = original(
-                torch.tensor(grid, dtype=grid_thw.dtype), spatial_merge_size, window_size, patch_size, kwargs=kwargs)
-        convert = fake_mode.fake_tensor_converter.from_real_tensor
-        window_index = convert(fake_mode, window_index, make_constant=True)
-        cu_window_seqlens = convert(fake_mode, cu_window_seqlens, make_constant=True).clone()
-        return window_index, cu_window_seqlens
+    original = modeling_minicpmv4_6.get_vision_window_index
+    get_vision_window_index = host_window_index(original, "target_sizes reached the vit_merger")
 
     def get_placeholder_mask(self, input_ids, inputs_embeds, features, token_id):
         special_mask = input_ids == token_id

@@ -32,6 +32,31 @@ def model_class():
     return Qwen2_5_VLForConditionalGeneration
 
 
+def host_window_index(original, missing: str):
+    """`get_vision_window_index` run on a real host copy of the grid under the tracer, its two
+    results handed back as fake tensors that carry their values (see host_patches); a
+    fake grid without its values is an error naming `missing`."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def get_vision_window_index(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=None):
+        if not isinstance(grid_thw, FakeTensor):
+            return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=kwargs)
+        fake_mode = grid_thw.fake_mode
+        if grid_thw.constant is None:
+            raise RuntimeError(f"{missing} without its values (HOST_VALUES)")
+        grid = grid_thw.constant.tolist()  # the host copy a GPU run syncs for; no device op
+        with _disable_current_modes():
+            window_index, cu_window_seqlens = original(
+                torch.tensor(grid, dtype=grid_thw.dtype), spatial_merge_size, window_size, patch_size, kwargs=kwargs)
+        convert = fake_mode.fake_tensor_converter.from_real_tensor
+        window_index = convert(fake_mode, window_index, make_constant=True)
+        cu_window_seqlens = convert(fake_mode, cu_window_seqlens, make_constant=True).clone()
+        return window_index, cu_window_seqlens
+
+    return get_vision_window_index
+
+
 @contextlib.contextmanager
 def host_patches() -> Iterator[list[str]]:
     """Qwen2-VL's `get_rope_index` patch, plus `get_vision_window_index` run on the host.
@@ -49,26 +74,10 @@ def host_patches() -> Iterator[list[str]]:
     - `cu_window_seqlens`: `torch.tensor(..., device=grid_thw.device)`, an int32 device
       tensor of windows + 1 values: counted, through a clone under the tracer (512 B).
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import _disable_current_modes
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
     original = modeling_qwen2_5_vl.get_vision_window_index
-
-    def get_vision_window_index(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=None):
-        if not isinstance(grid_thw, FakeTensor):
-            return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=kwargs)
-        fake_mode = grid_thw.fake_mode
-        if grid_thw.constant is None:
-            raise RuntimeError("image_grid_thw reached the vision tower without its values (HOST_VALUES)")
-        grid = grid_thw.constant.tolist()  # the host copy a GPU run syncs for; no device op
-        with _disable_current_modes():
-            window_index, cu_window_seqlens = original(
-                torch.tensor(grid, dtype=grid_thw.dtype), spatial_merge_size, window_size, patch_size, kwargs=kwargs)
-        convert = fake_mode.fake_tensor_converter.from_real_tensor
-        window_index = convert(fake_mode, window_index, make_constant=True)
-        cu_window_seqlens = convert(fake_mode, cu_window_seqlens, make_constant=True).clone()
-        return window_index, cu_window_seqlens
+    get_vision_window_index = host_window_index(original, "image_grid_thw reached the vision tower")
 
     with qwen2_vl.host_patches() as patched:
         modeling_qwen2_5_vl.get_vision_window_index = get_vision_window_index
