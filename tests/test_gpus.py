@@ -56,7 +56,7 @@ def test_the_default_margin_covers_every_gpu_record():
     worst record of its kind within one percentage point of it)."""
     consts = gpu_catalog()[1]
     assert consts.margin.percent == Fraction(15, 2) and consts.margin.source == "specs/gpus.yaml device.margin_pct"
-    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(3)] * 2 + [Fraction(7, 2)]
+    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(4)] * 2 + [Fraction(7, 2)]
     gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
     # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
     assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
@@ -72,7 +72,7 @@ def test_the_default_margin_covers_every_gpu_record():
     # Qwen3-VL-2B reserved, LLaVA-1.5-7B LoRA b29 reserved, Qwen2.5-0.5B eager b4 reserved
     assert {k: round(v[0], 2) for k, v in worst.items()} == {
         "specs/gpus.yaml device.margin_pct": -7.45,
-        "specs/gpus.yaml device.margin_pct.checkpointed": -2.57,
+        "specs/gpus.yaml device.margin_pct.checkpointed": -3.86,
         "specs/gpus.yaml device.margin_pct.checkpointed_eager": -3.01,
     }, worst
 

@@ -48,6 +48,9 @@ class Scripted:
         reserved = self.n * 1000 + 512
         return cuda.PhasePeak(self.n * 1000, reserved, BASELINE + CONTEXT + reserved - BASELINE)
 
+    def alloc_retries(self):
+        return 0
+
     def start_history(self):
         self.kept = [("segment_alloc", 1 << 20, 2 << 20), ("alloc", 1 << 20, 512)]
 
@@ -91,6 +94,31 @@ def test_each_phase_gets_its_own_reading_and_the_record_takes_steps_2_on(attach)
     assert rec["steps"][1]["phase"] == "optimizer"
     assert rec["steps"][1]["phases"]["loss"] == {"allocated": 6000, "reserved": 6512, "device": 6512 + CONTEXT}
     assert f"{BASELINE:,} B" in rec["machine"]["note"] and rec["machine"]["accelerator"] == H100[0]
+
+
+class Released(Scripted):
+    """Step 1's optimizer phase (reading 4) reserves 9,000,512 B; a failed cudaMalloc then
+    made the allocator free its cache (one retry), so the later steps reserve less."""
+
+    def read(self):
+        peak = super().read()
+        if self.n == 4:
+            return cuda.PhasePeak(peak.allocated, 9_000_512, peak.device)
+        return peak
+
+    def alloc_retries(self):
+        return 1
+
+
+def test_reserved_is_the_runs_highest_when_the_allocator_freed_its_cache(attach):
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Released())
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    # allocated is the steady state (reading 12); reserved is step 1's 9,000,512 B, above
+    # step 3's 12,512 B: what the job held on this card
+    assert (rec["allocated"], rec["reserved"], rec["alloc_retries"]) == (12_000, 9_000_512, 1)
+    assert rec["steps"][0]["reserved"] == 9_000_512 and rec["steps"][2]["reserved"] == 12_512
 
 
 def test_an_unknown_card_is_recorded_without_a_catalog_key(attach):

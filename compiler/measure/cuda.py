@@ -86,6 +86,9 @@ class GpuMeasurement:
     # with history: the caching allocator's own trace from before the model was built
     # (compiler.measure.history: (action, address, size), oldest first)
     history: tuple[tuple[str, int, int], ...] | None = None
+    # cudaMalloc failures the allocator answered by freeing its cached blocks and retrying
+    # (torch.cuda.memory_stats()["num_alloc_retries"] at the end of the run); None: not read
+    alloc_retries: int | None = None
 
 
 class Counters(Protocol):
@@ -99,6 +102,7 @@ class Counters(Protocol):
     def read(self) -> PhasePeak: ...
     def start_history(self) -> None: ...  # begin keeping every allocation and free
     def history(self) -> tuple[tuple[str, int, int], ...]: ...  # what was kept; stops keeping
+    def alloc_retries(self) -> int | None: ...  # the allocator's retries after freeing its cache
 
 
 class TorchCuda:
@@ -121,6 +125,10 @@ class TorchCuda:
     def reset(self) -> None:
         torch.cuda.synchronize(self.index)
         torch.cuda.reset_peak_memory_stats(self.index)
+
+    def alloc_retries(self) -> int | None:
+        # NB: reset_peak_memory_stats leaves this counter alone; it counts from the process start
+        return torch.cuda.memory_stats(self.index).get("num_alloc_retries")
 
     def read(self) -> PhasePeak:
         torch.cuda.synchronize(self.index)
@@ -252,7 +260,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
         # NB: the weights alone do not fit; the highest reached stands as step 0's setup phase
         log.steps.append(GpuStep(0, {SETUP: counters.read()}))
         return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), (), OutOfMemory(0, SETUP, _first_line(exc)),
-                              counters.history() if history else None)
+                              counters.history() if history else None, counters.alloc_retries())
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, scale = harness._make_optimizer(exp, model, trainable, _Relabels())
 
@@ -278,7 +286,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
                 log.cut_short()
                 break
     return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom,
-                          counters.history() if history else None)
+                          counters.history() if history else None, counters.alloc_retries())
 
 
 def _first_line(exc: BaseException) -> str:

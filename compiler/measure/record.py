@@ -122,8 +122,12 @@ def _gpu_step(step) -> dict[str, Any]:
 
 
 def build_gpu_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[str, Any]:
-    """The steady-state figures are the highest over steps >= 2 (as `steady_state`); a run cut
-    short by an out-of-memory keeps the highest it reached (a lower bound of what it needed)."""
+    """`allocated` is the steady state, the highest over steps >= 2 (as `steady_state`);
+    `reserved` and `device` are the run's highest, step 1 included, as a cpu-trace record's
+    reserved and the estimate's: the allocator gives nothing back between steps unless it
+    frees its cache to retry a failed cudaMalloc (`alloc_retries`), and then step 1's
+    reservation is what the job held. A run cut short by an out-of-memory keeps the highest
+    it reached (a lower bound of what it needed)."""
     from .cuda import machine
 
     steps = [_gpu_step(s) for s in measurement.steps]
@@ -133,8 +137,8 @@ def build_gpu_record(name: str, exp: dict, measurement, config_sha256: str) -> d
     if key is not None:
         experiment["gpu"] = key
 
-    def highest(measure: str) -> int | None:
-        seen = [s[measure] for s in steady if s[measure] is not None]
+    def highest(measure: str, over: list[dict]) -> int | None:
+        seen = [s[measure] for s in over if s[measure] is not None]
         return max(seen) if seen else None
 
     record = {
@@ -147,11 +151,13 @@ def build_gpu_record(name: str, exp: dict, measurement, config_sha256: str) -> d
         "machine": machine(measurement),
         "emulation": list(measurement.applied),
         "steps": steps,
-        "allocated": highest("allocated") or 0,
+        "allocated": highest("allocated", steady) or 0,
         "allocated_first_step": steps[0]["allocated"] if steps and (len(steps) > 1 or measurement.out_of_memory is None) else None,
-        "reserved": highest("reserved"),
-        "device": highest("device"),
+        "reserved": highest("reserved", steps),
+        "device": highest("device", steps),
     }
+    if measurement.alloc_retries is not None:
+        record["alloc_retries"] = measurement.alloc_retries
     oom = measurement.out_of_memory
     if oom is not None:
         record["out_of_memory"] = {"step": oom.step, "phase": oom.phase, "message": oom.message}
