@@ -1088,6 +1088,35 @@ SMOLVLM2_500M_PROCESSOR = {
     "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 2048},
     "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 512}},
 }
+# HuggingFaceTB/SmolVLM2-2.2B-Instruct (2025-02; model_type smolvlm, bfloat16): NB reconstructed,
+# not copied: the keys memory depends on, with the published model's values (SmolVLM-Instruct's
+# SigLIP so400m/14 tower on 384 px tiles, pixel shuffle 3, SmolLM2-1.7B: 24 layers of 2048, 32
+# heads and 32 KV heads, intermediate 8192, untied head; SmolVLM2's vocabulary of 49280; images
+# resized to 1536 px) and SmolVLM2's video_sampling in preprocessor_config.json.
+SMOLVLM2_2_2B = {
+    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190, "model_type": "smolvlm",
+    "scale_factor": 3,
+    "text_config": {
+        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 8192, "max_position_embeddings": 16384, "model_type": "llama", "num_attention_heads": 32,
+        "num_hidden_layers": 24, "num_key_value_heads": 32, "pad_token_id": 2, "rms_norm_eps": 1e-05,
+        "rope_theta": 273768.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 49280,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 384, "intermediate_size": 4304, "max_image_size": {"longest_edge": 384},
+        "model_type": "smolvlm_vision", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+        "size": {"longest_edge": 1536}, "tie_word_embeddings": False,
+    },
+    "vocab_size": 49280,
+}
+SMOLVLM2_2_2B_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SmolVLMImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "SmolVLMProcessor",
+    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+    "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 384}},
+}
 IDEFICS3_8B = {
     "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 128257, "model_type": "idefics3",
     "scale_factor": 2,
@@ -1454,6 +1483,12 @@ def write_glm4v() -> None:
                      shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR)
 
 
+def write_smolvlm2_2_2b() -> None:
+    """HuggingFaceTB/SmolVLM2-2.2B-Instruct alone (`python tests/hubfixtures.py smolvlm2-2.2b`)."""
+    write_checkpoint(FIXTURES / "SmolVLM2-2.2B-Instruct", SMOLVLM2_2_2B, idefics3_tensors(SMOLVLM2_2_2B),
+                     processor=SMOLVLM2_2_2B_PROCESSOR)
+
+
 def write_minicpmv4_6() -> None:
     """openbmb/MiniCPM-V-4.6 alone (`python tests/hubfixtures.py minicpmv4_6`)."""
     write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6),
@@ -1493,6 +1528,7 @@ def write_all() -> None:
                      processor=SMOLVLM_INSTRUCT_PROCESSOR)
     write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),
                      processor=SMOLVLM2_500M_PROCESSOR)
+    write_smolvlm2_2_2b()
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT),
@@ -1557,6 +1593,9 @@ if __name__ == "__main__":
         write_glm4v()
     elif sys.argv[1:] == ["minicpmv4_6"]:
         write_minicpmv4_6()
-    else:
+    elif sys.argv[1:] == ["smolvlm2-2.2b"]:
+        write_smolvlm2_2_2b()
+    elif sys.argv[1:] == ["aya-vision-8b"]:
+        else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -223,6 +223,10 @@ def _error(fn, *args, **kwargs) -> str:
         # (32 * 9_832_320 layers: q, o 960^2, k, v 320 x 960, MLP 3 * 960 * 2560, two norms;
         # untied embeddings and lm_head 2 * 47_308_800; norm 960)
         ("SmolVLM2-500M-Video-Instruct", {"vision": 86_433_024, "projector": 11_796_480, "language": 409_252_800}),
+        # SmolVLM2-2.2B-Instruct (smolvlm): SmolVLM-Instruct's tower and connector; SmolLM2-1.7B with
+        # SmolVLM2's vocab 49280 (24 * 67_112_960 layers + untied embeddings and lm_head
+        # 2 * 100_925_440 (49280 x 2048) + norm 2048): 2,246,784,880 in all
+        ("SmolVLM2-2.2B-Instruct", {"vision": 412_987_248, "projector": 21_233_664, "language": 1_812_563_968}),
         # DeepSeek-VL-1.3B-chat (deepseek_vl): SigLIP-L/16 at 384 (patch conv 3 * 16 * 16 * 1024 + 1024
         # = 787_456, positions 576 * 1024 = 589_824, 24 * 12_596_224 layers, post-LN 2048, and the
         # attention-pooling head 12_595_200: probe 1024, in_proj 3 * 1024^2 + 3072, out_proj

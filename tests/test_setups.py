@@ -61,6 +61,7 @@ ALLOWED = {
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",
+    "idefics3/smolvlm2-2.2b-instruct.yaml": "pack offload fused",
     "internlm2/internlm2_5-7b-chat.yaml": "",
     "internvl/internvl2_5-8b.yaml": "",
     "internvl/internvl3-38b-hf.yaml": "pack offload fused",
