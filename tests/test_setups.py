@@ -58,6 +58,7 @@ ALLOWED = {
     "granite/granite-3.0-2b-base.yaml": "pack offload fused tp sp pp",
     "cohere/aya-expanse-8b.yaml": "",
     "cohere2/c4ai-command-r7b-12-2024.yaml": "",
+    "aya_vision/aya-vision-8b.yaml": "",  # the cohere2 formulas: plain steps only
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",
