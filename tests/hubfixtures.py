@@ -723,6 +723,27 @@ def cohere_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int
     return out
 
 
+def aya_vision_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """AyaVisionForConditionalGeneration as the hub stores it: vision_tower.vision_model.*
+    (SigLIP, no head), multi_modal_projector.{layernorm, linear_1, linear_2} (the LayerNorm and
+    linear_1 over the 2 x 2 pixel-shuffled width, linear_1 to alignment_intermediate_size, its
+    SwiGLU halves into linear_2; all with bias), language_model.model.* (Cohere2, head tied: no
+    lm_head tensor)."""
+    t, v = c["text_config"], c["vision_config"]
+    wide = v["hidden_size"] * c.get("downsample_factor", 2) ** 2
+    inner = c.get("alignment_intermediate_size", t["hidden_size"])
+    projector = [
+        ("multi_modal_projector.layernorm.weight", dtype, [wide]),
+        ("multi_modal_projector.layernorm.bias", dtype, [wide]),
+        ("multi_modal_projector.linear_1.weight", dtype, [inner, wide]),
+        ("multi_modal_projector.linear_1.bias", dtype, [inner]),
+        ("multi_modal_projector.linear_2.weight", dtype, [t["hidden_size"], inner // 2]),
+        ("multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
+    ]
+    language = [("language_model." + name, d, shape) for name, d, shape in cohere_tensors(t, dtype)]
+    return siglip_tensors(v, "vision_tower.vision_model.", dtype) + projector + language
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -1088,6 +1109,35 @@ SMOLVLM2_500M_PROCESSOR = {
     "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 2048},
     "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 512}},
 }
+# HuggingFaceTB/SmolVLM2-2.2B-Instruct (2025-02; model_type smolvlm, bfloat16): NB reconstructed,
+# not copied: the keys memory depends on, with the published model's values (SmolVLM-Instruct's
+# SigLIP so400m/14 tower on 384 px tiles, pixel shuffle 3, SmolLM2-1.7B: 24 layers of 2048, 32
+# heads and 32 KV heads, intermediate 8192, untied head; SmolVLM2's vocabulary of 49280; images
+# resized to 1536 px) and SmolVLM2's video_sampling in preprocessor_config.json.
+SMOLVLM2_2_2B = {
+    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190, "model_type": "smolvlm",
+    "scale_factor": 3,
+    "text_config": {
+        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 8192, "max_position_embeddings": 16384, "model_type": "llama", "num_attention_heads": 32,
+        "num_hidden_layers": 24, "num_key_value_heads": 32, "pad_token_id": 2, "rms_norm_eps": 1e-05,
+        "rope_theta": 273768.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 49280,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 384, "intermediate_size": 4304, "max_image_size": {"longest_edge": 384},
+        "model_type": "smolvlm_vision", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+        "size": {"longest_edge": 1536}, "tie_word_embeddings": False,
+    },
+    "vocab_size": 49280,
+}
+SMOLVLM2_2_2B_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SmolVLMImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "SmolVLMProcessor",
+    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+    "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 384}},
+}
 IDEFICS3_8B = {
     "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 128257, "model_type": "idefics3",
     "scale_factor": 2,
@@ -1356,6 +1406,39 @@ COMMAND_R7B_12_2024 = {
     "transformers_version": "4.48.0.dev0", "use_cache": True, "use_embedding_sharder": True,
     "use_gated_activation": True, "vocab_size": 256000,
 }
+# CohereForAI/aya-vision-8b (2025-03; model_type aya_vision, float16, four shards). NB reconstructed,
+# not copied: the released config.json's values as published (SigLIP2 so400m/14 stored as
+# siglip_vision_model at 364 px, 27 layers of 1152, no head; downsample_factor 2;
+# alignment_intermediate_size 28672; Command R7B's Cohere2 text model with max_position_embeddings
+# 16384 and logit_scale 0.125), checked against the published 8.63B parameters (8,631,842,032 as
+# AyaVisionForConditionalGeneration builds them, the head tied), and GotOcr2ImageProcessor's
+# crop-to-patches settings in preprocessor_config.json (364 px tiles, 1 to 12 plus a thumbnail).
+AYA_VISION_8B = {
+    "adapter_layer_norm_eps": 1e-06, "alignment_intermediate_size": 28672,
+    "architectures": ["AyaVisionForConditionalGeneration"], "downsample_factor": 2, "image_token_index": 255036,
+    "model_type": "aya_vision",
+    "text_config": {
+        "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
+        "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "layer_norm_eps": 1e-05, "logit_scale": 0.125, "max_position_embeddings": 16384,
+        "model_type": "cohere2", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "pad_token_id": 0, "rope_theta": 50000, "sliding_window": 4096, "sliding_window_pattern": 4,
+        "torch_dtype": "float16", "use_cache": True, "vocab_size": 256000,
+    },
+    "torch_dtype": "float16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {
+        "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 364, "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16,
+        "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False,
+    },
+    "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+}
+AYA_VISION_8B_PROCESSOR = {
+    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "GotOcr2ImageProcessor", "image_std": [0.5, 0.5, 0.5],
+    "max_patches": 12, "min_patches": 1, "processor_class": "AyaVisionProcessor", "resample": 3,
+    "rescale_factor": 0.00392156862745098, "size": {"height": 364, "width": 364},
+}
 # zai-org/GLM-4.1V-9B-Thinking (2025-07; bfloat16, four shards). NB reconstructed, not copied: the
 # released config.json's values as published (vision hidden 1536, depth 24, 12 heads, out_hidden_size
 # 4096, intermediate 13696, patch 14, image_size 336, spatial_merge 2, temporal_patch 2; text hidden
@@ -1454,6 +1537,18 @@ def write_glm4v() -> None:
                      shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR)
 
 
+def write_smolvlm2_2_2b() -> None:
+    """HuggingFaceTB/SmolVLM2-2.2B-Instruct alone (`python tests/hubfixtures.py smolvlm2-2.2b`)."""
+    write_checkpoint(FIXTURES / "SmolVLM2-2.2B-Instruct", SMOLVLM2_2_2B, idefics3_tensors(SMOLVLM2_2_2B),
+                     processor=SMOLVLM2_2_2B_PROCESSOR)
+
+
+def write_aya_vision_8b() -> None:
+    """CohereForAI/aya-vision-8b alone (`python tests/hubfixtures.py aya-vision-8b`)."""
+    write_checkpoint(FIXTURES / "aya-vision-8b", AYA_VISION_8B, aya_vision_tensors(AYA_VISION_8B), shards=4,
+                     processor=AYA_VISION_8B_PROCESSOR)
+
+
 def write_minicpmv4_6() -> None:
     """openbmb/MiniCPM-V-4.6 alone (`python tests/hubfixtures.py minicpmv4_6`)."""
     write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6),
@@ -1493,6 +1588,7 @@ def write_all() -> None:
                      processor=SMOLVLM_INSTRUCT_PROCESSOR)
     write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),
                      processor=SMOLVLM2_500M_PROCESSOR)
+    write_smolvlm2_2_2b()
     write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
                      processor=IDEFICS3_8B_PROCESSOR)
     write_checkpoint(FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT),
@@ -1517,6 +1613,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "aya-expanse-8b", AYA_EXPANSE_8B, cohere_tensors(AYA_EXPANSE_8B), shards=4)
     write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024,
                      cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
+    write_aya_vision_8b()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
@@ -1557,6 +1654,10 @@ if __name__ == "__main__":
         write_glm4v()
     elif sys.argv[1:] == ["minicpmv4_6"]:
         write_minicpmv4_6()
+    elif sys.argv[1:] == ["smolvlm2-2.2b"]:
+        write_smolvlm2_2_2b()
+    elif sys.argv[1:] == ["aya-vision-8b"]:
+        write_aya_vision_8b()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

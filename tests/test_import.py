@@ -130,6 +130,11 @@ def _error(fn, *args, **kwargs) -> str:
         ("aya-expanse-8b", {"language": 8_028_033_024}),
         # Command R7B (cohere2): Aya-Expanse-8B's sizes and tensors, 8_028_033_024 (the published 8.03B)
         ("c4ai-command-r7b-12-2024", {"language": 8_028_033_024}),
+        # aya-vision-8b (aya_vision): SigLIP so400m/14 at 364 without head (patch conv 3 * 14 * 14 * 1152
+        # + 1152 = 678_528, positions 676 * 1152 = 778_752, 27 * 15_239_504 layers, post-LN 2304); projector
+        # LayerNorm 2 * 4608 + linear_1 4608 * 28672 + 28672 + linear_2 14336 * 4096 + 4096; Command R7B's
+        # language model (8_028_033_024, head tied): 8_631_842_032 in all, the published 8.63B
+        ("aya-vision-8b", {"vision": 412_926_192, "projector": 190_882_816, "language": 8_028_033_024}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B
@@ -223,6 +228,10 @@ def _error(fn, *args, **kwargs) -> str:
         # (32 * 9_832_320 layers: q, o 960^2, k, v 320 x 960, MLP 3 * 960 * 2560, two norms;
         # untied embeddings and lm_head 2 * 47_308_800; norm 960)
         ("SmolVLM2-500M-Video-Instruct", {"vision": 86_433_024, "projector": 11_796_480, "language": 409_252_800}),
+        # SmolVLM2-2.2B-Instruct (smolvlm): SmolVLM-Instruct's tower and connector; SmolLM2-1.7B with
+        # SmolVLM2's vocab 49280 (24 * 67_112_960 layers + untied embeddings and lm_head
+        # 2 * 100_925_440 (49280 x 2048) + norm 2048): 2,246,784,880 in all
+        ("SmolVLM2-2.2B-Instruct", {"vision": 412_987_248, "projector": 21_233_664, "language": 1_812_563_968}),
         # DeepSeek-VL-1.3B-chat (deepseek_vl): SigLIP-L/16 at 384 (patch conv 3 * 16 * 16 * 1024 + 1024
         # = 787_456, positions 576 * 1024 = 589_824, 24 * 12_596_224 layers, post-LN 2048, and the
         # attention-pooling head 12_595_200: probe 1024, in_proj 3 * 1024^2 + 3072, out_proj

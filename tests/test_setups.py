@@ -58,9 +58,11 @@ ALLOWED = {
     "granite/granite-3.0-2b-base.yaml": "pack offload fused tp sp pp",
     "cohere/aya-expanse-8b.yaml": "",
     "cohere2/c4ai-command-r7b-12-2024.yaml": "",
+    "aya_vision/aya-vision-8b.yaml": "",  # the cohere2 formulas: plain steps only
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",
+    "idefics3/smolvlm2-2.2b-instruct.yaml": "pack offload fused",
     "internlm2/internlm2_5-7b-chat.yaml": "",
     "internvl/internvl2_5-8b.yaml": "",
     "internvl/internvl3-38b-hf.yaml": "pack offload fused",
