@@ -1,9 +1,10 @@
 """InternVL 2.5 / 3: the dynamic-tile count, both checkpoint layouts, and estimates that follow
 the tiles.
 
-The tile count is an integer expression (specs/families/internvl.yaml, the vision and
-projector contexts; formulas/llama_causal_lm.yaml, let `tiles`) standing for the processor's
-aspect-ratio search, which is restated here from its source and compared over many sizes.
+The tile count is the expression function `crop_to_patches` (specs/families/internvl.yaml, the
+vision and projector contexts; formulas/llama_causal_lm.yaml, let `tiles`), the processor's
+aspect-ratio search in its float arithmetic; the measuring builder restates the search from its
+source, and the two are compared over many sizes, exact ties between grid ratios included.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def sizes() -> list[tuple[int, int]]:
     grid = [(h, w) for h in range(14, 2900, 53) for w in range(14, 2900, 59)]
     wide = [(rng.randint(1, 6000), rng.randint(1, 6000)) for _ in range(3000)]
     named = [(448, 448), (896, 896), (1344, 1344), (448, 896), (896, 448), (1024, 768), (768, 1024), (1080, 1920), (4000, 300)]
-    # NB: at an exact midpoint between two grid ratios the processor's float comparison decides
-    return [(h, w) for h, w in grid + wide + named if Fraction(w, h) not in MIDPOINTS]
+    # an exact midpoint between two grid ratios, where the processor's float comparison
+    # decides: w / h = (1/2 + 2/3) / 2 = 7/12, and (1 + 4/3) / 2 = 7/6
+    ties = [(12 * k, 7 * k) for k in (16, 64, 100)] + [(6 * k, 7 * k) for k in (16, 64, 100)]
+    assert all(Fraction(w, h) in MIDPOINTS for h, w in ties)
+    return grid + wide + named + ties
 
 
 def test_the_search_itself():
@@ -267,3 +271,19 @@ def test_internlm2_hub_id_imports_and_estimates(tmp_path, monkeypatch, capsys):
     by_spec = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
                            image_size=[1024, 768], trainable=["projector", "language"])
     assert report["peak"]["allocated"] == by_spec.allocated
+
+
+def test_crop_to_patches_bounds_its_search():
+    from compiler.library.expr_python import FUNCTIONS, MAX_PATCHES
+
+    crop = FUNCTIONS["crop_to_patches"]
+    # 1024 high x 768 wide over 1 to 12 tiles of 448: 3 columns x 4 rows + the thumbnail
+    assert crop(1024, 768, 448, 1, 12) == processor_tiles(1024, 768) == 13
+    # at most 4 tiles: w / h = 0.75 is 0.25 from 1 x 1 (ratio 1), 1 x 2 (ratio 0.5) and 2 x 2
+    # (ratio 1), a tie; a later grid of the tie wins while the area, 786,432, is over half the
+    # grid's: 0.5 * 448^2 * 2 = 200,704 for 1 x 2, 0.5 * 448^2 * 4 = 401,408 for 2 x 2, so 2 x 2
+    # and the thumbnail
+    assert crop(1024, 768, 448, 1, 4) == 5 and processor_tiles(1024, 768) == 13
+    for bad in ((1024, 768, 448, 0, 12), (1024, 768, 448, 5, 4), (1024, 768, 448, 1, MAX_PATCHES + 1), (0, 768, 448, 1, 12)):
+        with pytest.raises(ValueError, match="crop_to_patches"):
+            crop(*bad)

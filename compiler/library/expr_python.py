@@ -26,8 +26,37 @@ def _floordiv_sqrt(a: int, n: int, d: int) -> int:
     return int(a // math.sqrt(n / d))
 
 
+# A tile search over more grids than this is refused: processors allow 12 (InternVL, Aya
+# Vision's max_patches) and the search is quadratic in it.
+MAX_PATCHES = 64
+
+
+def _crop_to_patches(height: int, width: int, tile: int, min_patches: int, max_patches: int) -> int:
+    """How many images GotOcr2ImageProcessor.crop_image_to_patches makes of one height x width
+    image (InternVL's dynamic_preprocess, Aya Vision): the grid of min_patches to max_patches
+    tiles whose columns / rows is closest to width / height, found as
+    get_optimal_tiled_canvas finds it, in its float arithmetic and its order (grids by tile
+    count, then by columns; on a tie the later grid wins while the image's area is over half
+    the grid's), plus the thumbnail a grid of more than one tile gets (use_thumbnail)."""
+    if not 1 <= min_patches <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
+        raise ValueError(f"crop_to_patches({height}, {width}, {tile}, {min_patches}, {max_patches}): "
+                         f"sizes >= 1 and 1 <= min_patches <= max_patches <= {MAX_PATCHES}")
+    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
+                    if min_patches <= c * r <= max_patches), key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best_diff, best = float("inf"), (1, 1)
+    for columns, rows in grids:
+        diff = abs(aspect - columns / rows)
+        if diff < best_diff:
+            best_diff, best = diff, (columns, rows)
+        elif diff == best_diff and area > 0.5 * tile * tile * columns * rows:
+            best = (columns, rows)
+    blocks = best[0] * best[1]
+    return blocks + 1 if blocks > 1 else blocks
+
+
 FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2,
-                                              "floordiv_sqrt": _floordiv_sqrt}
+                                              "floordiv_sqrt": _floordiv_sqrt, "crop_to_patches": _crop_to_patches}
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
 # any byte count, and the bound keeps an expression's evaluation instant.
