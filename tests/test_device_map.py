@@ -162,6 +162,26 @@ def test_each_gpu_s_estimate_is_at_or_above_its_trace_and_within_half_a_percent(
     assert report.allocated == max(e.peak.total for e in report.estimate.devices)
 
 
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_each_gpu_s_reserved_follows_its_own_allocator(path):
+    """Each GPU's reserved, the estimate's replay against the traced step's replay through
+    that GPU's own allocator model: at most 6 % under (Qwen2.5-0.5B full fine-tuning, auto on 2
+    GPUs, GPU 0: -5.73 %, its optimizer step's order) and 23 % over (balanced_low_0's GPU 0,
+    which holds the embeddings and the logits sent back: 368 MiB estimated for 300 MiB traced,
+    +22.67 %); the record's reserved is the largest GPU's."""
+    import json
+
+    from compiler.commands.validation import record_report
+
+    record = json.loads(path.read_text())
+    report, why = record_report(path, record)
+    assert report is not None, why
+    estimated = {e.gpu: e.reserved for e in report.estimate.devices}
+    assert record["reserved"] == max(d["reserved"] for d in record["devices"])
+    for traced in record["devices"]:
+        assert traced["reserved"] * 0.94 <= estimated[traced["gpu"]] <= traced["reserved"] * 1.23, traced
+
+
 def test_the_tracer_charges_each_storage_to_its_gpu():
     torch = pytest.importorskip("torch")
     from compiler.measure import device_map as traced

@@ -92,8 +92,10 @@ class Measurement:
     reserved: int | None = None
     allocator_allocated: int | None = None
     # device_map: each GPU's highest allocated per step (step -> GPU -> bytes); the steps above
-    # are then of all GPUs together, and `reserved` (one allocator for every GPU) is left out
+    # are then of all GPUs together, and `reserved` is the largest GPU's
     devices: dict | None = None
+    # device_map: each GPU's highest reserved over the run, its own allocator's (GPU -> bytes)
+    device_reserved: dict | None = None
 
 
 def load_config(config_path: Path):
@@ -442,7 +444,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     tracer.phase, scope.label = FORWARD, ""
     if emulate:
         tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
-        emulation.allocate_workspaces(tracer.allocator, 1 if step == 1 else 2)
+        tracer.workspaces(emulation.allocate_workspaces, 1 if step == 1 else 2)
     with (tricks.offloaded() if offload else _nothing()):
         loss = model(**batch).loss  # the output object (logits) dies here
     scope.unmark()
@@ -451,7 +453,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     tracer.phase, scope.in_backward = BACKWARD, True
     if emulate:
         tracer.persistent = emulation.persistent_scratch(2)
-        emulation.allocate_workspaces(tracer.allocator, 2)
+        tracer.workspaces(emulation.allocate_workspaces, 2)
     (loss * scale if scale != 1.0 else loss).backward()
     del loss
     scope.in_backward = False
@@ -525,9 +527,11 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         emulation=_emulation_names(applied + patched + tricks_applied, exp, fake) if emulate else (),
         inventory=inventory[0],
         timeline=tracer.timeline,
-        reserved=tracer.allocator.peak_reserved if tracer.allocator is not None and split is None else None,
+        reserved=tracer.peak_reserved,
         allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None and split is None else None,
         devices=tracer.device_peaks if split is not None else None,
+        device_reserved=({gpu: a.peak_reserved for gpu, a in tracer.allocators.items()}
+                         if split is not None and tracer.allocators is not None else None),
     )
 
 

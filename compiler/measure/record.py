@@ -88,11 +88,14 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
         # device_map: each GPU's peak; the record's figures are the largest GPU's
         peaks = measurement.devices
         gpus = sorted({g for highs in peaks.values() for g in highs})
+        reserved = getattr(measurement, "device_reserved", None) or {}
         record["devices"] = [{"gpu": g, "allocated": max(peaks[s].get(g, 0) for s in peaks if s >= 2),
-                              "allocated_first_step": peaks.get(1, {}).get(g, 0)} for g in gpus]
+                              "allocated_first_step": peaks.get(1, {}).get(g, 0),
+                              **({"reserved": reserved[g]} if g in reserved else {})} for g in gpus]
         record["allocated"] = max(d["allocated"] for d in record["devices"])
         record["allocated_first_step"] = max(d["allocated_first_step"] for d in record["devices"])
-        record["reserved"] = None
+        # NB: each GPU's own allocator; the record's reserved is the largest GPU's
+        record["reserved"] = max(reserved.values()) if reserved else None
     return record
 
 

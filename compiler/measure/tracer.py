@@ -27,7 +27,7 @@ import bisect
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -139,7 +139,9 @@ class MemoryTracer(TorchDispatchMode):
     `watch` names module paths whose own highest point per (step, phase) is kept in `watched`.
     `allocator` (a `compiler.memory.allocator.Allocator`) is handed every storage's
     allocation and free in their order, and each kernel scratch for the duration of its op,
-    so that it can tell the segments the caching allocator reserves.
+    so that it can tell the segments the caching allocator reserves; with devices tracked
+    (`track_devices`), each GPU has an allocator of its own with the same settings
+    (`allocators`), as each CUDA device has its own caching allocator.
     """
 
     def __init__(
@@ -184,6 +186,10 @@ class MemoryTracer(TorchDispatchMode):
         self.device_peaks: dict[int, dict[int, int]] = {}
         self.force_device: int | None = None
         self.gemm_devices: set[int] = set()
+        self.allocators: dict[int, Any] | None = None
+        # the cuBLAS workspaces: `make(allocator, threads)` and the GEMM threads of the phase
+        self.make_workspaces: Callable[[Any, int], None] | None = None
+        self.workspace_threads = 0
         self.module_device: Callable[[str], int] = lambda module: 0
 
     # -- storages -------------------------------------------------------------------------
@@ -197,6 +203,35 @@ class MemoryTracer(TorchDispatchMode):
         persistent scratch, which every GPU holds)."""
         self.device_of = {}
         self.module_device = module_device
+        if self.allocator is not None:
+            self.allocators = {}
+
+    def allocator_of(self, gpu: int | None):
+        """The caching allocator of `gpu` (made on first use), or the one allocator."""
+        if self.allocators is None or gpu is None:
+            return self.allocator
+        allocator = self.allocators.get(gpu)
+        if allocator is None:
+            allocator = self.allocators[gpu] = type(self.allocator)(config=self.allocator.config)
+        return allocator
+
+    def workspaces(self, make: Callable[[Any, int], None], threads: int) -> None:
+        """The cuBLAS workspaces of `threads` GEMM threads, made by `make(allocator, threads)`:
+        on the one allocator, or with devices tracked on each GPU that has run a GEMM (a GPU's
+        first GEMM makes its own)."""
+        self.make_workspaces, self.workspace_threads = make, threads
+        if self.allocators is None:
+            make(self.allocator, threads)
+        else:
+            for gpu in sorted(self.gemm_devices):
+                make(self.allocator_of(gpu), threads)
+
+    @property
+    def peak_reserved(self) -> int | None:
+        """The allocator's highest reserved bytes; with devices tracked, the largest GPU's."""
+        if self.allocators is not None:
+            return max((a.peak_reserved for a in self.allocators.values()), default=0)
+        return None if self.allocator is None else self.allocator.peak_reserved
 
     def gpu_of(self, tensor: torch.Tensor) -> int | None:
         if self.device_of is None:
@@ -235,12 +270,13 @@ class MemoryTracer(TorchDispatchMode):
             shape=tuple(tensor.shape),
         )
         self.live[key] = record
+        gpu = None
         if self.device_of is not None:
             gpu = device if device is not None else self.module_device(module)
             self.device_of[key] = gpu
             self.by_device[gpu] += record.nbytes
         if self.allocator is not None and storage.nbytes():
-            self.allocator.malloc(key, storage.nbytes())
+            self.allocator_of(gpu).malloc(key, storage.nbytes())
         self.total += record.nbytes
         self.by_category[category] += record.nbytes
         weakref.finalize(storage, self._free, key)
@@ -258,10 +294,13 @@ class MemoryTracer(TorchDispatchMode):
         if record is None:
             return
         record.alive = False
+        gpu = None
         if self.device_of is not None and key in self.device_of:
-            self.by_device[self.device_of.pop(key)] -= record.nbytes
-        if self.allocator is not None and key in self.allocator:
-            self.allocator.free(key)
+            gpu = self.device_of.pop(key)
+            self.by_device[gpu] -= record.nbytes
+        allocator = self.allocator_of(gpu)
+        if allocator is not None and key in allocator:
+            allocator.free(key)
         self.total -= record.nbytes
         self.by_category[record.category] -= record.nbytes
 
@@ -280,10 +319,11 @@ class MemoryTracer(TorchDispatchMode):
         record.alive = False
         if self.allocator is not None:
             # NB: resize_ to 0 frees the block; to a new size allocates a new one
-            if storage._cdata in self.allocator:
-                self.allocator.free(storage._cdata)
+            allocator = self.allocator_of(None if self.device_of is None else self.device_of.get(storage._cdata))
+            if storage._cdata in allocator:
+                allocator.free(storage._cdata)
             if nbytes:
-                self.allocator.malloc(storage._cdata, nbytes)
+                allocator.malloc(storage._cdata, nbytes)
         self.total += nbytes - record.nbytes
         self.by_category[record.category] += nbytes - record.nbytes
         self.live[storage._cdata] = Allocation(
@@ -348,25 +388,30 @@ class MemoryTracer(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._track(t, category, module, name, gpu)
         scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
+        gpu = None
         if self.device_of is not None:
-            self._observe_devices(func, args, kwargs, out, module, scratch)
+            gpu = self._observe_devices(func, args, kwargs, out, module, scratch)
         if self.allocator is not None:
+            allocator = self.allocator_of(gpu)
             for i, (name, nbytes) in enumerate(scratch):
                 if nbytes:
-                    self.allocator.malloc(("scratch", name, i), nbytes)
+                    allocator.malloc(("scratch", name, i), nbytes)
             for i, (name, nbytes) in enumerate(scratch):
                 if nbytes:
-                    self.allocator.free(("scratch", name, i))
+                    allocator.free(("scratch", name, i))
         self._observe(func.__name__, module, scratch)
         return out
 
-    def _observe_devices(self, func, args, kwargs, out, module: str, scratch) -> None:
+    def _observe_devices(self, func, args, kwargs, out, module: str, scratch) -> int:
+        """Each GPU's highest point; returns the GPU the op ran on."""
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         gpu = self.gpu_of(outs[0]) if outs else None
         if gpu is None:
             gpu = self._output_devices(func, args, kwargs, [None], module)[0]
-        if func.__name__.split(".")[0] in GEMM_OPS:
+        if func.__name__.split(".")[0] in GEMM_OPS and gpu not in self.gemm_devices:
             self.gemm_devices.add(gpu)
+            if self.allocators is not None and self.make_workspaces is not None:
+                self.make_workspaces(self.allocator_of(gpu), self.workspace_threads)
         persistent = sum(self.persistent.values())
         highs = self.device_peaks.setdefault(self.step, {})
         for d in set(self.by_device) | {gpu}:
@@ -374,6 +419,7 @@ class MemoryTracer(TorchDispatchMode):
             point = self.by_device[d] + (persistent if d in self.gemm_devices else 0) + (sum(b for _, b in scratch) if d == gpu else 0)
             if point > highs.get(d, -1):
                 highs[d] = point
+        return gpu
 
     def _observe(self, op: str, module: str, scratch: tuple[tuple[str, int], ...]) -> None:
         scratch = scratch + tuple(self.persistent.items())
