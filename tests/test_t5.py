@@ -126,3 +126,10 @@ def test_flash_attention_is_refused():
     with pytest.raises(MemspecError) as exc:
         api.estimate(str(BASE), micro_batch=1, seq_len=512, attention="flash_attention_2")
     assert [d.code for d in exc.value.diagnostics] == ["E714"]
+
+
+def test_the_setup_line_names_both_sequences():
+    from compiler.pipeline.render import setup_line
+
+    line = setup_line(api.estimate(str(BASE), micro_batch=2, seq_len=512, target_len=96))
+    assert "| source 512, target 96 |" in line
