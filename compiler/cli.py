@@ -61,7 +61,7 @@ def _count_bounds() -> dict[str, tuple[int, int | None]]:
     from .pipeline.validate import load_schema
 
     props = load_schema("experiment")["properties"]
-    found = {k: props[k] for k in ("micro_batch", "seq_len", "images_per_sample", "videos_per_sample", "video_frames")}
+    found = {k: props[k] for k in ("micro_batch", "seq_len", "target_len", "images_per_sample", "videos_per_sample", "video_frames")}
     found.update({k: props["parallel"]["properties"][k] for k in ("dp", "tp", "pp")})
     return {k: (v["minimum"], v.get("maximum")) for k, v in found.items()}
 

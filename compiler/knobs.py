@@ -87,6 +87,7 @@ OPTIMIZERS = tuple(TYPES) + tuple(n for n in HF_OPTIM if n not in TYPES)
 KNOBS: tuple[Knob, ...] = (
     Knob("--micro-batch", "micro_batch", "samples per GPU per step", type=int, metavar="N"),
     Knob("--seq-len", "seq_len", "LLM positions per sample, image tokens included", type=int, metavar="N"),
+    Knob("--target-len", "target_len", "decoder positions per sample of an encoder-decoder model (T5; --seq-len is then the encoder's)", type=int, metavar="N"),
     Knob("--images-per-sample", "images_per_sample", type=int, metavar="N"),
     Knob("--videos-per-sample", "videos_per_sample", "videos per sample (Qwen2-VL), each of --video-frames frames of --image-size", type=int, metavar="N"),
     Knob("--video-frames", "video_frames", "frames sampled per video", type=int, metavar="N"),

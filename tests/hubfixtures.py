@@ -637,6 +637,37 @@ def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]
     return out
 
 
+def t5_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """T5ForConditionalGeneration: `shared` (the token table both stacks read), an encoder and a
+    decoder stack of T5Blocks (self-attention q, k, v, o without biases; the decoder's cross-
+    attention EncDecAttention; the feed-forward DenseReluDense: wi, or wi_0 and wi_1 when gated,
+    and wo), each with a relative position bias table [buckets, heads] in its first block's
+    self-attention and a final_layer_norm; lm_head unless the head is tied (T5 v1.0)."""
+    d, ff, nh, kv = c["d_model"], c["d_ff"], c["num_heads"], c["d_kv"]
+    inner = nh * kv
+    gated = c.get("feed_forward_proj", "relu").startswith("gated-")
+    out = [("shared.weight", dtype, [c["vocab_size"], d])]
+    for stack, layers in (("encoder", c["num_layers"]), ("decoder", c.get("num_decoder_layers") or c["num_layers"])):
+        for i in range(layers):
+            p = f"{stack}.block.{i}.layer."
+            parts = ["SelfAttention"] + (["EncDecAttention"] if stack == "decoder" else [])
+            for k, name in enumerate(parts):
+                a = f"{p}{k}.{name}."
+                out += [(a + "q.weight", dtype, [inner, d]), (a + "k.weight", dtype, [inner, d]),
+                        (a + "v.weight", dtype, [inner, d]), (a + "o.weight", dtype, [d, inner])]
+                if k == 0 and i == 0:
+                    out.append((a + "relative_attention_bias.weight", dtype, [c["relative_attention_num_buckets"], nh]))
+                out.append((f"{p}{k}.layer_norm.weight", dtype, [d]))
+            f = f"{p}{len(parts)}."
+            wi = [("wi_0", [ff, d]), ("wi_1", [ff, d])] if gated else [("wi", [ff, d])]
+            out += [(f"{f}DenseReluDense.{n}.weight", dtype, s) for n, s in wi]
+            out += [(f"{f}DenseReluDense.wo.weight", dtype, [d, ff]), (f"{f}layer_norm.weight", dtype, [d])]
+        out.append((f"{stack}.final_layer_norm.weight", dtype, [d]))
+    if c.get("tie_word_embeddings") is False:
+        out.append(("lm_head.weight", dtype, [c["vocab_size"], d]))
+    return out
+
+
 def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """The remote-code ChatGLM checkpoints (ChatGLM2 / ChatGLM3, GLM-4-9B-chat): transformer.embedding,
     per layer one query_key_value of (heads + 2 groups) x kv_channels rows with bias, dense, one
@@ -1277,6 +1308,27 @@ DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
     "processor_class": "DeepseekVLProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"height": 384, "width": 384},
 }
+# google/flan-t5-base, -large, -xl (fp32 weights; -xl in 2 shards) and google-t5/t5-base (the
+# original T5: ReLU feed-forward, the head tied to `shared`). NB reconstructed, not copied: the
+# released config.json's values as published, checked against the published parameter counts
+# (flan-t5-base 247_577_856, t5-base 222_903_552).
+_FLAN_T5 = {
+    "architectures": ["T5ForConditionalGeneration"], "d_kv": 64, "decoder_start_token_id": 0, "dense_act_fn": "gelu_new",
+    "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0,
+    "is_encoder_decoder": True, "is_gated_act": True, "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,
+    "output_past": True, "pad_token_id": 0, "relative_attention_max_distance": 128, "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.23.1", "use_cache": True,
+    "vocab_size": 32128,
+}
+FLAN_T5_BASE = {**_FLAN_T5, "d_ff": 2048, "d_model": 768, "num_decoder_layers": 12, "num_heads": 12, "num_layers": 12}
+FLAN_T5_LARGE = {**_FLAN_T5, "d_ff": 2816, "d_model": 1024, "num_decoder_layers": 24, "num_heads": 16, "num_layers": 24}
+FLAN_T5_XL = {**_FLAN_T5, "d_ff": 5120, "d_model": 2048, "num_decoder_layers": 24, "num_heads": 32, "num_layers": 24}
+T5_BASE = {
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 3072, "d_kv": 64, "d_model": 768, "decoder_start_token_id": 0,
+    "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 12, "num_layers": 12,
+    "output_past": True, "pad_token_id": 0, "relative_attention_num_buckets": 32, "vocab_size": 32128,
+}
 # allenai/OLMo-2-0425-1B (fp32 weights, one model.safetensors). NB reconstructed, not copied: the
 # released config.json's values as published, checked against the published parameter count.
 OLMO_2_0425_1B = {
@@ -1555,6 +1607,13 @@ def write_minicpmv4_6() -> None:
                      processor=MINICPM_V_4_6_PROCESSOR)
 
 
+def write_t5() -> None:
+    write_checkpoint(FIXTURES / "flan-t5-base", FLAN_T5_BASE, t5_tensors(FLAN_T5_BASE))
+    write_checkpoint(FIXTURES / "flan-t5-large", FLAN_T5_LARGE, t5_tensors(FLAN_T5_LARGE))
+    write_checkpoint(FIXTURES / "flan-t5-xl", FLAN_T5_XL, t5_tensors(FLAN_T5_XL), shards=2)
+    write_checkpoint(FIXTURES / "t5-base", T5_BASE, t5_tensors(T5_BASE))
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -1607,6 +1666,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "chatglm3-6b", CHATGLM3_6B, chatglm_tensors(CHATGLM3_6B, dtype="F16"), shards=7)
     write_checkpoint(FIXTURES / "glm-4-9b-chat", GLM_4_9B_CHAT, chatglm_tensors(GLM_4_9B_CHAT), shards=10)
     write_checkpoint(FIXTURES / "OLMo-2-0425-1B", OLMO_2_0425_1B, olmo2_tensors(OLMO_2_0425_1B))
+    write_t5()
     write_checkpoint(FIXTURES / "starcoder2-3b", STARCODER2_3B, starcoder2_tensors(STARCODER2_3B), shards=2)
     write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
     write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
@@ -1658,6 +1718,8 @@ if __name__ == "__main__":
         write_smolvlm2_2_2b()
     elif sys.argv[1:] == ["aya-vision-8b"]:
         write_aya_vision_8b()
+    elif sys.argv[1:] == ["t5"]:
+        write_t5()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -111,6 +111,20 @@ def _error(fn, *args, **kwargs) -> str:
         # and post_feedforward_layernorm 2 * 2048) + embed_tokens and lm_head 2 * 100352 * 2048
         # = 411_041_792 + norm 2048: the published 1.48B
         ("OLMo-2-0425-1B", {"language": 1_484_916_736}),
+        # Flan-T5-base (t5): the shared 32128 x 768 table 24_674_304 (lm_head's, tied by transformers 5) +
+        # encoder 12 * 7_079_424 blocks (q, k, v, o 4 * 768^2, wi_0, wi_1, wo 3 * 768 * 2048, two
+        # layer norms 2 * 768) + relative_attention_bias 32 * 12 + final_layer_norm 768 = 84_954_240 +
+        # decoder 12 * 9_439_488 blocks (cross-attention 4 * 768^2 and its norm 768 more) + 384 + 768
+        # = 113_275_008; the header's 247_577_856 (the published figure) with lm_head.weight 24_674_304
+        ("flan-t5-base", {"language": 222_903_552}),
+        # Flan-T5-large: 32128 x 1024 = 32_899_072 + encoder 24 * 12_847_104 (4 * 1024^2 + 3 * 1024 * 2816
+        # + 2 * 1024) + 512 + 1024 + decoder 24 * 17_042_432 + 512 + 1024; header 783_150_080 with lm_head
+        ("flan-t5-large", {"language": 750_251_008}),
+        # Flan-T5-xl: 32128 x 2048 = 65_798_144 + encoder 24 * 48_238_592 (4 * 2048^2 + 3 * 2048 * 5120
+        # + 2 * 2048) + 1024 + 2048 + decoder 24 * 65_017_856 + 1024 + 2048; header 2_849_757_184 with lm_head
+        ("flan-t5-xl", {"language": 2_783_959_040}),
+        # T5-base (v1.0, relu: wi, wo 2 * 768 * 3072 = flan-t5-base's three 768 x 2048), no lm_head in the header
+        ("t5-base", {"language": 222_903_552}),
         # StarCoder2-3B (starcoder2): 30 * 95_979_008 layers (q and o 2 * (3072^2 + 3072), k and v
         # 2 * (3072 * 256 + 256) for 2 key-value heads of 128, c_fc 12288 x 3072 + 12288, c_proj
         # 3072 x 12288 + 3072, two LayerNorms 4 * 3072) + the tied 49152 x 3072 table 150_994_944

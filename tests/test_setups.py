@@ -102,6 +102,10 @@ ALLOWED = {
     "qwen3_vl/qwen3-vl-2b-instruct.yaml": "pack offload fused",
     "qwen3_vl/qwen3-vl-8b-instruct.yaml": "pack offload fused",
     "qwen3_moe/qwen3-30b-a3b.yaml": "pack offload fused",
+    "t5/flan-t5-base.yaml": "",  # T5's encoder-decoder formulas: plain steps only
+    "t5/flan-t5-large.yaml": "",
+    "t5/flan-t5-xl.yaml": "",
+    "t5/t5-base.yaml": "",
 }
 
 

@@ -110,6 +110,7 @@ class Family:
     image_resize: ImageResizeMapping | None = None
     video_temporal_patch: Expr | None = None  # frames per temporal patch of a video input
     image_slice_pixels: Expr | None = None  # the processor slices an image above this area
+    encoder_decoder: bool = False  # an encoder over seq_len and a decoder over the experiment's target_len
 
     def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
         """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
@@ -297,6 +298,7 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
                             if "image_slice_pixels" in data else None),
         attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
                    if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
+        encoder_decoder=bool(data.get("encoder_decoder")),
     )
 
 

@@ -247,6 +247,7 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         # NB: 0 where the processor slices nothing (MiniCPM-V with slice_mode off)
         **({"image_slice_pixels": n} if family.image_slice_pixels and (n := _integer(family.image_slice_pixels(scope), "image_slice_pixels", family, ckpt)) else {}),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
+        **({"encoder_decoder": True} if family.encoder_decoder else {}),
         "image_tokens": scope["image_tokens"],
         "modules": modules,
         "notes": notes,
@@ -341,6 +342,8 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         lines.append(f"  grid_pinpoints: [{', '.join(f'[{h}, {w}]' for h, w in a['grid_pinpoints'])}]")
     if "attention" in data:
         lines.append(_commented(f"attention: [{', '.join(data['attention'])}]", "what transformers accepts for this model, its default first"))
+    if data.get("encoder_decoder"):
+        lines.append(_commented("encoder_decoder: true", "seq_len is the encoder's source length, target_len the decoder's"))
     lines.append(_commented(f"image_tokens: {data['image_tokens']}", _explain(family.image_tokens, scope) if family.image_tokens.compiled else ""))
     if "image_resize" in data:
         r = data["image_resize"]

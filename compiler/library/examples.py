@@ -21,7 +21,7 @@ from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_by
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
     "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
-    "videos": 0, "video_frames": 0, "micro_batch": 1,
+    "videos": 0, "video_frames": 0, "micro_batch": 1, "target_len": 0,
     "fused_loss": False, "offloading": False, "autocast": False, "requires_grad": False, "packed": False, "bias_trains": False,
     "transformers": TRANSFORMERS,
 }
@@ -33,7 +33,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
     values = {**values, **(context.get("bytes") or {})}
     return Setup(
         experiment="example", file="", micro_batch=context.get("micro_batch", 1), seq_len=1, images_per_sample=context.get("images", 1),
-        videos_per_sample=context.get("videos", 0), video_frames=context.get("video_frames", 0),
+        videos_per_sample=context.get("videos", 0), video_frames=context.get("video_frames", 0), target_len=context.get("target_len", 0),
         image_size=(context["image_h"], context["image_w"]) if context.get("image_h") else None,
         trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
         gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, deepspeed=None, gpu=None,

@@ -60,6 +60,7 @@ CONTEXT_NAMES = frozenset(
         "videos",  # videos per sample
         "video_frames",  # frames per video (0 without videos)
         "micro_batch",  # samples per micro-batch
+        "target_len",  # an encoder-decoder model's decoder positions per sample (0 for any other model)
         "image_h",  # input image height in pixels (native-resolution towers; 0 when none applies)
         "image_w",  # input image width in pixels
         "grid_rows",  # anyres tiling (LLaVA-NeXT): rows of tiles of the image's grid pinpoint; 0 without

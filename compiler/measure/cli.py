@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="record name (default: the experiment name plus overrides)")
     parser.add_argument("--micro-batch", type=int, dest="micro_batch")
     parser.add_argument("--seq-len", type=int, dest="seq_len")
+    parser.add_argument("--target-len", type=int, dest="target_len", help="an encoder-decoder model's target positions (T5)")
     parser.add_argument("--attention", choices=ATTENTIONS)
     parser.add_argument("--precision", choices=PRECISIONS)
     parser.add_argument("--precision-mode", choices=PRECISION_MODES, dest="precision_mode",
@@ -88,7 +89,7 @@ def _cuda_device(text: str) -> str:
     return text
 
 
-OVERRIDES = ("micro_batch", "seq_len", "attention", "precision", "precision_mode", "trainable", "gradient_checkpointing")
+OVERRIDES = ("micro_batch", "seq_len", "target_len", "attention", "precision", "precision_mode", "trainable", "gradient_checkpointing")
 
 
 def _say(message: str) -> None:

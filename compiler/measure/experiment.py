@@ -40,7 +40,7 @@ MEASURED_KEYS = (
     "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode",
+OPTIONAL_KEYS = ("target_len", "image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode",
                  "versions", "device_map", "max_memory")
 # Libraries whose release an experiment may name (`versions: {transformers: 4.46.3}`): the
 # measurement runs only under that release (the record's own `versions` say what ran).
@@ -135,6 +135,8 @@ def _check(exp: dict, where: str) -> None:
         fail(f"optimizer.param_groups {optimizer.get('param_groups')!r} is not one of {list(PARAM_GROUPS)}")
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
+    if exp.get("target_len") is not None and (not isinstance(exp["target_len"], int) or exp["target_len"] < 1):
+        fail(f"target_len must be a positive integer, got {exp['target_len']!r}")
     for key in ("videos_per_sample", "video_frames"):
         if exp.get(key) is not None and (not isinstance(exp[key], int) or exp[key] < 0):
             fail(f"{key} must be a non-negative integer, got {exp[key]!r}")
@@ -379,5 +381,5 @@ def label(key: str, value: Any) -> str:
         return f"dp{value['dp']}-zero{value['zero']}"
     if key == "image_size":
         return f"{value[0]}x{value[1]}"
-    return {"micro_batch": f"b{value}", "seq_len": f"s{value}", "lora.r": f"r{value}",
+    return {"micro_batch": f"b{value}", "seq_len": f"s{value}", "target_len": f"t{value}", "lora.r": f"r{value}",
             "lora.dropout": f"drop{value}", "video_frames": f"f{value}"}.get(key, str(value))

@@ -94,6 +94,7 @@ def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool,
         "videos": setup.videos_per_sample,
         "video_frames": setup.video_frames,
         "micro_batch": setup.micro_batch,
+        "target_len": setup.target_len,
         "image_h": setup.image_hw[0],
         "image_w": setup.image_hw[1],
         "grid_rows": setup.grid[0],
@@ -116,7 +117,7 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
     NB: packing makes the language model's batch one row of every token (text-only, E316)."""
     rows_b, rows_s = setup.rows
     # NB: a video is its temporal patches, each read by the tower as an image of its frame size
-    return {"micro_batch": rows_b, "seq_len": rows_s, "images_per_sample": setup.vision_items,
+    return {"micro_batch": rows_b, "seq_len": rows_s, "target_len": setup.target_len, "images_per_sample": setup.vision_items,
             "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
             "grid_rows": setup.grid[0], "grid_cols": setup.grid[1],
             "videos_per_sample": setup.videos_per_sample, "video_frames": setup.video_frames}

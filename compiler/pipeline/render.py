@@ -108,6 +108,8 @@ def setup_line(r: Report) -> str:
     image_tokens = s.vision_items * r.spec.image_tokens if merged is None else merged
     kind = "image and video" if s.videos_per_sample and s.images_per_sample else "video" if s.videos_per_sample else "image"
     seq = f"seq {s.seq_len}" + (f" ({image_tokens} {kind} + {s.seq_len - image_tokens} text)" if image_tokens else "")
+    if s.target_len:
+        seq = f"source {s.seq_len}, target {s.target_len}"  # an encoder-decoder model's two sequences
     opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (

@@ -84,6 +84,7 @@ def resolve_spec(doc: Document) -> Spec:
         video_temporal_patch=data.get("video_temporal_patch"),
         image_slice_pixels=data.get("image_slice_pixels"),
         attention=tuple(data.get("attention") or ()),
+        encoder_decoder=bool(data.get("encoder_decoder")),
         doc=doc,
     )
 
@@ -101,6 +102,20 @@ def checked_spec(path: str | os.PathLike) -> Spec:
     if name:
         checked.put(name, value)
     return value
+
+
+# transformers examples/pytorch/summarization/run_summarization.py: max_target_length's default
+DEFAULT_TARGET_LEN = 128
+
+
+def _check_target(data: dict, spec: Spec, complain) -> None:
+    """target_len (the decoder's positions) belongs to an encoder-decoder spec, which takes
+    run_summarization's default when the experiment gives none; any other model is refused."""
+    if spec.encoder_decoder:
+        data.setdefault("target_len", DEFAULT_TARGET_LEN)
+    elif data.get("target_len") is not None:
+        complain("target_len", "E333", f"{spec.model} is no encoder-decoder model: target_len {data['target_len']} would size a decoder it does not have",
+                 "leave target_len out: seq_len is the whole sequence of a decoder-only model (prompt and answer together)")
 
 
 def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
@@ -143,6 +158,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
         videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        target_len=data.get("target_len") or 0,
         video_temporal_patch=spec.video_temporal_patch or 1,
         image_size=image_size,
         anyres=spec.anyres, image_resize=spec.image_resize,
@@ -324,6 +340,7 @@ class Resolution:
                      f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
                      "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
         _check_video(data, spec, complain)
+        _check_target(data, spec, complain)
         if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
             complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
                      "give the image size the batches really have")

@@ -87,7 +87,7 @@ DEFAULTS: Mapping[str, Any] = {
     "alloc_conf": "",
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
-EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols",
+EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "target_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols",
                               "videos_per_sample", "video_frames"})
 SGD_DEFAULT_MOMENTUM = 0.9
 KIB = 1 << 10
@@ -408,6 +408,8 @@ class Spec:
     # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
     video_temporal_patch: int | None = None
     image_slice_pixels: int | None = None  # the processor slices a larger image (refused, E725)
+    # An encoder over seq_len and a decoder over the experiment's target_len (T5).
+    encoder_decoder: bool = False
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -704,6 +706,9 @@ class Setup:
     videos_per_sample: int = 0
     video_frames: int = 0
     video_temporal_patch: int = 1
+    # an encoder-decoder model's decoder positions per sample (seq_len is the encoder's); 0 for
+    # any other model
+    target_len: int = 0
     # how the precision is realized (a PRECISION_MODES key); "" for the precision's default
     # (precision_mode(precision, precision_stated=False))
     precision_mode: str = ""
