@@ -1504,6 +1504,14 @@ LLAMA_3_2_11B_VISION_INSTRUCT = {
     },
     "vision_config": _MLLAMA_VISION,
 }
+# meta-llama/Llama-3.2-90B-Vision-Instruct: the same tower and processor, the 70B-sized text model
+# (hidden 8192, 100 layers, 64 heads of 128, 8 key-value heads, MLP 28672) with a cross-attention
+# layer every 5th from layer 3 (20); 88,593,355,323 parameters, the published 88.6B.
+LLAMA_3_2_90B_VISION_INSTRUCT = {
+    **LLAMA_3_2_11B_VISION_INSTRUCT,
+    "text_config": {**LLAMA_3_2_11B_VISION_INSTRUCT["text_config"], "cross_attention_layers": list(range(3, 100, 5)),
+                    "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 100},
+}
 LLAMA_3_2_VISION_PROCESSOR = {
     "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
     "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "MllamaImageProcessor",
@@ -1544,9 +1552,11 @@ def write_minicpmv4_6() -> None:
 
 
 def write_mllama() -> None:
-    """meta-llama/Llama-3.2-11B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
+    """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
     write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
                      mllama_tensors(LLAMA_3_2_11B_VISION_INSTRUCT), shards=5, processor=LLAMA_3_2_VISION_PROCESSOR)
+    write_checkpoint(FIXTURES / "Llama-3.2-90B-Vision-Instruct", LLAMA_3_2_90B_VISION_INSTRUCT,
+                     mllama_tensors(LLAMA_3_2_90B_VISION_INSTRUCT), shards=37, processor=LLAMA_3_2_VISION_PROCESSOR)
 
 
 def write_all() -> None:

@@ -298,6 +298,12 @@ def _error(fn, *args, **kwargs) -> str:
         # gates), norm 4096 and lm_head 128256 x 4096 = 525_336_576; 10,670,220,835 in all, the
         # published count
         ("Llama-3.2-11B-Vision-Instruct", {"vision": 863_567_379, "projector": 31_461_376, "language": 9_775_192_080}),
+        # Llama-3.2-90B-Vision-Instruct: the same tower, the projector 7680 x 8192 + 8192, the text:
+        # the token table 128264 x 8192 = 1_050_738_688, 80 self-attention layers of 855_654_400
+        # (q, o 8192^2, k, v 1024 x 8192, MLP 3 * 8192 * 28672, two norms), 20 cross-attention layers
+        # of 855_654_658, norm 8192, lm_head 128256 x 8192 = 1_050_673_152; 88,593,355,323 in all,
+        # the published 88.6B
+        ("Llama-3.2-90B-Vision-Instruct", {"vision": 863_567_379, "projector": 62_922_752, "language": 87_666_865_192}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):
