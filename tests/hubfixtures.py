@@ -807,6 +807,55 @@ def header_bytes(tensors: list[tuple[str, str, list[int]]]) -> tuple[bytes, int]
     return len(body).to_bytes(8, "little") + body, offset
 
 
+def mllama_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """MllamaForConditionalGeneration as the hub checkpoints store it (transformers 4.45 layout):
+    vision_model.* (the patch conv without bias, class embedding, the gated position and tile-position
+    embeddings, pre/post LayerNorms, the 32-layer local transformer and the 8-layer gated global one),
+    multi_modal_projector.* (one Linear with bias), language_model.model.* (the token table with 8 extra
+    rows, self-attention layers and the cross-attention layers of cross_attention_layers) and
+    language_model.lm_head.weight."""
+    v, t = c["vision_config"], c["text_config"]
+    vh, vi, tiles = v["hidden_size"], v["intermediate_size"], v["max_num_tiles"]
+    ratios = len(v["supported_aspect_ratios"]) + 1
+    positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
+    out = [("vision_model.class_embedding", dtype, [vh]),
+           ("vision_model.patch_embedding.weight", dtype, [vh, v["num_channels"], v["patch_size"], v["patch_size"]]),
+           ("vision_model.gated_positional_embedding.gate", dtype, [1]),
+           ("vision_model.gated_positional_embedding.embedding", dtype, [positions, vh]),
+           ("vision_model.gated_positional_embedding.tile_embedding.weight", dtype, [ratios, tiles * positions * vh])]
+    for side in ("pre", "post"):
+        out += [(f"vision_model.{side}_tile_positional_embedding.gate", dtype, [1]),
+                (f"vision_model.{side}_tile_positional_embedding.embedding.weight", dtype, [ratios, tiles * vh]),
+                (f"vision_model.layernorm_{side}.weight", dtype, [vh]), (f"vision_model.layernorm_{side}.bias", dtype, [vh])]
+    for stack, count in (("transformer", v["num_hidden_layers"]), ("global_transformer", v["num_global_layers"])):
+        for i in range(count):
+            p = f"vision_model.{stack}.layers.{i}."
+            out += [(p + f"self_attn.{proj}.weight", dtype, [vh, vh]) for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            out += [(p + "mlp.fc1.weight", dtype, [vi, vh]), (p + "mlp.fc1.bias", dtype, [vi]),
+                    (p + "mlp.fc2.weight", dtype, [vh, vi]), (p + "mlp.fc2.bias", dtype, [vh])]
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                out += [(p + f"{norm}.weight", dtype, [vh]), (p + f"{norm}.bias", dtype, [vh])]
+            if stack == "global_transformer":
+                out += [(p + "gate_attn", dtype, [1]), (p + "gate_ffn", dtype, [1])]
+    h, inter, nh, nkv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
+    hd = h // nh
+    out += [("multi_modal_projector.weight", dtype, [h, v["vision_output_dim"]]), ("multi_modal_projector.bias", dtype, [h]),
+            ("language_model.model.embed_tokens.weight", dtype, [t["vocab_size"] + 8, h]),
+            ("language_model.model.norm.weight", dtype, [h]), ("language_model.lm_head.weight", dtype, [t["vocab_size"], h])]
+    for i in range(t["num_hidden_layers"]):
+        p = f"language_model.model.layers.{i}."
+        a = p + ("cross_attn." if i in t["cross_attention_layers"] else "self_attn.")
+        out += [(a + "q_proj.weight", dtype, [nh * hd, h]), (a + "k_proj.weight", dtype, [nkv * hd, h]),
+                (a + "v_proj.weight", dtype, [nkv * hd, h]), (a + "o_proj.weight", dtype, [h, nh * hd])]
+        if i in t["cross_attention_layers"]:
+            out += [(a + "q_norm.weight", dtype, [hd]), (a + "k_norm.weight", dtype, [hd]),
+                    (p + "cross_attn_attn_gate", dtype, [1]), (p + "cross_attn_mlp_gate", dtype, [1])]
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.weight", dtype, [h]),
+                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
+                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+    return out
+
+
 def write_checkpoint(folder: Path, config: dict, tensors: list, shards: int = 1, processor: dict | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -1562,6 +1611,48 @@ MINICPM_V_4_6_PROCESSOR = {
     "max_slice_nums": 9, "scale_resolution": 448, "patch_size": 14, "use_image_id": True, "slice_mode": True,
     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
 }
+# meta-llama/Llama-3.2-11B-Vision-Instruct (2024-09; bfloat16, five shards, transformers 4.45.0.dev0): the
+# released config.json (the keys that differ from the config classes' defaults are all written, values
+# as published) and preprocessor_config.json; 10,670,220,835 parameters (the model card's and the hub's
+# safetensors count, BF16), which MllamaForConditionalGeneration builds tensor for tensor.
+_MLLAMA_VISION = {
+    "attention_heads": 16, "hidden_act": "gelu", "hidden_size": 1280, "image_size": 560,
+    "intermediate_layers_indices": [3, 7, 15, 23, 30], "intermediate_size": 5120, "max_num_tiles": 4,
+    "model_type": "mllama_vision_model", "norm_eps": 1e-05, "num_channels": 3, "num_global_layers": 8,
+    "num_hidden_layers": 32, "patch_size": 14,
+    "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
+    "torch_dtype": "bfloat16", "vision_output_dim": 7680,
+}
+LLAMA_3_2_11B_VISION_INSTRUCT = {
+    "architectures": ["MllamaForConditionalGeneration"], "image_token_index": 128256, "model_type": "mllama",
+    "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "text_config": {
+        "bos_token_id": 128000, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38], "dropout": 0,
+        "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 131072, "model_type": "mllama_text_model",
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 128004,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 128256,
+    },
+    "vision_config": _MLLAMA_VISION,
+}
+# meta-llama/Llama-3.2-90B-Vision-Instruct: the same tower and processor, the 70B-sized text model
+# (hidden 8192, 100 layers, 64 heads of 128, 8 key-value heads, MLP 28672) with a cross-attention
+# layer every 5th from layer 3 (20); 88,593,355,323 parameters, the published 88.6B.
+LLAMA_3_2_90B_VISION_INSTRUCT = {
+    **LLAMA_3_2_11B_VISION_INSTRUCT,
+    "text_config": {**LLAMA_3_2_11B_VISION_INSTRUCT["text_config"], "cross_attention_layers": list(range(3, 100, 5)),
+                    "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 100},
+}
+LLAMA_3_2_VISION_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "MllamaImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "max_image_tiles": 4, "processor_class": "MllamaProcessor",
+    "resample": 2, "rescale_factor": 0.00392156862745098, "size": {"height": 560, "width": 560},
+}
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
 
@@ -1614,6 +1705,14 @@ def write_t5() -> None:
     write_checkpoint(FIXTURES / "t5-base", T5_BASE, t5_tensors(T5_BASE))
 
 
+def write_mllama() -> None:
+    """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
+    write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
+                     mllama_tensors(LLAMA_3_2_11B_VISION_INSTRUCT), shards=5, processor=LLAMA_3_2_VISION_PROCESSOR)
+    write_checkpoint(FIXTURES / "Llama-3.2-90B-Vision-Instruct", LLAMA_3_2_90B_VISION_INSTRUCT,
+                     mllama_tensors(LLAMA_3_2_90B_VISION_INSTRUCT), shards=37, processor=LLAMA_3_2_VISION_PROCESSOR)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -1657,6 +1756,7 @@ def write_all() -> None:
     write_pixtral_12b()
     write_glm4v()
     write_minicpmv4_6()
+    write_mllama()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1720,6 +1820,8 @@ if __name__ == "__main__":
         write_aya_vision_8b()
     elif sys.argv[1:] == ["t5"]:
         write_t5()
+    elif sys.argv[1:] == ["mllama"]:
+        write_mllama()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -309,6 +309,24 @@ def _error(fn, *args, **kwargs) -> str:
         # q_norm, k_norm 256 each, the MLP, two norms) + norm 1024 + the tied 248094 x 1024 table
         # 254_048_256; 1,300,428,016 in all, the hub's safetensors count
         ("MiniCPM-V-4.6", {"vision": 522_299_312, "projector": 25_967_104, "language": 752_161_600}),
+        # Llama-3.2-11B-Vision-Instruct (mllama): the tower is the patch conv 1280 x 3 x 14 x 14 =
+        # 752_640, the class embedding 1280, the gated position table 1601 * 1280 = 2_049_280 and its
+        # tile-position table 9 x (4 * 1601 * 1280) = 73_774_080, the pre- and post-tile tables
+        # 2 * 9 * 4 * 1280 = 92_160, three gates, layernorm_pre / _post 4 * 1280, 32 local layers of
+        # 19_672_320 (q, k, v, o 1280^2 without bias, fc1 5120 x 1280 + 5120, fc2 1280 x 5120 + 1280,
+        # two LayerNorms 4 * 1280) and 8 gated global layers of 19_672_322; the projector 7680 x 4096
+        # + 4096; the text: the token table (128256 + 8) x 4096 = 525_369_344, 32 self-attention
+        # layers of 218_112_000 (q, o 4096^2, k, v 1024 x 4096, MLP 3 * 4096 * 14336, two norms),
+        # 8 cross-attention layers of 218_112_258 (the same with q_norm, k_norm 128 each and two
+        # gates), norm 4096 and lm_head 128256 x 4096 = 525_336_576; 10,670,220,835 in all, the
+        # published count
+        ("Llama-3.2-11B-Vision-Instruct", {"vision": 863_567_379, "projector": 31_461_376, "language": 9_775_192_080}),
+        # Llama-3.2-90B-Vision-Instruct: the same tower, the projector 7680 x 8192 + 8192, the text:
+        # the token table 128264 x 8192 = 1_050_738_688, 80 self-attention layers of 855_654_400
+        # (q, o 8192^2, k, v 1024 x 8192, MLP 3 * 8192 * 28672, two norms), 20 cross-attention layers
+        # of 855_654_658, norm 8192, lm_head 128256 x 8192 = 1_050_673_152; 88,593,355,323 in all,
+        # the published 88.6B
+        ("Llama-3.2-90B-Vision-Instruct", {"vision": 863_567_379, "projector": 62_922_752, "language": 87_666_865_192}),
     ],
 )
 def test_parameters_per_module_equal_the_header(fixture, modules):

@@ -48,6 +48,8 @@ ALLOWED = {
     "glm4/glm-4-9b-0414.yaml": "",
     "glm4v/glm-4.1v-9b-thinking.yaml": "",
     "minicpmv4_6/minicpm-v-4.6.yaml": "",  # Qwen3.5 text with the torch reference linear attention: plain steps only
+    "mllama/llama-3.2-11b-vision-instruct.yaml": "",  # the cross-attention layers and the tiled tower: plain steps only
+    "mllama/llama-3.2-90b-vision-instruct.yaml": "",
     "gemma2/gemma-2-2b.yaml": "",
     "gemma2/gemma-2-9b.yaml": "",
     "gemma3/gemma-3-12b-it.yaml": "",
