@@ -122,17 +122,7 @@ def _check(exp: dict, where: str) -> None:
         fail("precision_mode autocast with FSDP2 is not measured: FSDP2's MixedPrecisionPolicy casts the weights itself")
     if exp["attention"] not in ATTENTIONS:
         fail(f"attention {exp['attention']!r} is not one of {list(ATTENTIONS)}")
-    optimizer = exp["optimizer"]
-    if optimizer.get("type") not in OPTIMIZER_TYPES:
-        fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
-    if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
-        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}"
-             + (" (bitsandbytes needs CUDA and real tensors: it cannot run on fake tensors)" if optimizer.get("impl") == "bitsandbytes" else ""))
-    unknown = sorted(set(optimizer) - set(OPTIMIZER_KEYS))
-    if unknown:
-        fail(f"optimizer: unknown key(s) {unknown}; measurable: {list(OPTIMIZER_KEYS)}")
-    if optimizer.get("param_groups", "one") not in PARAM_GROUPS:
-        fail(f"optimizer.param_groups {optimizer.get('param_groups')!r} is not one of {list(PARAM_GROUPS)}")
+    _check_optimizer(exp["optimizer"], fail)
     if not isinstance(exp["images_per_sample"], int) or exp["images_per_sample"] < 0:
         fail(f"images_per_sample must be a non-negative integer, got {exp['images_per_sample']!r}")
     if exp.get("target_len") is not None and (not isinstance(exp["target_len"], int) or exp["target_len"] < 1):
@@ -145,17 +135,8 @@ def _check(exp: dict, where: str) -> None:
     lora = exp.get("lora")
     if lora is not None:
         _check_lora(lora, fail)
-    fsdp = exp["parallel"].get("fsdp")
-    if fsdp is not None:
-        unknown = sorted(set(fsdp) - set(FSDP_DEFAULTS))
-        if unknown:
-            fail(f"parallel.fsdp: unknown key(s) {unknown}; known: {list(FSDP_DEFAULTS)}")
-        if not isinstance(fsdp["reshard_after_forward"], bool):
-            fail(f"parallel.fsdp.reshard_after_forward must be true or false, got {fsdp['reshard_after_forward']!r}")
-        if fsdp["reduce_dtype"] not in FSDP_REDUCE_DTYPES:
-            fail(f"parallel.fsdp.reduce_dtype {fsdp['reduce_dtype']!r} is not one of {list(FSDP_REDUCE_DTYPES)}")
-        if exp["parallel"].get("zero", 0):
-            fail("parallel: fsdp and a ZeRO stage exclude each other (one shards the model)")
+    if exp["parallel"].get("fsdp") is not None:
+        _check_fsdp(exp["parallel"], fail)
     bits = (exp.get("quantization") or {}).get("bits", 16)
     if bits != 16:
         fail(f"quantization bits {bits}: bitsandbytes' 4-/8-bit layers need CUDA and real tensors and cannot run on fake "
@@ -175,6 +156,32 @@ def _check(exp: dict, where: str) -> None:
     if size is not None and not (isinstance(size, list) and len(size) == 2
                                  and all(isinstance(x, int) and x > 0 for x in size)):
         fail(f"image_size must be [height, width] in pixels, got {size!r}")
+
+
+def _check_optimizer(optimizer: dict, fail) -> None:
+    if optimizer.get("type") not in OPTIMIZER_TYPES:
+        fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
+    if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
+        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}"
+             + (" (bitsandbytes needs CUDA and real tensors: it cannot run on fake tensors)" if optimizer.get("impl") == "bitsandbytes" else ""))
+    unknown = sorted(set(optimizer) - set(OPTIMIZER_KEYS))
+    if unknown:
+        fail(f"optimizer: unknown key(s) {unknown}; measurable: {list(OPTIMIZER_KEYS)}")
+    if optimizer.get("param_groups", "one") not in PARAM_GROUPS:
+        fail(f"optimizer.param_groups {optimizer.get('param_groups')!r} is not one of {list(PARAM_GROUPS)}")
+
+
+def _check_fsdp(parallel: dict, fail) -> None:
+    fsdp = parallel["fsdp"]
+    unknown = sorted(set(fsdp) - set(FSDP_DEFAULTS))
+    if unknown:
+        fail(f"parallel.fsdp: unknown key(s) {unknown}; known: {list(FSDP_DEFAULTS)}")
+    if not isinstance(fsdp["reshard_after_forward"], bool):
+        fail(f"parallel.fsdp.reshard_after_forward must be true or false, got {fsdp['reshard_after_forward']!r}")
+    if fsdp["reduce_dtype"] not in FSDP_REDUCE_DTYPES:
+        fail(f"parallel.fsdp.reduce_dtype {fsdp['reduce_dtype']!r} is not one of {list(FSDP_REDUCE_DTYPES)}")
+    if parallel.get("zero", 0):
+        fail("parallel: fsdp and a ZeRO stage exclude each other (one shards the model)")
 
 
 def _check_versions(versions: Any, fail) -> None:

@@ -408,8 +408,7 @@ class Spec:
     # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
     video_temporal_patch: int | None = None
     image_slice_pixels: int | None = None  # the processor slices a larger image (refused, E725)
-    # An encoder over seq_len and a decoder over the experiment's target_len (T5).
-    encoder_decoder: bool = False
+    encoder_decoder: bool = False  # an encoder over seq_len, a decoder over target_len (T5)
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).
     attention: tuple[str, ...] = ()
@@ -706,9 +705,7 @@ class Setup:
     videos_per_sample: int = 0
     video_frames: int = 0
     video_temporal_patch: int = 1
-    # an encoder-decoder model's decoder positions per sample (seq_len is the encoder's); 0 for
-    # any other model
-    target_len: int = 0
+    target_len: int = 0  # an encoder-decoder's decoder positions (seq_len the encoder's); else 0
     # how the precision is realized (a PRECISION_MODES key); "" for the precision's default
     # (precision_mode(precision, precision_stated=False))
     precision_mode: str = ""
