@@ -243,14 +243,14 @@ def _spec(args):
 
 def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     """Overrides and notes from --from-command and --deepspeed; memspec's own flags win."""
-    from .inputs import launch
-
     _model_from_script(args)
     out: dict[str, Any] = {}
     notes: list[str] = []
     ds_file = getattr(args, "deepspeed", None)
     explicit: dict[str, Any] = {}
     accelerate_file = getattr(args, "accelerate_config", None)
+    if ds_file or accelerate_file or getattr(args, "from_command", None):
+        from .inputs import launch  # NB: only then: its imports are a tenth of an estimate's start
     command = launch.read_command(args.from_command) if getattr(args, "from_command", None) else None
     if command is not None and command.config_file and not accelerate_file:
         accelerate_file = launch.config_path(command.config_file, command)

@@ -17,7 +17,7 @@ CONFS = ["", "max_split_size_mb:64", "expandable_segments:True", "roundup_power2
 
 
 def _state(a):
-    pools = [(tuple(p.order), sorted((b.ptr, b.size, b.allocated) for b in p.free.values())) for p in (a._small, a._large)]
+    pools = [(tuple(p.entries() if hasattr(p, "entries") else p.order), sorted((b.ptr, b.size, b.allocated) for b in p.free.values())) for p in (a._small, a._large)]
     return (a.allocated, a.reserved, a.peak_allocated, a.peak_reserved, a.mallocs, pools)
 
 

@@ -3,7 +3,8 @@
 Contract: `check_paths(paths)` returns (files checked, diagnostics). The formula library is
 always checked, examples included, because every spec depends on it. Specs are compiled with
 one sample and the shortest sequence their images allow, so that a parameter count that
-disagrees with the formulas is found without an experiment.
+disagrees with the formulas is found without an experiment. Files are checked in forked
+processes when there are many (`processes.ordered`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def check_paths(paths: list[Path], progress=None) -> tuple[list[str], list[Diagn
     """`progress(done, total, name)`, when given, is called before each file and once at the end."""
     from .. import api
     from ..library.examples import run_examples
+    from .processes import ordered
 
     problems: list[Diagnostic] = []
     checked: list[str] = []
@@ -39,35 +41,46 @@ def check_paths(paths: list[Path], progress=None) -> tuple[list[str], list[Diagn
         problems.extend(run_examples(library))
     except MemspecError as exc:
         problems.extend(exc.diagnostics)
-    formula_root = formulas_dir().resolve()
     files = _yaml_files(paths)
+    found = ordered(_check_file, [(path, library is not None) for path in files])
     for i, path in enumerate(files):
         name = display(path)
         if progress is not None:
             progress(i, len(files), name)
         checked.append(name)
-        if path.resolve().parent == formula_root:
-            continue  # checked with the library above
-        try:
-            kind = api.file_kind(load_yaml(name))
-            if kind == "formula":
-                from ..library.formula import load_library
-
-                problems.extend(run_examples(load_library(path.parent)))  # a formula folder other than the built-in one
-            elif kind == "gpus":
-                api.gpu_catalog()
-            elif kind == "matrix":
-                pass  # a measuring plan: read by `memspec measure --matrix`, which checks it
-            elif kind == "family":
-                _check_family(name)
-            elif library is not None:
-                _compile(name, kind, library)
-        except MemspecError as exc:
-            problems.extend(exc.diagnostics)
+        problems.extend(next(found))
     if progress is not None:
         progress(len(files), len(files), "")
     unique = list(dict.fromkeys(problems))
     return checked, unique
+
+
+def _check_file(item: tuple[Path, bool]) -> list[Diagnostic]:
+    """The problems of one file (`item`: its path, and whether the shipped library loaded)."""
+    from .. import api
+    from ..library.examples import run_examples
+
+    path, has_library = item
+    name = display(path)
+    if path.resolve().parent == formulas_dir().resolve():
+        return []  # checked with the library, first
+    try:
+        kind = api.file_kind(load_yaml(name))
+        if kind == "formula":
+            from ..library.formula import load_library
+
+            return list(run_examples(load_library(path.parent)))  # a formula folder other than the built-in one
+        if kind == "gpus":
+            api.gpu_catalog()
+        elif kind == "matrix":
+            pass  # a measuring plan: read by `memspec measure --matrix`, which checks it
+        elif kind == "family":
+            _check_family(name)
+        elif has_library:
+            _compile(name, kind, api.library(str(formulas_dir())))
+    except MemspecError as exc:
+        return list(exc.diagnostics)
+    return []
 
 
 def _check_family(name: str) -> None:

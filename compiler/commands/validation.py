@@ -2,7 +2,8 @@
 
 Contract: `validate_records(paths)` reads measured records (JSON files whose `schema` is
 `memspec/measured/v1`, found recursively), estimates each record's experiment and returns one
-`Comparison` per record; `summarise` gives MAPE, median, worst and the count of
+`Comparison` per record (those not in the checked-input cache made in forked processes when
+there are enough of them, `processes.ordered`); `summarise` gives MAPE, median, worst and the count of
 under-estimates (an OOM the estimate would have let through) per measure. Records whose
 setup the estimator does not support yet are kept as `not estimated`, with the reason.
 A GPU record that names its GPU also checks the verdict: a run that went out of memory
@@ -115,18 +116,33 @@ def compare(path: Path, tree: bytes | None = None) -> Comparison:
     """The record's comparison, kept in the checked-input cache by the record's bytes and a
     hash of the whole compiler and its data (`checked.tree()`, or `tree` as the caller read
     it): a rerun with nothing changed reads the answers back, any edit anywhere makes them anew."""
-    import os
-
     from .. import checked
 
-    raw = path.read_bytes()
-    name = checked.key("comparison", str(path), os.getcwd(), raw, tree if tree is not None else checked.tree())
+    name, raw = _name(path, tree)
     hit = checked.get(name)
     if isinstance(hit, Comparison):
         return hit
     found = _compare(path, json.loads(raw))
     checked.put(name, found)
     return found
+
+
+def _kept(path: Path, tree: bytes | None) -> Comparison | None:
+    """The record's comparison if the cache has it."""
+    from .. import checked
+
+    hit = checked.get(_name(path, tree)[0])
+    return hit if isinstance(hit, Comparison) else None
+
+
+def _name(path: Path, tree: bytes | None) -> tuple[str, bytes]:
+    """The record's key in the cache, and its bytes."""
+    import os
+
+    from .. import checked
+
+    raw = path.read_bytes()
+    return checked.key("comparison", str(path), os.getcwd(), raw, tree if tree is not None else checked.tree()), raw
 
 
 def _compare(path: Path, record: dict) -> Comparison:
@@ -167,17 +183,24 @@ def verdicts(comparisons: list[Comparison]) -> Verdicts | None:
 def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
     """`progress(done, total, name)`, when given, is called before each record and once at the end."""
     from .. import checked
+    from .processes import ordered
 
     files = record_files(paths)
     tree = checked.tree() if files else None
+    kept = [_kept(f, tree) for f in files]
+    made = ordered(_compare_record, [(f, tree) for f, hit in zip(files, kept) if hit is None])
     out = []
-    for i, f in enumerate(files):
+    for i, (f, hit) in enumerate(zip(files, kept)):
         if progress is not None:
             progress(i, len(files), f.stem)
-        out.append(compare(f, tree))
+        out.append(hit if hit is not None else next(made))
     if progress is not None:
         progress(len(files), len(files), "")
     return out
+
+
+def _compare_record(record: tuple[Path, bytes | None]) -> Comparison:
+    return compare(*record)
 
 
 def summarise(comparisons: list[Comparison], measure: str) -> Summary | None:

@@ -1,4 +1,4 @@
-"""Formula expressions as plain Python: a checked expression (the grammar formula.py's
+"""Formula expressions as plain Python: a checked expression (the grammar grammar.py's
 `_check_node` allows) written as Python source over its scope and compiled once per text.
 `FUNCTIONS` are the functions expressions may call, the same in Jinja2's sandbox and here;
 `MAX_POWER_BITS` bounds a power in both."""

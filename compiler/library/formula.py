@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import Diagnostic, MemspecError, did_you_mean
-from ..pipeline.load import Document, child_path, load_yaml
+from ..pipeline.load import Document, child_path, load_yaml, load_yaml_text
 from ..paths import display
-from .expr_python import FUNCTIONS, MAX_POWER_BITS, _callable, _python_of
+from .expr_python import FUNCTIONS, _callable
+from .grammar import BYTES_KEYS, _env, analyse  # noqa: F401  (BYTES_KEYS, _env re-exported)
 
 # Training setups beyond a plain step that a formula file may declare it models (its top-level
 # `setups:` list). An estimate refuses a setup unless every formula its spec instantiates
@@ -77,9 +78,6 @@ CONTEXT_NAMES = frozenset(
         "transformers",  # the transformers release, major * 1_000_000 + minor * 1_000 + patch (4.46.3: 4_046_003)
     }
 )
-# bytes.param/grad/optim/act depend on precision and optimizer (resolve derives them); the
-# fixed dtypes are named so that a formula never carries a bare 4 or 8.
-BYTES_KEYS = frozenset({"param", "grad", "optim", "act", "fp32", "int64", "bool"})
 FACTOR_NAMES = ("gradients", "optimizer_states")
 
 
@@ -128,130 +126,17 @@ class Expr:
         return Diagnostic(code, self.file, self.line, self.col, self.path, message, help)
 
 
-_ENV = None
-
-
-def _env():
-    global _ENV
-    if _ENV is None:
-        from jinja2 import StrictUndefined
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        class Arithmetic(ImmutableSandboxedEnvironment):
-            """The sandbox with `**` bounded: 10 ** (10 ** 10) would take the machine's memory
-            and hours before any check could see the number."""
-
-            intercepted_binops = frozenset({"**"})
-
-            def call_binop(self, context, operator, left, right):
-                if (operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1
-                        and right > 0 and right * abs(left).bit_length() > MAX_POWER_BITS):
-                    raise ValueError(f"{left} ** {right} has more than {MAX_POWER_BITS} bits; no memory size is that large")
-                return super().call_binop(context, operator, left, right)
-
-        _ENV = Arithmetic(undefined=StrictUndefined)
-        _ENV.globals.clear()
-        _ENV.globals.update(FUNCTIONS)
-    return _ENV
-
-
-def _parse(source: str):
-    """The expression's AST, parsed the way `compile_expression` parses it."""
-    from jinja2.parser import Parser
-
-    env = _env()
-    parser = Parser(env, source, state="variable")
-    node = parser.parse_expression()
-    if not parser.stream.eos:
-        token = parser.stream.current
-        raise _Refused(f"unexpected '{token.value}' after the expression")
-    return node
-
-
-class _Refused(Exception):
-    pass
-
-
-def _check_node(node, names: set[str]) -> None:
-    """Allow-list walk of the AST; collects the names read."""
-    from jinja2 import nodes as n
-
-    arithmetic = (n.Add, n.Sub, n.Mul, n.Div, n.FloorDiv, n.Mod, n.Pow, n.And, n.Or)
-    if isinstance(node, n.Const):
-        return
-    if isinstance(node, n.Name):
-        names.add(node.name)
-        return
-    if isinstance(node, n.Getattr):
-        if not (isinstance(node.node, n.Name) and node.node.name == "bytes") or node.attr.startswith("_"):
-            if isinstance(node.node, n.Getattr):
-                _check_node(node.node, names)  # NB: name the first refused access of a chain
-            raise _Refused(f"attribute access '.{node.attr}' is not allowed; only bytes.<dtype> is")
-        if node.attr not in BYTES_KEYS:
-            hint = did_you_mean(node.attr, BYTES_KEYS) or f"dtypes: {', '.join(sorted(BYTES_KEYS))}"
-            raise _Refused(f"unknown dtype 'bytes.{node.attr}'; {hint}")
-        names.add("bytes")
-        return
-    if isinstance(node, arithmetic):
-        _check_node(node.left, names)
-        _check_node(node.right, names)
-        return
-    if isinstance(node, (n.Neg, n.Pos, n.Not)):
-        _check_node(node.node, names)
-        return
-    if isinstance(node, n.Compare):
-        _check_node(node.expr, names)
-        for operand in node.ops:
-            _check_node(operand.expr, names)
-        return
-    if isinstance(node, n.CondExpr):
-        if node.expr2 is None:
-            raise _Refused("a conditional needs an else branch: 'a if c else b'")
-        for part in (node.test, node.expr1, node.expr2):
-            _check_node(part, names)
-        return
-    if isinstance(node, n.Call):
-        if not (isinstance(node.node, n.Name) and node.node.name in FUNCTIONS):
-            called = f"'{node.node.name}()' is not allowed; " if isinstance(node.node, n.Name) else ""
-            raise _Refused(f"{called}only these functions may be called: {', '.join(sorted(FUNCTIONS))}")
-        if node.kwargs or node.dyn_args or node.dyn_kwargs:
-            raise _Refused("function calls take positional arguments only")
-        for arg in node.args:
-            _check_node(arg, names)
-        return
-    kind = _REFUSED_NODES.get(type(node).__name__, type(node).__name__.lower())
-    raise _Refused(f"{kind} is not allowed in a formula expression")
-
-
-# Jinja2 node names in the words of a formula's author.
-_REFUSED_NODES = {
-    "Getitem": "subscript 'x[...]'",
-    "Slice": "slice 'x[a:b]'",
-    "Filter": "filter 'x | f'",
-    "Test": "test 'x is ...'",
-    "Concat": "string concatenation '~'",
-    "List": "a list literal",
-    "Tuple": "a tuple literal",
-    "Dict": "a dict literal",
-}
-
-
 def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str], problems: list[Diagnostic]) -> Expr:
     """Compile one expression found at `path` of `doc`; problems are appended, not raised."""
     line, col = doc.where(path)
     if isinstance(value, (bool, int)):
         return Expr(str(value), doc.file, path, line, col, frozenset(), constant=value)
     source = str(value)
-    names: set[str] = set()
-    try:
-        node = _parse(source)
-        _check_node(node, names)
-    except _Refused as exc:
-        problems.append(doc.diag("E403", path, f"'{source}': {exc}", "formulas are integer arithmetic over declared names"))
+    names, python, refused, reason = analyse(source)
+    if refused is not None:
+        problems.append(doc.diag("E403", path, f"'{source}': {refused}", "formulas are integer arithmetic over declared names"))
         return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
-    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
-        # NB: Jinja2 speaks of templates and appends "line 1"; keep its first line, in our words.
-        reason = str(getattr(exc, "message", None) or exc).splitlines()[0].replace("end of template", "end of expression")
+    if reason is not None:
         problems.append(doc.diag("E402", path, f"cannot parse '{source}': {reason}"))
         return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
     for name in sorted(names - declared - set(FUNCTIONS)):
@@ -259,7 +144,7 @@ def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str],
         problems.append(
             doc.diag("E401", path, f"undeclared name '{name}' in '{source}'", hint or "declare it under inputs: or let:")
         )
-    return Expr(source, doc.file, path, line, col, frozenset(names), compiled=True, python=_python_of(node))
+    return Expr(source, doc.file, path, line, col, names, compiled=True, python=python)
 
 
 @lru_cache(maxsize=None)
@@ -690,6 +575,35 @@ def load_library(folder: str | Path, types: Iterable[str] | None = None) -> Libr
     return checked.library(folder, by_stem.values(), types, lambda: _load_library(folder, types, by_stem), Library)
 
 
+# (file as messages name it, its bytes, the schema's id) -> the formula compiled from them,
+# where they had no problems
+_COMPILED: dict[tuple[str, bytes, int], Formula] = {}
+
+
+def _checked_formula(file: str, schema, validate) -> Formula:
+    """One formula file loaded, validated and compiled (unlinked), or its problems raised;
+    kept in this process by its bytes, which libraries of different layer types share.
+    NB: load_schema keeps each schema it reads for the process, so its id names it."""
+    try:
+        raw = Path(file).resolve().read_bytes()
+        text = raw.decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        raw = None  # NB: load_yaml says what is wrong
+    hit = _COMPILED.get((file, raw, id(schema))) if raw is not None else None
+    if hit is not None:
+        return hit
+    doc = load_yaml(file) if raw is None else load_yaml_text(text, file)
+    problems = validate(doc, schema)
+    if problems:
+        raise MemspecError(problems)
+    formula = _compile_formula(doc, problems)
+    if problems:
+        raise MemspecError(problems)
+    if raw is not None:
+        _COMPILED[(file, raw, id(schema))] = formula
+    return formula
+
+
 def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapping[str, Path]) -> Library:
     from ..pipeline.validate import load_schema, validate
 
@@ -703,17 +617,11 @@ def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapp
         if stem in formulas or stem in broken or stem not in by_stem:
             continue
         try:
-            doc = load_yaml(display(by_stem[stem]))
+            formula = formulas[stem] = _checked_formula(display(by_stem[stem]), schema, validate)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             broken.add(stem)
             continue
-        found = validate(doc, schema)
-        if found:
-            problems.extend(found)
-            broken.add(stem)
-            continue
-        formula = formulas[stem] = _compile_formula(doc, problems)
         if types is not None:
             pending.extend(c.type for c in formula.children)
             pending.extend(SUBSTITUTES.get(stem, ()))

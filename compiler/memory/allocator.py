@@ -285,29 +285,41 @@ class _Block:
         self.freed_at = 0
 
 
+# A free block's place in its pool's order is one integer, size then address (addresses are
+# below 2 ** 64): ints compare in C where (size, address) tuples compared element by element
+# were most of a replay's bisections.
+_PTR_BITS = 64
+_PTR_MASK = (1 << _PTR_BITS) - 1
+
+
 class _Pool:
-    """Free blocks of one pool, ordered as BlockComparatorSize orders them: size, address."""
+    """Free blocks of one pool, ordered as BlockComparatorSize orders them: size, address
+    (`order` holds `size << _PTR_BITS | ptr`)."""
 
     def __init__(self, small: bool):
         self.small = small
         self.page = SMALL_BUFFER if small else LARGE_BUFFER  # expandable segments: what one mapping adds
-        self.order: list[tuple[int, int]] = []
+        self.order: list[int] = []
         self.free: dict[int, _Block] = {}
         self.tail: _Block | None = None  # expandable segments: the block at the segment's end
         self.base = 0  # expandable segments: the segment's first address
         self.mapped = 0  # expandable segments: bytes mapped
 
     def insert(self, block: _Block) -> None:
-        bisect.insort(self.order, (block.size, block.ptr))
+        bisect.insort(self.order, block.size << _PTR_BITS | block.ptr)
         self.free[block.ptr] = block
 
     def remove(self, block: _Block) -> None:
-        del self.order[bisect.bisect_left(self.order, (block.size, block.ptr))]
+        del self.order[bisect.bisect_left(self.order, block.size << _PTR_BITS | block.ptr)]
         del self.free[block.ptr]
 
     def best_fit(self, size: int) -> _Block | None:
-        i = bisect.bisect_left(self.order, (size, -1))
-        return self.free[self.order[i][1]] if i < len(self.order) else None
+        i = bisect.bisect_left(self.order, size << _PTR_BITS)
+        return self.free[self.order[i] & _PTR_MASK] if i < len(self.order) else None
+
+    def entries(self) -> list[tuple[int, int]]:
+        """The free blocks' (size, address), in order."""
+        return [(k >> _PTR_BITS, k & _PTR_MASK) for k in self.order]
 
 
 @dataclass(frozen=True)
@@ -375,40 +387,8 @@ class Allocator:
             raise KeyError(f"{key!r} is already allocated")
         if not self._plain:
             return self._malloc(key, nbytes)
-        # NB: the default configuration (no rounding divisions, max split size nor expandable
-        # segments) inlined: _request, _cached and _split are most of a replay's time.
-        # tests/test_allocator_fast.py holds it equal to the general path.
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-        small = size <= SMALL_SIZE
-        pool = self._small if small else self._large
-        self.mallocs += 1
-        order = pool.order
-        i = _bisect_left(order, (size, -1))
-        if i < len(order):
-            block = pool.free.pop(order[i][1])
-            del order[i]
-        else:
-            block = self._fresh(pool, size, key, nbytes)
-        remaining = block.size - size
-        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
-            rest = _Block(block.ptr + size, remaining, pool)
-            after = block.next
-            rest.prev, rest.next = block, after
-            if after is not None:
-                after.prev = rest
-            block.next = rest
-            block.size = size
-            if pool.tail is block:
-                pool.tail = rest
-            rest.freed_at = self.mallocs
-            _insort(order, (remaining, rest.ptr))
-            pool.free[rest.ptr] = rest
-        block.allocated = True
-        live[key] = block
-        allocated = self.allocated = self.allocated + block.size
-        if allocated > self.peak_allocated:
-            self.peak_allocated = allocated
-        return block.size
+        self.play(((key, nbytes),), [], None)
+        return live[key].size
 
     def _malloc(self, key: object, nbytes: int) -> int:
         """`malloc` under any configuration."""
@@ -512,50 +492,101 @@ class Allocator:
         else:
             split_max = self.config.max_split_size
             split = (split_max is None or size < split_max) and remaining > SMALL_SIZE
-        if not split:
-            return block
-        rest = _Block(block.ptr + size, remaining, block.pool)
-        rest.prev, rest.next = block, block.next
-        if block.next is not None:
-            block.next.prev = rest
-        block.next = rest
-        block.size = size
-        if block.pool.tail is block:
-            block.pool.tail = rest
-        rest.freed_at = self.mallocs
-        block.pool.insert(rest)
+        if split:
+            self._split_off(block, size, remaining)
         return block
 
     # -- free -----------------------------------------------------------------------------
 
     def free(self, key: object) -> None:
         """`free_block`: the block returns to its pool, merged with free neighbours."""
-        block = self._live.pop(key)
-        block.allocated = False
-        self.allocated -= block.size
+        if key not in self._live:
+            raise KeyError(key)
+        self.play(((key, None),), [], None)
+
+    def play(self, events, made: list, probe_key: object) -> None:
+        """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)`
+        a free (`free`), `(probe_key, nbytes)` a `probe`; an allocation of a key still live
+        is kept, a free of a key not live ignored. `made` collects the keys allocated.
+        NB: a replay's hot loop, and the one body of `free` and of `malloc` under the default
+        configuration (no rounding divisions, max split size nor expandable segments):
+        tests/test_allocator_fast.py holds it equal to the general path."""
+        live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
+        for key, nbytes in events:
+            if nbytes is None:  # free_block, try_merge_blocks
+                block = live.pop(key, None)
+                if block is None:
+                    continue
+                block.allocated = False
+                self.allocated -= block.size
+                pool = block.pool
+                order, free = pool.order, pool.free
+                before, after = block.prev, block.next
+                if before is not None and not before.allocated:
+                    del order[_bisect_left(order, before.size << _PTR_BITS | before.ptr)]
+                    del free[before.ptr]
+                    block.ptr = before.ptr
+                    block.prev = before.prev
+                    if before.prev is not None:
+                        before.prev.next = block
+                    block.size += before.size
+                if after is not None and not after.allocated:
+                    del order[_bisect_left(order, after.size << _PTR_BITS | after.ptr)]
+                    del free[after.ptr]
+                    block.next = after.next
+                    if after.next is not None:
+                        after.next.prev = block
+                    if pool.tail is after:
+                        pool.tail = block
+                    block.size += after.size
+                block.freed_at = self.mallocs
+                _insort(order, block.size << _PTR_BITS | block.ptr)
+                free[block.ptr] = block
+                continue
+            if key is probe_key:
+                self.probe(nbytes)
+                continue
+            if key in live:
+                continue
+            made.append(key)
+            if not plain:
+                self._malloc(key, nbytes)
+                continue
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+            small = size <= SMALL_SIZE
+            pool = small_pool if small else large_pool
+            self.mallocs += 1
+            order = pool.order
+            i = _bisect_left(order, size << _PTR_BITS)
+            if i < len(order):
+                block = pool.free.pop(order[i] & _PTR_MASK)
+                del order[i]
+            else:
+                block = self._fresh(pool, size, key, nbytes)
+            remaining = block.size - size
+            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+                self._split_off(block, size, remaining)
+            block.allocated = True
+            live[key] = block
+            allocated = self.allocated = self.allocated + block.size
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+
+    def _split_off(self, block: _Block, size: int, remaining: int) -> None:
+        """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached."""
         pool = block.pool
-        order, free = pool.order, pool.free
-        before, after = block.prev, block.next
-        if before is not None and not before.allocated:
-            del order[_bisect_left(order, (before.size, before.ptr))]
-            del free[before.ptr]
-            block.ptr = before.ptr
-            block.prev = before.prev
-            if before.prev is not None:
-                before.prev.next = block
-            block.size += before.size
-        if after is not None and not after.allocated:
-            del order[_bisect_left(order, (after.size, after.ptr))]
-            del free[after.ptr]
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-            if pool.tail is after:
-                pool.tail = block
-            block.size += after.size
-        block.freed_at = self.mallocs
-        _insort(order, (block.size, block.ptr))
-        free[block.ptr] = block
+        rest = _Block(block.ptr + size, remaining, pool)
+        after = block.next
+        rest.prev, rest.next = block, after
+        if after is not None:
+            after.prev = rest
+        block.next = rest
+        block.size = size
+        if pool.tail is block:
+            pool.tail = rest
+        rest.freed_at = self.mallocs
+        _insort(pool.order, remaining << _PTR_BITS | rest.ptr)
+        pool.free[rest.ptr] = rest
 
     def __contains__(self, key: object) -> bool:
         return key in self._live
@@ -610,13 +641,13 @@ class Allocator:
         if split_max is None or pool.small or self.config.expandable_segments:
             return False
         want = max(size, split_max)
-        i = bisect.bisect_left(pool.order, (want, -1))
+        i = bisect.bisect_left(pool.order, want << _PTR_BITS)
         if i < len(pool.order):
-            self._release(pool.free[pool.order[i][1]])
+            self._release(pool.free[pool.order[i] & _PTR_MASK])
             return True
         freed = 0
-        while freed < want and pool.order and pool.order[-1][0] >= split_max:
-            block = pool.free[pool.order[-1][1]]
+        while freed < want and pool.order and pool.order[-1] >> _PTR_BITS >= split_max:
+            block = pool.free[pool.order[-1] & _PTR_MASK]
             freed += block.size
             self._release(block)
         return freed >= want

@@ -375,20 +375,12 @@ def _replay(setup: Setup, state: State, resident: list[int], states: list[int], 
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
 
     def run(allocator: Allocator) -> int:
-        live, probe, malloc, free = allocator.live, allocator.probe, allocator.malloc, allocator.free
+        live, malloc, free = allocator.live, allocator.malloc, allocator.free
 
         def play(events, made: list) -> None:
             """NB: an allocation still live from the step before (a buffer DeepSpeed keeps)
             is kept, not made again; `made` collects what this step allocated."""
-            for key, size in events:
-                if key is PROBE:
-                    probe(size)
-                elif size is None:
-                    if key in live:
-                        free(key)
-                elif key not in live:
-                    malloc(key, size)
-                    made.append(key)
+            allocator.play(events, made, PROBE)
 
         for i, size in enumerate(resident):
             if size:
