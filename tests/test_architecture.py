@@ -19,6 +19,7 @@ STAGES = (
     ("load", ("compiler.pipeline.load", "compiler.pipeline.json_path", "compiler.pipeline.strict_yaml")),
     ("validate", ("compiler.pipeline.validate",)),
     ("resolve", ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary")),
+    ("peft", ("compiler.pipeline.peft",)),
     ("expand", ("compiler.pipeline.expand",)),
     ("admit", ("compiler.pipeline.admit",)),
     ("evaluate", ("compiler.pipeline.evaluate",)),

@@ -28,12 +28,12 @@ one name, and repeated instances never do unless the parent passes the same tens
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
+from ..errors import Diagnostic, MemspecError, UsageError
 from ..library.formula import Child, Formula, Library, bind, integer
+from .peft import bias_elements, check_bias_modelled, lora_target, quantized, save_error, save_matches, saved_name, unmatched_saves
 from .resolve import Setup, Spec
 
 
@@ -330,8 +330,8 @@ def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module
                                                                      requires_grad=requires_grad), locate)
     bias_only = False
     if bias_ok and not requires_grad and not idle:
-        _check_bias_modelled(setup, formula, scope, path)
-        if _bias_elements(formula, scope) > 0:
+        check_bias_modelled(setup, formula, scope, path)
+        if bias_elements(formula, scope) > 0:
             bias_only = True
             flat_states = not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
             if reaches_loss:
@@ -400,7 +400,7 @@ def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple,
         target = None if setup.lora is None or idle else saved_name(setup.lora, kw["path"])
         if target is not None and (saved or adapter):
             where = "inside the module modules_to_save already copies" if saved else f"inside the LoRA layer '{path}'"
-            raise _save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
+            raise save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
                               "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
         if target is not None:
             kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
@@ -425,7 +425,7 @@ def _peft_child(ex: _Expansion, setup: Setup, formula: Formula, child, plain: tu
         c_requires = True  # the adapters train; lora_linear's base_layer is frozen
     elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
         if idle or saved:
-            raise _save_error(setup, saved_name(setup.lora, path) or "", "E322",
+            raise save_error(setup, saved_name(setup.lora, path) or "", "E322",
                               f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
                               "of a 4-/8-bit weight cannot require grad",
                               "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
@@ -446,8 +446,7 @@ def _wrapped(ex: _Expansion, formula: Formula, kw: dict, target: str) -> Instanc
     `modules_to_save`, its copy.deepcopy, every parameter trainable, which runs the forward.
     A copy of a tied embedding table is a new, untied table (deepcopy copies the shared weight
     into the copy alone)."""
-    ex.matched.update(t for t in kw["setup"].lora.modules_to_save
-                    if any(n.endswith(t) for n in (re.sub(r"\[(\d+)\]", r".\1", kw["path"]),) + MODULE_NAMES.get(formula.layer_type, ())))
+    ex.matched.update(t for t in kw["setup"].lora.modules_to_save if save_matches(t, kw["path"], formula.layer_type))
     given = kw["given"]
     if given.get("shared_weight"):
         key = ("untied", id(given))
@@ -466,110 +465,6 @@ def _wrapped(ex: _Expansion, formula: Formula, kw: dict, target: str) -> Instanc
     return Instance(path=kw["path"], template=kw["template"], index=kw["index"], module=kw["module"], formula=w, scope=scope,
                     tensors={}, trainable=copy.trainable, grad_in=copy.grad_in, grad_flows=copy.grad_flows, checkpointed=False,
                     children=(original, copy))
-
-
-# peft matches modules_to_save by the module's full name ending with the given name (a plain
-# string suffix: utils/other.py _set_trainable, `key.endswith(target_key)`). memspec matches
-# the same rule against its layer paths (`language.layers.3.mlp`) and, for a whole module,
-# the name Hugging Face gives it in the model of its layer type.
-MODULE_NAMES: Mapping[str, tuple[str, ...]] = {
-    "mlp_projector": ("model.multi_modal_projector",),  # LlavaForConditionalGeneration
-    "llava_next_projector": ("model.multi_modal_projector",),  # LlavaNextForConditionalGeneration
-    "clip_vision_tower": ("model.vision_tower",),
-}
-
-
-def saved_name(lora, path: str, layer_type: str | None = None) -> str | None:
-    """The modules_to_save name that matches the instance at `path` (a module root gives its
-    layer type, for its Hugging Face name), or None."""
-    if lora is None or not lora.modules_to_save:
-        return None
-    names = (re.sub(r"\[(\d+)\]", r".\1", path),) + (MODULE_NAMES.get(layer_type, ()) if layer_type else ())
-    hits = [t for t in lora.modules_to_save if any(n.endswith(t) for n in names)]
-    return hits[0] if hits else None
-
-
-def _save_error(setup: Setup, target: str, code: str, message: str, help: str) -> MemspecError:
-    names = setup.lora.modules_to_save
-    i = names.index(target) if target in names else 0
-    file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
-    return MemspecError(Diagnostic(code, file, line, col, where, message, help))
-
-
-def _bias_elements(formula: Formula, scope: Mapping[str, Any]) -> int:
-    """Bytes of a layer's parameter tensors named `bias` (peft's bias='all' matches a parameter
-    named `bias` or ending in `.bias`: tuners_utils._mark_only_adapters_as_trainable)."""
-    return sum(integer(e, e(scope)) for e, name in zip(formula.param_tensors, formula.param_names) if name == "bias")
-
-
-# Layer types whose parameters named `bias` are not a tensor of their own in the formula
-# (the whole attention head as one block, bitsandbytes' layers): bias='all' is refused there.
-BIAS_UNSPLIT = ("siglip_attention_head", "linear_4bit", "linear_8bit")
-
-
-def _check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any], path: str) -> None:
-    if formula.layer_type in BIAS_UNSPLIT and (formula.layer_type == "siglip_attention_head" or scope.get("bias")):
-        file, line, col, where = setup.lora.bias_at or (setup.file, 0, 0, "$.lora.bias")
-        raise MemspecError(Diagnostic("E323", file, line, col, where,
-                                      f"peft bias='{setup.lora.bias}' would train the biases of '{path}' ({formula.layer_type}), whose formula does not give them as a tensor of their own",
-                                      "use bias: none, or adapt another module (lora.modules)"))
-
-
-def unmatched_saves(setup: Setup, roots: tuple[Instance, ...], matched: set) -> list[Diagnostic]:
-    """A modules_to_save name that matches nothing: peft would silently train nothing extra,
-    memspec says so (E320), with the names that exist."""
-    if setup.lora is None:
-        return []
-    out = []
-    for i, target in enumerate(setup.lora.modules_to_save):
-        if target in matched:
-            continue
-        names = []
-        for r in roots:
-            names.extend(MODULE_NAMES.get(r.formula.layer_type, ()))
-            names.append(r.path)
-            names.extend(c.path.split(".", 1)[1] for c in r.children if "." in c.path)
-        known = list(dict.fromkeys(re.sub(r"\[\d+\]", "", n) for n in names))
-        file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
-        out.append(Diagnostic("E320", file, line, col, where,
-                              f"modules_to_save '{target}' matches no module (peft matches a module whose full name ends with it)",
-                              did_you_mean(target, known) or f"modules: {', '.join(known)}"))
-    return out
-
-
-# peft's `all-linear` skips the model's output embedding (tuners_utils
-# `_maybe_include_all_linear_layers`: get_output_embeddings()); in memspec's specs it is the
-# language model's `lm_head` child.
-OUTPUT_EMBEDDING = "lm_head"
-
-
-def lora_target(lora, module: str, path: str) -> bool:
-    """Whether peft adapts the linear layer at `path` (memspec path, `layers[3]` indices).
-
-    peft matches a module whose name equals a target or ends with `.<target>`
-    (tuners_utils.check_target_module_exists); memspec restricts that to `lora.modules`.
-    """
-    if module not in lora.modules:
-        return False
-    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
-    if lora.target_modules == "all-linear":
-        return dotted.rsplit(".", 1)[-1] != OUTPUT_EMBEDDING
-    return any(dotted == t or dotted.endswith("." + t) for t in lora.target_modules)
-
-
-def quantized(q, module: str, parent_type: str, name: str, path: str) -> bool:
-    """Whether transformers' replace_with_bnb_linear makes the linear at `path` a bitsandbytes
-    one: every nn.Linear of the quantized modules but the output embedding and
-    llm_int8_skip_modules; inside a LoRA wrapper only the base layer (the adapters are added
-    after quantization, in the compute dtype)."""
-    if module not in q.modules:
-        return False
-    if parent_type in ("lora_linear", "dora_linear"):
-        return name == "base_layer"
-    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
-    if dotted.rsplit(".", 1)[-1] == OUTPUT_EMBEDDING:
-        return False
-    return not any(dotted == s or dotted.endswith("." + s) or f".{s}." in f".{dotted}." for s in q.skip_modules)
 
 
 def _quantized(ex: _Expansion, q, given: Mapping[str, Any]) -> tuple:

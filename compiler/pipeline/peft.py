@@ -1,0 +1,127 @@
+"""peft's rules, read by expand: which linear layers LoRA adapts (`lora_target`), which
+bitsandbytes quantizes (`quantized`), which module a modules_to_save name replaces
+(`saved_name`, `save_matches`) and what it must not (E320, E322), and where bias='all' trains
+a tensor the formula gives (`bias_elements`, E323).
+
+Contract: pure functions of the setup's `lora` / `quantization` blocks and a layer's memspec
+path (`language.layers[3].self_attn.q_proj`), matched by peft's and transformers' own rules
+(suffix matching on the dotted name); no instance is built here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..errors import Diagnostic, MemspecError, did_you_mean
+from ..library.formula import Formula, integer
+from .vocabulary import Setup
+
+
+# peft matches modules_to_save by the module's full name ending with the given name (a plain
+# string suffix: utils/other.py _set_trainable, `key.endswith(target_key)`). memspec matches
+# the same rule against its layer paths (`language.layers.3.mlp`) and, for a whole module,
+# the name Hugging Face gives it in the model of its layer type.
+MODULE_NAMES: Mapping[str, tuple[str, ...]] = {
+    "mlp_projector": ("model.multi_modal_projector",),  # LlavaForConditionalGeneration
+    "llava_next_projector": ("model.multi_modal_projector",),  # LlavaNextForConditionalGeneration
+    "clip_vision_tower": ("model.vision_tower",),
+}
+
+
+def save_matches(target: str, path: str, layer_type: str | None = None) -> bool:
+    """Whether the modules_to_save name `target` matches the instance at `path` (a module root
+    gives its layer type, for its Hugging Face name)."""
+    names = (re.sub(r"\[(\d+)\]", r".\1", path),) + (MODULE_NAMES.get(layer_type, ()) if layer_type else ())
+    return any(n.endswith(target) for n in names)
+
+
+def saved_name(lora, path: str, layer_type: str | None = None) -> str | None:
+    """The modules_to_save name that matches the instance at `path`, or None."""
+    if lora is None or not lora.modules_to_save:
+        return None
+    hits = [t for t in lora.modules_to_save if save_matches(t, path, layer_type)]
+    return hits[0] if hits else None
+
+
+def save_error(setup: Setup, target: str, code: str, message: str, help: str) -> MemspecError:
+    names = setup.lora.modules_to_save
+    i = names.index(target) if target in names else 0
+    file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
+    return MemspecError(Diagnostic(code, file, line, col, where, message, help))
+
+
+def bias_elements(formula: Formula, scope: Mapping[str, Any]) -> int:
+    """Bytes of a layer's parameter tensors named `bias` (peft's bias='all' matches a parameter
+    named `bias` or ending in `.bias`: tuners_utils._mark_only_adapters_as_trainable)."""
+    return sum(integer(e, e(scope)) for e, name in zip(formula.param_tensors, formula.param_names) if name == "bias")
+
+
+# Layer types whose parameters named `bias` are not a tensor of their own in the formula
+# (the whole attention head as one block, bitsandbytes' layers): bias='all' is refused there.
+BIAS_UNSPLIT = ("siglip_attention_head", "linear_4bit", "linear_8bit")
+
+
+def check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any], path: str) -> None:
+    if formula.layer_type in BIAS_UNSPLIT and (formula.layer_type == "siglip_attention_head" or scope.get("bias")):
+        file, line, col, where = setup.lora.bias_at or (setup.file, 0, 0, "$.lora.bias")
+        raise MemspecError(Diagnostic("E323", file, line, col, where,
+                                      f"peft bias='{setup.lora.bias}' would train the biases of '{path}' ({formula.layer_type}), whose formula does not give them as a tensor of their own",
+                                      "use bias: none, or adapt another module (lora.modules)"))
+
+
+def unmatched_saves(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic]:
+    """A modules_to_save name that matches nothing among `roots` (expand's instances): peft
+    would silently train nothing extra, memspec says so (E320), with the names that exist."""
+    if setup.lora is None:
+        return []
+    out = []
+    for i, target in enumerate(setup.lora.modules_to_save):
+        if target in matched:
+            continue
+        names = []
+        for r in roots:
+            names.extend(MODULE_NAMES.get(r.formula.layer_type, ()))
+            names.append(r.path)
+            names.extend(c.path.split(".", 1)[1] for c in r.children if "." in c.path)
+        known = list(dict.fromkeys(re.sub(r"\[\d+\]", "", n) for n in names))
+        file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
+        out.append(Diagnostic("E320", file, line, col, where,
+                              f"modules_to_save '{target}' matches no module (peft matches a module whose full name ends with it)",
+                              did_you_mean(target, known) or f"modules: {', '.join(known)}"))
+    return out
+
+
+# peft's `all-linear` skips the model's output embedding (tuners_utils
+# `_maybe_include_all_linear_layers`: get_output_embeddings()); in memspec's specs it is the
+# language model's `lm_head` child.
+OUTPUT_EMBEDDING = "lm_head"
+
+
+def lora_target(lora, module: str, path: str) -> bool:
+    """Whether peft adapts the linear layer at `path` (memspec path, `layers[3]` indices).
+
+    peft matches a module whose name equals a target or ends with `.<target>`
+    (tuners_utils.check_target_module_exists); memspec restricts that to `lora.modules`.
+    """
+    if module not in lora.modules:
+        return False
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    if lora.target_modules == "all-linear":
+        return dotted.rsplit(".", 1)[-1] != OUTPUT_EMBEDDING
+    return any(dotted == t or dotted.endswith("." + t) for t in lora.target_modules)
+
+
+def quantized(q, module: str, parent_type: str, name: str, path: str) -> bool:
+    """Whether transformers' replace_with_bnb_linear makes the linear at `path` a bitsandbytes
+    one: every nn.Linear of the quantized modules but the output embedding and
+    llm_int8_skip_modules; inside a LoRA wrapper only the base layer (the adapters are added
+    after quantization, in the compute dtype)."""
+    if module not in q.modules:
+        return False
+    if parent_type in ("lora_linear", "dora_linear"):
+        return name == "base_layer"
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    if dotted.rsplit(".", 1)[-1] == OUTPUT_EMBEDDING:
+        return False
+    return not any(dotted == s or dotted.endswith("." + s) or f".{s}." in f".{dotted}." for s in q.skip_modules)
