@@ -12,7 +12,10 @@ fault) with a diagnostic per refusal, at the experiment's key or the flag that a
   instantiates does not list in its `setups:` (E316, E317, E318, E325, E331): the spec
   expanded for the experiment's batch on one GPU without adapters or quantization (the
   probe), the layers a setup reaches, which tp / pp only split;
-- tp / sp / pp with the rest of the setup, and sizes that split evenly (E318, E319).
+- tp / sp / pp with the rest of the setup, and sizes that split evenly (E318, E319);
+- parts modelled apart but not together: an optimizer FSDP2's walk does not size (E308),
+  peft's modules_to_save or bias with FSDP2, bias with DoRA (E321), a quantized module listed
+  as trainable (E307).
 The experiment's values are read again as resolve read them (`resolve.Resolution`), so that
 each refusal is placed and worded as before. Nothing prints.
 """
@@ -29,8 +32,8 @@ from ..paths import data_root
 from .expand import expand, experiment_scope
 from .load import Document
 from .resolve import (
-    OLDER_TRANSFORMERS, TRANSFORMERS, TRANSFORMERS_RELEASE, Module, Resolution, Setup, Spec, _optimizer, derive_bytes,
-    gpu_catalog, release_text,
+    OLDER_TRANSFORMERS, TRANSFORMERS, TRANSFORMERS_RELEASE, Lora, Module, Optimizer, Resolution, Setup, Spec, _optimizer,
+    derive_bytes, gpu_catalog, release_text,
 )
 
 
@@ -61,8 +64,48 @@ def admit(doc: Document | None, spec: Spec, setup: Setup, overrides: Mapping[str
                             {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
     if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
         _check_model_parallel(parallel, data, spec, complain)
+    _check_pairings(setup, parallel, complain)
     r.raise_problems()
     return setup
+
+
+def _check_pairings(setup: Setup, parallel: Mapping[str, Any], complain) -> None:
+    """Parts each modelled, not together: an optimizer on FSDP2's shards other than the ones its
+    walk sizes (E308), peft's modules_to_save or bias with FSDP2 or bias with DoRA (E321), a
+    bitsandbytes-quantized module listed as trainable (E307)."""
+    optimizer, lora, quantization = setup.optimizer, setup.lora, setup.quantization
+    if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
+        # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
+        # without weight decay; other optimizers on DTensor shards are not modelled
+        complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
+                 "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
+    if lora is not None:
+        _check_lora_extras(lora, parallel, complain)
+    if quantization is not None:
+        trained = sorted(quantization.modules & (frozenset(setup.trainable) - (lora.modules if lora else frozenset())))
+        if trained:
+            complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
+                     "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
+
+
+def _fsdp_modelled(o: Optimizer) -> bool:
+    return not o.bnb and (o.type in ("adamw", "adam") or (o.type == "sgd" and not o.weight_decay))
+
+
+def _check_lora_extras(lora: Lora, parallel: Mapping[str, Any], complain) -> None:
+    """modules_to_save and bias where the estimate does not model them (E321)."""
+    extras = [x for x, on in (("modules_to_save", bool(lora.modules_to_save)), (f"bias '{lora.bias}'", lora.bias != "none")) if on]
+    if not extras:
+        return
+    if parallel.get("fsdp") is not None:
+        # NB: FSDP2's units hold frozen and trainable parameters of one layer in one flat
+        # group; a bias-only or copied layer's reduce-scatter is not walked
+        complain("lora", "E321", f"peft {' and '.join(extras)} with FSDP2 is not modelled",
+                 "estimate with DeepSpeed ZeRO (parallel: {zero: N}) or without them")
+    if lora.use_dora and lora.bias != "none":
+        # NB: peft's DoRA layer subtracts and re-adds the base bias around its magnitude scaling
+        # (lora/dora.py DoraLinearLayer.forward), a path not in dora_linear's formula
+        complain("lora", "E321", f"peft bias '{lora.bias}' with DoRA (use_dora) is not modelled", "use bias: none with use_dora")
 
 
 # What each of SETUPS is called where an experiment asks for it, and the code of its refusal.

@@ -308,11 +308,6 @@ class Resolution:
         except AllocConfError as error:
             complain("alloc_conf", "E330", f"PYTORCH_CUDA_ALLOC_CONF: {error}", error.help)
             alloc_conf = AllocatorConfig()
-        if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
-            # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
-            # without weight decay; other optimizers on DTensor shards are not modelled
-            complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
-                     "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
         if spec.attention and data["attention"] not in spec.attention:
             complain(
                 "attention",
@@ -466,7 +461,7 @@ class Resolution:
 
     def peft(self) -> tuple[Lora | None, Quantization | None]:
         """The LoRA and quantization blocks, their modules known."""
-        data, parallel, spec, doc = self.data, self.parallel, self.spec, self.doc
+        data, spec, doc = self.data, self.spec, self.doc
         complain, module_names, lora_flags, file = self.complain, self.module_names, self.lora_flags, self.file
         lora = _lora(data.get("lora"))
         for name in sorted(lora.modules) if lora else ():
@@ -474,16 +469,11 @@ class Resolution:
                 complain("lora", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
         if lora is not None:
             lora = _lora_located(lora, lora_flags, file, doc)
-            _check_lora_extras(lora, parallel, complain)
         quantization = _quantization(data.get("quantization"))
         if quantization is not None:
             for name in sorted(quantization.modules):
                 if name not in module_names:
                     complain("quantization", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
-            trained = sorted(quantization.modules & (frozenset(data["trainable"]) - (lora.modules if lora else frozenset())))
-            if trained:
-                complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
-                         "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
         return lora, quantization
 
 
@@ -596,32 +586,12 @@ def _lora_located(lora: Lora, flags: set, file: str, doc) -> Lora:
                    bias_at=at("bias", "--lora-bias"))
 
 
-def _check_lora_extras(lora: Lora, parallel: Mapping[str, Any], complain) -> None:
-    """modules_to_save and bias where the estimate does not model them (E321)."""
-    extras = [x for x, on in (("modules_to_save", bool(lora.modules_to_save)), (f"bias '{lora.bias}'", lora.bias != "none")) if on]
-    if not extras:
-        return
-    if parallel.get("fsdp") is not None:
-        # NB: FSDP2's units hold frozen and trainable parameters of one layer in one flat
-        # group; a bias-only or copied layer's reduce-scatter is not walked
-        complain("lora", "E321", f"peft {' and '.join(extras)} with FSDP2 is not modelled",
-                 "estimate with DeepSpeed ZeRO (parallel: {zero: N}) or without them")
-    if lora.use_dora and lora.bias != "none":
-        # NB: peft's DoRA layer subtracts and re-adds the base bias around its magnitude scaling
-        # (lora/dora.py DoraLinearLayer.forward), a path not in dora_linear's formula
-        complain("lora", "E321", f"peft bias '{lora.bias}' with DoRA (use_dora) is not modelled", "use bias: none with use_dora")
-
-
 def _quantization(block: Mapping[str, Any] | None) -> Quantization | None:
     """The experiment's `quantization` block with BitsAndBytesConfig's defaults (None: none)."""
     if not block or not block.get("bits"):
         return None
     b = {**QUANTIZATION_DEFAULTS, **block}
     return Quantization(int(b["bits"]), b["quant_type"], bool(b["double_quant"]), frozenset(b["modules"]), tuple(b["skip_modules"]))
-
-
-def _fsdp_modelled(o: Optimizer) -> bool:
-    return not o.bnb and (o.type in ("adamw", "adam") or (o.type == "sgd" and not o.weight_decay))
 
 
 def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
