@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import NormalInit, image_first_tokens, without_cache
-from .internvl import DEFAULT_MAX_PATCHES, DEFAULT_MIN_PATCHES, optimal_grid
+from .internvl import crop_tiles
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 
@@ -50,14 +50,7 @@ def tokens_per_tile(config) -> int:
 
 def tiles_per_image(config, image_size: list[int] | None) -> int:
     """Tiles of one image, the thumbnail included (crop_image_to_patches); one without a size."""
-    if not image_size:
-        return 1
-    p = config.preprocessor
-    tile = p.get("size", {}).get("height", config.vision_config.image_size)
-    columns, rows = optimal_grid(image_size[0], image_size[1], tile,
-                                 p.get("min_patches", DEFAULT_MIN_PATCHES), p.get("max_patches", DEFAULT_MAX_PATCHES))
-    blocks = columns * rows
-    return blocks + (1 if blocks != 1 else 0)
+    return crop_tiles(config.preprocessor, config.vision_config.image_size, image_size) if image_size else 1
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:

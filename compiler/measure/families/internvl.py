@@ -99,14 +99,20 @@ def optimal_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: 
     return best
 
 
-def tiles_per_image(config, image_size: list[int]) -> int:
-    """Tiles of one image, the thumbnail included (crop_image_to_patches, use_thumbnail)."""
-    p = config.preprocessor
-    tile = p.get("size", {}).get("height", config.vision_config.image_size[0])
-    columns, rows = optimal_grid(image_size[0], image_size[1], tile,
-                                 p.get("min_patches", DEFAULT_MIN_PATCHES), p.get("max_patches", DEFAULT_MAX_PATCHES))
+def crop_tiles(preprocessor: dict, tower_size: int, image_size: list[int]) -> int:
+    """Tiles GotOcr2ImageProcessor.crop_image_to_patches makes of one [h, w] image, the
+    thumbnail included (use_thumbnail): the preprocessor's tile size (else the tower's) and
+    min / max patches (else the processor's defaults)."""
+    tile = preprocessor.get("size", {}).get("height", tower_size)
+    columns, rows = optimal_grid(image_size[0], image_size[1], tile, preprocessor.get("min_patches", DEFAULT_MIN_PATCHES),
+                                 preprocessor.get("max_patches", DEFAULT_MAX_PATCHES))
     blocks = columns * rows
     return blocks + (1 if blocks != 1 else 0)
+
+
+def tiles_per_image(config, image_size: list[int]) -> int:
+    """Tiles of one image, the thumbnail included."""
+    return crop_tiles(config.preprocessor, config.vision_config.image_size[0], image_size)
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
