@@ -775,6 +775,26 @@ def aya_vision_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list
     return siglip_tensors(v, "vision_tower.vision_model.", dtype) + projector + language
 
 
+def cohere2_vision_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Cohere2VisionForConditionalGeneration as the hub stores it (transformers 4.55's layout):
+    model.vision_tower.vision_model.* (SigLIP, no head), model.multi_modal_projector.{linear_1,
+    linear_2} (no LayerNorm: linear_1 over the 2 x 2 pixel-shuffled width to
+    alignment_intermediate_size, its SwiGLU halves into linear_2; both with bias),
+    model.language_model.* (Cohere2, head tied: no lm_head tensor)."""
+    t, v = c["text_config"], c["vision_config"]
+    wide = v["hidden_size"] * c.get("downsample_factor", 2) ** 2
+    inner = c.get("alignment_intermediate_size", 36864)
+    projector = [
+        ("model.multi_modal_projector.linear_1.weight", dtype, [inner, wide]),
+        ("model.multi_modal_projector.linear_1.bias", dtype, [inner]),
+        ("model.multi_modal_projector.linear_2.weight", dtype, [t["hidden_size"], inner // 2]),
+        ("model.multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
+    ]
+    language = [("model.language_model." + name.removeprefix("model."), d, shape)
+                for name, d, shape in cohere_tensors(t, dtype)]
+    return siglip_tensors(v, "model.vision_tower.vision_model.", dtype) + projector + language
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -1540,6 +1560,42 @@ AYA_VISION_8B_PROCESSOR = {
     "max_patches": 12, "min_patches": 1, "processor_class": "AyaVisionProcessor", "resample": 3,
     "rescale_factor": 0.00392156862745098, "size": {"height": 364, "width": 364},
 }
+# CohereLabs/command-a-vision-07-2025 (2025-07; model_type cohere2_vision, bfloat16; the hub's
+# checkpoint has many more shards, four here). NB reconstructed, not copied: the released
+# config.json's values as published (SigLIP2 so400m/16 at 512 px stored as siglip_vision_model,
+# 27 layers of 1152, intermediate 4304, 16 heads, no head; downsample_factor 2;
+# alignment_intermediate_size 36864; Command A's Cohere2 text model: 64 layers of 12288,
+# intermediate 36864, 96 heads, 8 KV heads, vocab 256000, sliding window 4096, every fourth layer
+# global), checked against the published 112B parameters (111,867,525,360 as
+# Cohere2VisionForConditionalGeneration builds them, the head tied), and
+# Cohere2VisionImageProcessor's preprocessor_config.json (512 px tiles, crop_to_patches, at most
+# 12 plus a thumbnail).
+COMMAND_A_VISION_07_2025 = {
+    "alignment_intermediate_size": 36864, "architectures": ["Cohere2VisionForConditionalGeneration"],
+    "downsample_factor": 2, "image_token_id": 255036, "model_type": "cohere2_vision",
+    "text_config": {
+        "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
+        "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu", "hidden_size": 12288,
+        "initializer_range": 0.02, "intermediate_size": 36864, "layer_norm_eps": 1e-05, "logit_scale": 0.25,
+        "max_position_embeddings": 32768, "model_type": "cohere2", "num_attention_heads": 96,
+        "num_hidden_layers": 64, "num_key_value_heads": 8, "pad_token_id": 0, "rope_theta": 50000,
+        "sliding_window": 4096, "sliding_window_pattern": 4, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 256000,
+    },
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0",
+    "vision_config": {
+        "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 512, "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16,
+        "num_channels": 3, "num_hidden_layers": 27, "patch_size": 16, "vision_use_head": False,
+    },
+}
+COMMAND_A_VISION_07_2025_PROCESSOR = {
+    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Cohere2VisionImageProcessorFast",
+    "image_std": [0.5, 0.5, 0.5], "max_patches": 12, "min_patches": 1, "patch_size": 16,
+    "processor_class": "Cohere2VisionProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "size": {"height": 512, "width": 512},
+}
 # zai-org/GLM-4.1V-9B-Thinking (2025-07; bfloat16, four shards). NB reconstructed, not copied: the
 # released config.json's values as published (vision hidden 1536, depth 24, 12 heads, out_hidden_size
 # 4096, intermediate 13696, patch 14, image_size 336, spatial_merge 2, temporal_patch 2; text hidden
@@ -1692,6 +1748,13 @@ def write_aya_vision_8b() -> None:
                      processor=AYA_VISION_8B_PROCESSOR)
 
 
+def write_command_a_vision() -> None:
+    """CohereLabs/command-a-vision-07-2025 alone (`python tests/hubfixtures.py command-a-vision`)."""
+    write_checkpoint(FIXTURES / "command-a-vision-07-2025", COMMAND_A_VISION_07_2025,
+                     cohere2_vision_tensors(COMMAND_A_VISION_07_2025), shards=4,
+                     processor=COMMAND_A_VISION_07_2025_PROCESSOR)
+
+
 def write_minicpmv4_6() -> None:
     """openbmb/MiniCPM-V-4.6 alone (`python tests/hubfixtures.py minicpmv4_6`)."""
     write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6),
@@ -1774,6 +1837,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024,
                      cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
     write_aya_vision_8b()
+    write_command_a_vision()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
@@ -1818,6 +1882,8 @@ if __name__ == "__main__":
         write_smolvlm2_2_2b()
     elif sys.argv[1:] == ["aya-vision-8b"]:
         write_aya_vision_8b()
+    elif sys.argv[1:] == ["command-a-vision"]:
+        write_command_a_vision()
     elif sys.argv[1:] == ["t5"]:
         write_t5()
     elif sys.argv[1:] == ["mllama"]:

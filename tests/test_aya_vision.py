@@ -73,7 +73,7 @@ def test_contexts_count_the_processors_tiles(size):
     assert vision.batch({**scope, **vision.inputs}) == want
     assert projector.batch({**scope, **projector.inputs}) == want
     tiles = dict(api.library().formulas["cohere2_causal_lm"].lets)["tiles"]
-    assert tiles({"tile": TILE, "image_h": h, "image_w": w}) == want
+    assert tiles({"tile": TILE, "canvas": 0, "image_h": h, "image_w": w}) == want
 
 
 def test_image_positions_reach_the_estimate_and_the_text_model_is_unchanged():

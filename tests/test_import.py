@@ -149,6 +149,13 @@ def _error(fn, *args, **kwargs) -> str:
         # LayerNorm 2 * 4608 + linear_1 4608 * 28672 + 28672 + linear_2 14336 * 4096 + 4096; Command R7B's
         # language model (8_028_033_024, head tied): 8_631_842_032 in all, the published 8.63B
         ("aya-vision-8b", {"vision": 412_926_192, "projector": 190_882_816, "language": 8_028_033_024}),
+        # command-a-vision-07-2025 (cohere2_vision): SigLIP so400m/16 at 512 without head (patch conv
+        # 3 * 16 * 16 * 1152 + 1152 = 885_888, positions 1024 * 1152 = 1_179_648, 27 * 15_239_504 layers,
+        # post-LN 2304); projector without LayerNorm: linear_1 4608 * 36864 + 36864 + linear_2
+        # 18432 * 12288 + 12288; Command A's language model: the tied table 256000 * 12288 +
+        # 64 * 1_686_122_496 layers (LN 12288, q and o 2 * 12288^2, k and v 2 * 1024 * 12288, MLP
+        # 3 * 12288 * 36864) + norm 12288: 111_867_525_360 in all, the published 112B
+        ("command-a-vision-07-2025", {"vision": 413_534_448, "projector": 396_410_880, "language": 111_057_580_032}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

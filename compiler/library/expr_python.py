@@ -55,8 +55,31 @@ def _crop_to_patches(height: int, width: int, tile: int, min_patches: int, max_p
     return blocks + 1 if blocks > 1 else blocks
 
 
+def _canvas_tiles(height: int, width: int, tile: int, max_patches: int) -> int:
+    """How many images Cohere2VisionImageProcessor.crop_image_to_patches makes of one height x
+    width image (Command A Vision): its get_optimal_tiled_canvas over the grids of at most
+    max_patches tiles (columns-major, then stably by tile count) takes the scale each grid needs,
+    min(columns * tile / width, rows * tile / height) in double precision; the first grid with the
+    smallest scale >= 1 wins, or, when every grid would shrink the image, the first with the
+    largest; min_patches plays no part. Plus the thumbnail a grid of more than one tile gets."""
+    if not 1 <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
+        raise ValueError(f"canvas_tiles({height}, {width}, {tile}, {max_patches}): "
+                         f"sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
+    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
+                    if c * r <= max_patches), key=lambda g: g[0] * g[1])
+    scales = [min(c * tile / width, r * tile / height) for c, r in grids]
+    if all(s < 1 for s in scales):
+        best = grids[scales.index(max(scales))]
+    else:
+        upscales = [s if s >= 1 else 10e9 for s in scales]
+        best = grids[upscales.index(min(upscales))]
+    blocks = best[0] * best[1]
+    return blocks + 1 if blocks > 1 else blocks
+
+
 FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2,
-                                              "floordiv_sqrt": _floordiv_sqrt, "crop_to_patches": _crop_to_patches}
+                                              "floordiv_sqrt": _floordiv_sqrt, "crop_to_patches": _crop_to_patches,
+                                              "canvas_tiles": _canvas_tiles}
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
 # any byte count, and the bound keeps an expression's evaluation instant.
