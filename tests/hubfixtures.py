@@ -1697,7 +1697,8 @@ LLAMA_3_2_11B_VISION_INSTRUCT = {
 }
 # meta-llama/Llama-3.2-90B-Vision-Instruct: the same tower and processor, the 70B-sized text model
 # (hidden 8192, 100 layers, 64 heads of 128, 8 key-value heads, MLP 28672) with a cross-attention
-# layer every 5th from layer 3 (20); 88,593,355,323 parameters, the published 88.6B.
+# layer every 5th from layer 3 (20); 88,593,355,323 parameters, the published 88.6B. Reconstructed
+# from those published sizes, not copied from the hub's config.json.
 LLAMA_3_2_90B_VISION_INSTRUCT = {
     **LLAMA_3_2_11B_VISION_INSTRUCT,
     "text_config": {**LLAMA_3_2_11B_VISION_INSTRUCT["text_config"], "cross_attention_layers": list(range(3, 100, 5)),
