@@ -43,7 +43,8 @@ def checkpoint_module(model, name: str) -> torch.nn.Module:
 
 
 def tokens_per_tile(config) -> int:
-    """(364 / 14)^2 / 2^2 = 169 for aya-vision-8b."""
+    """(364 / 14)^2 / 2^2 = 169 for aya-vision-8b; (512 / 16)^2 / 2^2 = 256 for
+    command-a-vision-07-2025."""
     v = config.vision_config
     return (v.image_size // v.patch_size) ** 2 // (config.downsample_factor ** 2)
 
@@ -54,9 +55,14 @@ def tiles_per_image(config, image_size: list[int] | None) -> int:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return tiled_batch(config, exp, dtype, tiles_per_image(config, exp.get("image_size")))
+
+
+def tiled_batch(config, exp: dict, dtype: torch.dtype, tiles: int) -> dict[str, torch.Tensor]:
+    """`tiles` tiles per image (the processor's count), tokens_per_tile image tokens each, first
+    in every sample; the tiles as pixel_values (Aya Vision and Command A Vision alike)."""
     b, images = exp["micro_batch"], exp["images_per_sample"]
     v = config.vision_config
-    tiles = tiles_per_image(config, exp.get("image_size"))
     per_tile = tokens_per_tile(config)
     input_ids, labels = image_first_tokens(exp, images * tiles * per_tile, config.image_token_id,
                                            f" ({images} x {tiles} tiles x {per_tile})")

@@ -20,7 +20,8 @@ import torch
 
 from compiler.library.expr_python import FUNCTIONS
 
-from . import NormalInit, image_first_tokens, without_cache
+from . import NormalInit, without_cache
+from .aya_vision import checkpoint_module, tiled_batch, tokens_per_tile  # noqa: F401  (the same layout, tokens and batch)
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 
@@ -37,17 +38,6 @@ def model_class():
     return NormalInit("Cohere2VisionForConditionalGeneration")
 
 
-def checkpoint_module(model, name: str) -> torch.nn.Module:
-    """The PreTrainedModel whose checkpointing covers the experiment module's layers."""
-    return {"vision": model.model.vision_tower, "language": model.model.language_model}[name]
-
-
-def tokens_per_tile(config) -> int:
-    """(512 / 16)^2 / 2^2 = 256 for command-a-vision-07-2025."""
-    v = config.vision_config
-    return (v.image_size // v.patch_size) ** 2 // (config.downsample_factor ** 2)
-
-
 def tiles_per_image(config, image_size: list[int] | None) -> int:
     """Tiles of one image, the thumbnail included (crop_image_to_patches); one without a size."""
     if not image_size:
@@ -58,13 +48,4 @@ def tiles_per_image(config, image_size: list[int] | None) -> int:
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    b, images = exp["micro_batch"], exp["images_per_sample"]
-    v = config.vision_config
-    tiles = tiles_per_image(config, exp.get("image_size"))
-    per_tile = tokens_per_tile(config)
-    input_ids, labels = image_first_tokens(exp, images * tiles * per_tile, config.image_token_id,
-                                           f" ({images} x {tiles} tiles x {per_tile})")
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
-    if images:
-        batch["pixel_values"] = torch.zeros(b * images * tiles, v.num_channels, v.image_size, v.image_size, dtype=dtype)
-    return batch
+    return tiled_batch(config, exp, dtype, tiles_per_image(config, exp.get("image_size")))
