@@ -34,6 +34,8 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -376,11 +378,9 @@ def _replay(setup: Setup, state: State, resident: list[int], states: list[int], 
 
     def run(allocator: Allocator) -> int:
         live, malloc, free = allocator.live, allocator.malloc, allocator.free
-
-        def play(events, made: list) -> None:
-            """NB: an allocation still live from the step before (a buffer DeepSpeed keeps)
-            is kept, not made again; `made` collects what this step allocated."""
-            allocator.play(events, made, PROBE)
+        # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
+        # not made again; `made` collects what this step allocated
+        play = functools.partial(allocator.play, probe_key=PROBE)
 
         for i, size in enumerate(resident):
             if size:
