@@ -30,8 +30,8 @@ COUNTS = {"vision": 412_926_192, "projector": 190_882_816, "language": 8_028_033
 
 def processor_tiles(height: int, width: int) -> int:
     """GotOcr2ImageProcessor.crop_image_to_patches at Aya Vision's settings (1 to 12 tiles of 364 px,
-    the thumbnail when more than one), as the measuring builders restate get_optimal_tiled_canvas."""
-    from compiler.measure.families.internvl import optimal_grid
+    the thumbnail when more than one), restated from get_optimal_tiled_canvas in tests/tile_reference.py."""
+    from tile_reference import optimal_grid
 
     columns, rows = optimal_grid(height, width, TILE, 1, 12)
     return columns * rows + (1 if columns * rows > 1 else 0)

@@ -3,8 +3,9 @@ the tiles.
 
 The tile count is the expression function `crop_to_patches` (specs/families/internvl.yaml, the
 vision and projector contexts; formulas/llama_causal_lm.yaml, let `tiles`), the processor's
-aspect-ratio search in its float arithmetic; the measuring builder restates the search from its
-source, and the two are compared over many sizes, exact ties between grid ratios included.
+aspect-ratio search in its float arithmetic, which the measuring builder uses too;
+tests/tile_reference.py restates the search from its source, and the two are compared over many
+sizes, exact ties between grid ratios included.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ TILE, MAX_TILES = 448, 12
 
 def processor_tiles(height: int, width: int) -> int:
     """The processor's tile count, min 1, max 12 tiles of 448 px, thumbnail included: the
-    measuring builder's restatement of get_optimal_tiled_canvas (torchvision is not needed)."""
-    from compiler.measure.families.internvl import optimal_grid
+    restatement of get_optimal_tiled_canvas in tests/tile_reference.py (torchvision is not needed)."""
+    from tile_reference import optimal_grid
 
     columns, rows = optimal_grid(height, width, TILE, 1, MAX_TILES)
     return columns * rows + (1 if columns * rows > 1 else 0)

@@ -7,7 +7,7 @@ The batch is what AyaVisionProcessor produces for `images_per_sample` images per
 experiment's `image_size` (default: one tile): GotOcr2ImageProcessor (crop_to_patches) cuts each
 image into the tile grid whose aspect ratio is closest to the image's (1 to max_patches tiles,
 larger grids of the same ratio while the image covers over half of them) and adds a thumbnail
-when there is more than one tile (InternVL's search, `internvl.optimal_grid`); `pixel_values`
+when there is more than one tile (InternVL's search, the expression function `crop_to_patches`); `pixel_values`
 [b * images * tiles, C, size, size]; `input_ids` of exactly seq_len positions with
 (size / patch)^2 / downsample_factor^2 image tokens per tile first in every sample; labels with
 the image tokens at -100.

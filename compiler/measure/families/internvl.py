@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from ...library.expr_python import FUNCTIONS
 from ..experiment import ExperimentError
 from . import image_first_tokens, preprocessor_config
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
@@ -82,32 +83,13 @@ def host_patches() -> Iterator[list[str]]:
         cls.forward = saved
 
 
-def optimal_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
-    """(columns, rows): transformers/models/got_ocr2/image_processing_got_ocr2.py
-    `get_optimal_tiled_canvas` (InternVL's `find_closest_aspect_ratio`), restated because that
-    module needs torchvision."""
-    grids = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
-                    if min_tiles <= w * h <= max_tiles), key=lambda g: g[0] * g[1])
-    aspect, area = width / height, width * height
-    best_diff, best = float("inf"), (1, 1)
-    for grid in grids:
-        diff = abs(aspect - grid[0] / grid[1])
-        if diff < best_diff:
-            best_diff, best = diff, grid
-        elif diff == best_diff and area > 0.5 * tile * tile * grid[0] * grid[1]:
-            best = grid
-    return best
-
-
 def crop_tiles(preprocessor: dict, tower_size: int, image_size: list[int]) -> int:
     """Tiles GotOcr2ImageProcessor.crop_image_to_patches makes of one [h, w] image, the
     thumbnail included (use_thumbnail): the preprocessor's tile size (else the tower's) and
     min / max patches (else the processor's defaults)."""
     tile = preprocessor.get("size", {}).get("height", tower_size)
-    columns, rows = optimal_grid(image_size[0], image_size[1], tile, preprocessor.get("min_patches", DEFAULT_MIN_PATCHES),
-                                 preprocessor.get("max_patches", DEFAULT_MAX_PATCHES))
-    blocks = columns * rows
-    return blocks + (1 if blocks != 1 else 0)
+    return FUNCTIONS["crop_to_patches"](image_size[0], image_size[1], tile, preprocessor.get("min_patches", DEFAULT_MIN_PATCHES),
+                                        preprocessor.get("max_patches", DEFAULT_MAX_PATCHES))
 
 
 def tiles_per_image(config, image_size: list[int]) -> int:
