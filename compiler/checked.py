@@ -12,8 +12,9 @@ from: the file's bytes (every formula file of the folder for a library), the pat
 messages name it, the schemas, memspec's version and the source of the modules that make the
 value. A changed byte anywhere is a new key; nothing is ever invalidated in place.
 
-`tree()` hashes the whole package and its data for values that depend on everything (a
-measured record's estimate, `memspec validate`).
+`tree()` hashes the whole package and its data for values that depend on everything, `code()`
+the package and the schemas alone (a measured record's estimate, `memspec validate`, adds the
+spec and formula files it reads).
 
 Only inputs without problems are kept: a file with errors is loaded and reported every time.
 Writes are atomic (a temporary file, then `os.replace`), and an entry that cannot be read or
@@ -61,11 +62,23 @@ def _fingerprint() -> bytes:
 
 def tree() -> bytes:
     """A hash of everything an estimate reads: every file of the compiler package and of the
-    data folders (specs, formulas, schemas), read anew at each call. A cached estimate
-    (validate's comparisons) is keyed by it: any edit anywhere makes it anew."""
+    data folders (specs, formulas, schemas), read anew at each call. Any edit anywhere makes
+    a value keyed by it anew."""
     root = paths.data_root()
+    return _hash((_PACKAGE, root / "specs", root / "formulas", root / "schemas"))
+
+
+def code() -> bytes:
+    """A hash of the compiler package and the schemas, read anew at each call: what every
+    estimate depends on, whichever spec and formula files it reads (validate's comparisons
+    add those, `commands.validation`)."""
+    return _hash((_PACKAGE, paths.data_root() / "schemas"))
+
+
+def _hash(tops) -> bytes:
     h = hashlib.blake2b(_fingerprint(), digest_size=20)
-    for top in (_PACKAGE, root / "specs", root / "formulas", root / "schemas"):
+    for top in tops:
+        h.update(Path(top).name.encode() + b"\0")
         for directory, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_data"))
             for file in sorted(files):

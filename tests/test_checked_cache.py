@@ -237,3 +237,64 @@ def test_tree_changes_with_any_data_file(tmp_path, monkeypatch):
     linear = tmp_path / "formulas" / "linear.yaml"
     linear.write_text(linear.read_text() + "\n")
     assert checked.tree() != before
+
+
+def _spec_files():
+    return sorted(p for p in (ROOT / "specs").rglob("*.yaml") if p.parent.name not in ("experiments", "matrices", "families") and p.name != "gpus.yaml")
+
+
+def test_validate_key_reaches_every_formula_an_estimate_loads(cache):
+    """A record's comparison is kept by its spec and the formula files the spec reaches
+    (commands/validation._reads); for every spec shipped, that set holds every layer type of
+    the library its estimate loads (api.spec_library), so an edit to any of them makes the
+    comparison anew. The LLaVA-1.5-7B spec's set, worked: its modules' types and their
+    children, with linear's substitutes (LoRA, DoRA, 4- and 8-bit) and modules_to_save."""
+    import json
+
+    from compiler import api
+    from compiler.commands import validation
+
+    inputs = validation._Inputs.read()
+    for spec_path in _spec_files():
+        record = json.dumps({"experiment": {"model": str(spec_path.relative_to(ROOT))}}).encode()
+        reads = validation._reads(record, inputs)
+        assert reads is not None and reads[0] == str(spec_path.resolve())
+        reached = set(reads[2::2])
+        loaded = set(api.spec_library(api.load_spec(str(spec_path))).formulas)
+        assert loaded <= reached, (spec_path, loaded - reached)
+    llava = json.dumps({"experiment": {"model": "specs/llava/llava-1.5-7b.yaml"}}).encode()
+    reached = set(validation._reads(llava, inputs)[2::2])
+    assert {"clip_vision_tower", "mlp_projector", "llama_causal_lm", "llama_decoder_layer", "linear", "lora_linear", "dora_linear",
+            "linear_4bit", "linear_8bit", "modules_to_save"} <= reached
+    assert "gemma_attention" not in reached and "t5_stack" not in reached
+
+
+def test_validate_remakes_only_the_records_an_edit_reaches(cache, tmp_path, monkeypatch):
+    """After an edit to one formula file, `memspec validate` estimates again the records whose
+    specs reach it and reads the others back: an edit to Gemma's attention leaves a LLaVA
+    record's key alone and moves a Gemma 2 record's; an edit to linear moves both."""
+    import shutil
+
+    from compiler import paths
+    from compiler.commands import validation
+
+    for name in ("formulas", "schemas", "specs"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    monkeypatch.setattr(paths, "data_root", lambda: tmp_path)
+    llava = next((ROOT / "tests" / "measured" / "gpu").glob("llava-1.5_7b_proj_b4_*.json"))
+    gemma = next((ROOT / "tests" / "measured" / "gpu").glob("gemma2_2b_*.json"))
+
+    def keys():
+        inputs = validation._Inputs.read()
+        return validation._name(llava, inputs)[0], validation._name(gemma, inputs)[0]
+
+    before = keys()
+    assert keys() == before
+    edited = tmp_path / "formulas" / "gemma_attention.yaml"
+    edited.write_text(edited.read_text() + "\n")
+    after_gemma = keys()
+    assert after_gemma[0] == before[0] and after_gemma[1] != before[1]
+    linear = tmp_path / "formulas" / "linear.yaml"
+    linear.write_text(linear.read_text() + "\n")
+    after_linear = keys()
+    assert after_linear[0] != before[0] and after_linear[1] != after_gemma[1]

@@ -15,6 +15,7 @@ This module never imports the measuring code.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -112,13 +113,20 @@ def record_report(path: Path, record: dict | None = None):
         return None, exc.diagnostics[0].message
 
 
-def compare(path: Path, tree: bytes | None = None) -> Comparison:
-    """The record's comparison, kept in the checked-input cache by the record's bytes and a
-    hash of the whole compiler and its data (`checked.tree()`, or `tree` as the caller read
-    it): a rerun with nothing changed reads the answers back, any edit anywhere makes them anew."""
+def compare(path: Path) -> Comparison:
+    """The record's comparison, kept in the checked-input cache by the record's bytes and
+    every file its estimate reads (`_name`): a rerun with nothing changed reads the answer
+    back, an edit to a formula file makes anew the comparisons of the records whose specs
+    reach it, and no other."""
+    name, raw = _name(path, _Inputs.read())
+    return _made((path, name, raw))
+
+
+def _made(item: tuple[Path, str, bytes]) -> Comparison:
+    """The comparison of a record under its key `name`: the kept one, or made and kept."""
     from .. import checked
 
-    name, raw = _name(path, tree)
+    path, name, raw = item
     hit = checked.get(name)
     if isinstance(hit, Comparison):
         return hit
@@ -127,22 +135,81 @@ def compare(path: Path, tree: bytes | None = None) -> Comparison:
     return found
 
 
-def _kept(path: Path, tree: bytes | None) -> Comparison | None:
-    """The record's comparison if the cache has it."""
+# `type: name` in a formula or spec file: a child's or a module's layer type (a superset:
+# an input's `type: int` is no formula file and drops out)
+_TYPE = re.compile(rb"\btype:\s*[\"']?([a-z][a-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every record's estimate reads (`shared`: the compiler and the schemas,
+    `checked.code()`; the GPU catalog; the names of the formula files, as a layer type's
+    presence decides what a spec reaches), and each formula file: layer type -> (its bytes,
+    the layer types it names). Read once per `validate_records`."""
+
+    shared: bytes
+    formulas: dict[str, tuple[bytes, frozenset[str]]]
+
+    @classmethod
+    def read(cls) -> "_Inputs":
+        import hashlib
+
+        from .. import checked
+        from ..paths import formulas_dir, specs_dir
+
+        formulas = {}
+        for file in sorted(formulas_dir().glob("*.yaml")):
+            raw = checked.read(file) or b"\1unreadable"
+            formulas[file.stem] = raw, frozenset(m.decode() for m in _TYPE.findall(raw))
+        h = hashlib.blake2b(checked.code(), digest_size=20)
+        h.update(checked.read(specs_dir() / "gpus.yaml") or b"\1unreadable")
+        h.update("\0".join(formulas).encode())
+        return cls(h.digest(), formulas)
+
+
+def _reads(raw: bytes, inputs: _Inputs) -> list[bytes | str] | None:
+    """The files the record's estimate reads beyond `inputs.shared`, each by name and bytes:
+    its model spec and every formula file its layer types reach (children and the
+    substitutes `library.formula.SUBSTITUTES`, as `load_library` follows them; peft's
+    modules_to_save), a superset where a `type:` names no layer. None when the spec cannot
+    be read: the whole tree (`checked.tree()`) then keys the record."""
     from .. import checked
+    from ..library.formula import SUBSTITUTES
 
-    hit = checked.get(_name(path, tree)[0])
-    return hit if isinstance(hit, Comparison) else None
+    try:
+        model = json.loads(raw)["experiment"]["model"]
+        base = Path.cwd() if (Path.cwd() / model).is_file() else _root()
+        spec_path = (base / model).resolve()
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    spec = checked.read(spec_path)
+    if spec is None:
+        return None
+    pending = [m.decode() for m in _TYPE.findall(spec)] + ["modules_to_save"]
+    reached: set[str] = set()
+    while pending:
+        stem = pending.pop()
+        if stem in reached or stem not in inputs.formulas:
+            continue
+        reached.add(stem)
+        pending += [*inputs.formulas[stem][1], *SUBSTITUTES.get(stem, ())]
+    parts: list[bytes | str] = [str(spec_path), spec]
+    for stem in sorted(reached):
+        parts += [stem, inputs.formulas[stem][0]]
+    return parts
 
 
-def _name(path: Path, tree: bytes | None) -> tuple[str, bytes]:
+def _name(path: Path, inputs: _Inputs) -> tuple[str, bytes]:
     """The record's key in the cache, and its bytes."""
     import os
 
     from .. import checked
 
     raw = path.read_bytes()
-    return checked.key("comparison", str(path), os.getcwd(), raw, tree if tree is not None else checked.tree()), raw
+    reads = _reads(raw, inputs)
+    if reads is None:
+        return checked.key("comparison", str(path), os.getcwd(), raw, checked.tree()), raw
+    return checked.key("comparison", str(path), os.getcwd(), raw, inputs.shared, *reads), raw
 
 
 def _compare(path: Path, record: dict) -> Comparison:
@@ -186,9 +253,10 @@ def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
     from .processes import ordered
 
     files = record_files(paths)
-    tree = checked.tree() if files else None
-    kept = [_kept(f, tree) for f in files]
-    made = ordered(_compare_record, [(f, tree) for f, hit in zip(files, kept) if hit is None])
+    inputs = _Inputs.read() if files else None
+    named = [(f, *_name(f, inputs)) for f in files]
+    kept = [hit if isinstance(hit := checked.get(name), Comparison) else None for _, name, _ in named]
+    made = ordered(_made, [item for item, hit in zip(named, kept) if hit is None])
     out = []
     for i, (f, hit) in enumerate(zip(files, kept)):
         if progress is not None:
@@ -197,10 +265,6 @@ def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
     if progress is not None:
         progress(len(files), len(files), "")
     return out
-
-
-def _compare_record(record: tuple[Path, bytes | None]) -> Comparison:
-    return compare(*record)
 
 
 def summarise(comparisons: list[Comparison], measure: str) -> Summary | None:
