@@ -201,8 +201,9 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
     """An unsharded step()'s allocations in order, for the allocator's replay: the fp32
     gradients of the master weights (each tensor's, made before the step, alive through it),
     then group by group the foreach temporaries, one per tensor (`_foreach_sqrt`'s results,
-    `_foreach_add`'s gradient copies: made together, freed after the group's update), or a
-    for-loop optimizer's temporaries of its largest tensor (see step_temporaries)."""
+    `_foreach_add`'s gradient copies: made together, freed after the group's update), for-loop
+    Adam and AdamW's tensor by tensor (`_forloop_adam_events`), or another for-loop
+    optimizer's temporaries of its largest tensor (see step_temporaries)."""
     opt = setup.optimizer
     events: list = []
     masters = []
@@ -212,6 +213,9 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
             events.append((masters[-1], round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)))
     temporaries = dict(group_temporaries(setup, tensors, largest))
     for g, members in param_groups(tensors):
+        if opt.impl == "forloop" and opt.type in ("adamw", "adam") and not opt.bnb:
+            events += _forloop_adam_events(setup, g, members, coupled=opt.type == "adam" and opt.group_decay(g) > 0)
+            continue
         foreach = opt.impl == "foreach" and ((opt.type in ("adamw", "adam") and not opt.bnb) or (opt.type == "sgd" and opt.group_decay(g) > 0))
         sizes = [round_up(t.elements * setup.state_bytes, ALLOCATOR_GRANULE) for t in members] if foreach else [temporaries[g]]
         keys = [(("step", g, i), size) for i, size in enumerate(sizes) if size]
@@ -219,6 +223,30 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
         events += [(key, None) for key, _ in keys]
     events += [(key, None) for key in masters]
     return events
+
+
+def _forloop_adam_events(setup: Setup, g: int, members: list[Stepped], coupled: bool) -> list:
+    """torch's for-loop Adam and AdamW on one group, tensor by tensor, for the allocator's
+    replay (torch/optim/adam.py, _single_tensor_adam): Adam's coupled weight decay makes
+    `grad = grad.add(param, alpha=weight_decay)`, freed as the next tensor's `grad` is bound;
+    `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` makes the square root,
+    then the quotient, and frees the square root; the previous tensor's `denom` is freed as
+    the name is bound again. The last tensor's go when the function returns."""
+    events: list = []
+    grad = denom = None
+    for i, t in enumerate(members):
+        size = round_up(t.elements * setup.state_bytes, ALLOCATOR_GRANULE)
+        if coupled:
+            if grad is not None:
+                events.append((grad, None))
+            grad = ("step", g, i, "grad")
+            events.append((grad, size))
+        root, quotient = ("step", g, i, "sqrt"), ("step", g, i, "denom")
+        events += [(root, size), (quotient, size), (root, None)]
+        if denom is not None:
+            events.append((denom, None))
+        denom = quotient
+    return events + [(key, None) for key in (grad, denom) if key is not None]
 
 
 def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] | None) -> int:
