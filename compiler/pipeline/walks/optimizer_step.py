@@ -187,7 +187,9 @@ def _first_step_events(setup: Setup, tensors: list[Stepped], largest: int, once:
         events += [(("master", i), round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)) for i, t in enumerate(tensors)]
     events += [e for e in steady if e[0][0] == "master-grad" and e[1] is not None]
     events += [(("once", i), round_up(b, ALLOCATOR_GRANULE)) for i, b in enumerate(once) if b]
-    for g, _ in param_groups(tensors):
+    if setup.optimizer.type == "adafactor":
+        events += _adafactor_events(setup, tensors, first=True)
+    for g, _ in param_groups(tensors) if setup.optimizer.type != "adafactor" else ():
         for i, t in enumerate(tensors):
             if t.group == g:
                 events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
@@ -212,7 +214,9 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
             masters.append(("master-grad", i))
             events.append((masters[-1], round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)))
     temporaries = dict(group_temporaries(setup, tensors, largest))
-    for g, members in param_groups(tensors):
+    if opt.type == "adafactor":
+        events += _adafactor_events(setup, tensors, first=False)
+    for g, members in param_groups(tensors) if opt.type != "adafactor" else ():
         if opt.impl == "forloop" and opt.type in ("adamw", "adam") and not opt.bnb:
             events += _forloop_adam_events(setup, g, members, coupled=opt.type == "adam" and opt.group_decay(g) > 0)
             continue
@@ -247,6 +251,54 @@ def _forloop_adam_events(setup: Setup, g: int, members: list[Stepped], coupled: 
             events.append((denom, None))
         denom = quotient
     return events + [(key, None) for key in (grad, denom) if key is not None]
+
+
+def _adafactor_events(setup: Setup, tensors: list[Stepped], first: bool) -> list:
+    """transformers' Adafactor.step for the allocator's replay, parameter by parameter over
+    every group (transformers/optimization.py; fp32 throughout): a 16-bit gradient's and
+    weight's fp32 copies (`grad.float()`, `p.float()`, each freed as the next parameter's
+    name is bound); at the first step the parameter's states, made there; `update =
+    (grad**2) + eps` (the square freed at once, the previous update as the name is bound);
+    the factored product of the row and column factors, or `exp_avg_sq.rsqrt()`, a new update
+    (the old one freed); with a first moment `update = exp_avg` frees it; `-update` for
+    `p.add_`, freed at once. The last parameter's copies go when step() returns."""
+    n4s = [round_up(optimizers.FP32 * t.elements, ALLOCATOR_GRANULE) for t in tensors]
+    sixteen = not setup.master_bytes and setup.bytes["param"] < optimizers.FP32
+    momentum = setup.optimizer.momentum > 0
+    events: list = []
+    held: dict[str, tuple] = {}
+
+    def bind(name: str, key: tuple | None, size: int = 0, dropped: tuple | None = None) -> None:
+        """`name = <new tensor>`: made (and `dropped`, a temporary of the expression, freed),
+        then what the name held freed; None binds a state, nothing made."""
+        if key is not None:
+            events.append((key, size))
+        if dropped is not None:
+            events.append((dropped, None))
+        if name in held:
+            events.append((held.pop(name), None))
+        if key is not None:
+            held[name] = key
+
+    for i, (t, n4) in enumerate(zip(tensors, n4s)):
+        if sixteen:  # `grad = p.grad` frees the previous copy, then `grad = grad.float()`
+            bind("grad", None)
+            bind("grad", ("step", t.group, i, "grad"), n4)
+        if first:
+            events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
+                       for j, x in enumerate(_states(setup, t.elements, t.shape)) if x.nbytes]
+        if sixteen:  # `p_data_fp32 = p`, then `p_data_fp32 = p_data_fp32.float()`
+            bind("p", None)
+            bind("p", ("step", t.group, i, "p"), n4)
+        square = ("step", t.group, i, "square")
+        events.append((square, n4))
+        bind("update", ("step", t.group, i, "update"), n4, dropped=square)
+        bind("update", ("step", t.group, i, "factor"), n4)
+        if momentum:
+            bind("update", None)
+        negated = ("step", t.group, i, "negated")
+        events += [(negated, n4), (negated, None)]
+    return events + [(key, None) for key in held.values()]
 
 
 def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] | None) -> int:
