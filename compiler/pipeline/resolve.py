@@ -26,20 +26,19 @@ from .validate import checked_document
 from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import TYPE_IMPLS, Optimizer
-from .vocabulary import (  # noqa: F401  (re-exported: callers take the vocabulary from resolve)
-    FIXED_DTYPE_BYTES, FP32_BYTES, PRECISIONS, PRECISION_NAMES, PRECISION_MODES, MIXED_PRECISIONS,
-    ATTENTION, LOSSES, DEFAULTS, EXPERIMENT_NAMES, SGD_DEFAULT_MOMENTUM, KIB, MIB, Gpu, SIZE_UNITS,
-    _SIZE, SIZE_HELP, parse_size, Margin, parse_margin, DeviceConstants, Constant, _catalog,
-    _per_arch, gpu_catalog, find_gpu, catalog_constants, Module, Anyres, ImageResize, Spec,
-    DeepSpeed, DEEPSPEED_DEFAULT_REDUCE_BUCKET, DEEPSPEED_DEFAULT_PREFETCH_BUCKET,
-    DEEPSPEED_DEFAULT_PERSISTENCE, DEEPSPEED_DEFAULT_MAX_LIVE, DEEPSPEED_DEFAULT_REUSE_DISTANCE,
-    DEEPSPEED_DEFAULT_SUB_GROUP, HF_AUTO_PREFETCH_FRACTION, HF_AUTO_PERSISTENCE_FACTOR,
-    DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, COMM_BYTES, _AUTO_KEYS, deepspeed_buffers,
-    offload_problem, deepspeed_constants, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS, fsdp_setup,
-    LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items,
-    precision_mode, derive_bytes, TRANSFORMERS, TRANSFORMERS_RELEASE, OLDER_TRANSFORMERS,
-    UNMODELLED_TRANSFORMERS, release_code, release_text, DeviceMap, DEVICE_MAP_STRATEGIES,
-)
+# The vocabulary, re-exported: callers take it from resolve (the GPU catalog of gpus.py and
+# DeepSpeed's buffers of zero_config.py with it).
+from .vocabulary import FIXED_DTYPE_BYTES, FP32_BYTES, PRECISIONS, PRECISION_NAMES, PRECISION_MODES, MIXED_PRECISIONS, ATTENTION, LOSSES, DEFAULTS  # noqa: F401
+from .vocabulary import EXPERIMENT_NAMES, SGD_DEFAULT_MOMENTUM, Module, Anyres, ImageResize, Spec, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS  # noqa: F401
+from .vocabulary import fsdp_setup, LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items, precision_mode, derive_bytes  # noqa: F401
+from .vocabulary import TRANSFORMERS, TRANSFORMERS_RELEASE, OLDER_TRANSFORMERS, UNMODELLED_TRANSFORMERS, release_code, release_text, DeviceMap  # noqa: F401
+from .vocabulary import DEVICE_MAP_STRATEGIES  # noqa: F401
+from .gpus import KIB, MIB, Gpu, SIZE_UNITS, _SIZE, SIZE_HELP, parse_size, Margin, parse_margin, DeviceConstants, Constant, _catalog, _per_arch  # noqa: F401
+from .gpus import gpu_catalog, find_gpu, catalog_constants  # noqa: F401
+from .zero_config import DeepSpeed, DEEPSPEED_DEFAULT_REDUCE_BUCKET, DEEPSPEED_DEFAULT_PREFETCH_BUCKET, DEEPSPEED_DEFAULT_PERSISTENCE  # noqa: F401
+from .zero_config import DEEPSPEED_DEFAULT_MAX_LIVE, DEEPSPEED_DEFAULT_REUSE_DISTANCE, DEEPSPEED_DEFAULT_SUB_GROUP, HF_AUTO_PREFETCH_FRACTION  # noqa: F401
+from .zero_config import HF_AUTO_PERSISTENCE_FACTOR, DEEPSPEED_STATES_AT_INIT, ZERO12_ALIGNMENT, COMM_BYTES, _AUTO_KEYS, deepspeed_buffers  # noqa: F401
+from .zero_config import offload_problem, deepspeed_constants  # noqa: F401
 
 
 def resolve_spec(doc: Document) -> Spec:
