@@ -3,8 +3,8 @@
 Contract: `KNOBS` is the registry: each `Knob` names its flag, the experiment key it sets (the
 same name in `schemas/experiment.schema.json`, or in its `parallel` block), or the experiment
 block a few flags build together (`optimizer`, `lora`, `fsdp`, `quantization`, `versions`:
-`compiler.cli.overrides` assembles those), and how argparse reads it. `compiler.cli` adds
-every knob to the verbs that take a training setup; tests/test_knobs.py holds each key to the
+`compiler.cli_parser.overrides` assembles those), and how argparse reads it. `compiler.cli_parser`
+adds every knob to the verbs that take a training setup; tests/test_knobs.py holds each key to the
 schema. A new knob is one entry here, its key in the schema, and what `resolve` makes of it.
 """
 
@@ -53,7 +53,7 @@ def image_size(text: str) -> list[int]:
 class Knob:
     flag: str
     # the experiment key the flag's value overrides as it is (top level, or in `parallel`);
-    # None for a flag that `block` names, which compiler.cli.overrides assembles
+    # None for a flag that `block` names, which compiler.cli_parser.overrides assembles
     key: str | None
     help: str | None = None
     type: Callable[[str], Any] | None = None

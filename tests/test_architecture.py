@@ -18,7 +18,8 @@ PACKAGE = ROOT / "compiler"
 STAGES = (
     ("load", ("compiler.pipeline.load", "compiler.pipeline.json_path", "compiler.pipeline.strict_yaml")),
     ("validate", ("compiler.pipeline.validate",)),
-    ("resolve", ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary")),
+    ("resolve", ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary", "compiler.pipeline.gpus", "compiler.pipeline.zero_config",
+                 "compiler.pipeline.placement")),
     ("peft", ("compiler.pipeline.peft",)),
     ("expand", ("compiler.pipeline.expand",)),
     ("admit", ("compiler.pipeline.admit",)),

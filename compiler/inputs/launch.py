@@ -1,9 +1,10 @@
 """Reading what users already have: the launch command line of a training script.
 
 Contract:
-- `read_command(path)` finds the `deepspeed` / `torchrun` / `accelerate launch` / `python`
-  command in a shell script and parses its launcher options and HF `TrainingArguments` /
-  LLaVA flags into a `Command` (flag values with their positions).
+- `launch_command.read_command(path)` finds the `deepspeed` / `torchrun` / `accelerate launch`
+  / `python` command in a shell script and parses its launcher options and HF
+  `TrainingArguments` / LLaVA flags into a `Command` (flag values with their positions);
+  re-exported here.
 - `command_overrides(command, modules)` turns a `Command` into experiment overrides for a
   model with those modules.
 - `flag_text(command, name)` is one flag's value, a script variable substituted (what
@@ -20,8 +21,6 @@ prints.
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,215 +28,13 @@ from ..errors import Diagnostic, MemspecError
 from ..memory.optimizers import HF_OPTIM
 from .accelerate import read_accelerate  # noqa: F401  (re-exported: the readers of one command's files)
 from .deepspeed_config import Reading, read_deepspeed  # noqa: F401  (re-exported)
+from .launch_command import Command, Flag, read_command  # noqa: F401  (re-exported: the command itself)
 
-
-# --------------------------------------------------------------------------- launch command
-
-@dataclass(frozen=True)
-class Flag:
-    name: str  # without the leading dashes
-    value: str | None  # None for a bare flag (True for a boolean)
-    line: int
-    col: int
-
-
-@dataclass(frozen=True)
-class Command:
-    file: str
-    launcher: str  # deepspeed, torchrun, accelerate, python
-    entry: str  # the training script or module
-    gpus: int | None  # processes per node, when the command says
-    nodes: int
-    launcher_deepspeed: str | None  # accelerate's --deepspeed_config_file
-    flags: tuple[Flag, ...]
-    positionals: tuple[str, ...]
-    variables: Mapping[str, str]  # simple NAME=value assignments of the script
-    line: int
-    config_file: str | None = None  # accelerate launch --config_file
-
-
-# Launcher options that take a value (the rest are bare flags). deepspeed/launcher/runner.py,
-# torch/distributed/run.py, accelerate/commands/launch.py.
-LAUNCHER_VALUE_OPTIONS = {
-    "deepspeed": {"num_gpus", "num_nodes", "include", "exclude", "master_port", "master_addr", "hostfile",
-                  "launcher", "launcher_args", "node_rank", "ssh_port", "elastic_training", "min_elastic_nodes",
-                  "max_elastic_nodes", "bind_core_list", "comment", "venv_script"},
-    "torchrun": {"nproc_per_node", "nproc-per-node", "nnodes", "node_rank", "node-rank", "master_addr", "master-addr",
-                 "master_port", "master-port", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
-                 "rdzv_id", "rdzv-id", "rdzv_conf", "rdzv-conf", "max_restarts", "max-restarts", "monitor_interval",
-                 "monitor-interval", "start_method", "start-method", "role", "log_dir", "log-dir", "redirects",
-                 "tee", "local_addr", "local-addr", "logs_specs", "logs-specs"},
-    "accelerate": {"num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
-                   "config_file", "mixed_precision", "gpu_ids", "dynamo_backend", "deepspeed_config_file",
-                   "zero_stage", "gradient_accumulation_steps", "num_cpu_threads_per_process", "rdzv_backend"},
-    "python": set(),
-}
-PYTHONS = ("python", "python3")
-TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
+# A flag's value that is a script variable ($NAME, ${NAME}, $1), and HfArgumentParser's words
+# for a boolean (transformers.hf_argparser.string_to_bool)
 _VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[0-9])\}?$")
-TRUE_WORDS = ("yes", "true", "t", "y", "1")  # transformers.hf_argparser.string_to_bool
+TRUE_WORDS = ("yes", "true", "t", "y", "1")
 FALSE_WORDS = ("no", "false", "f", "n", "0")
-
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first physical line, text) per command line, backslash continuations joined."""
-    out, start, parts = [], 0, []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not parts:
-            start = i
-        if line.rstrip().endswith("\\"):
-            parts.append(line.rstrip()[:-1])
-            continue
-        parts.append(line)
-        out.append((start, " ".join(parts)))
-        parts = []
-    if parts:
-        out.append((start, " ".join(parts)))
-    return out
-
-
-def _tokens(line: str) -> list[str] | None:
-    try:
-        return shlex.split(line, comments=True)
-    except ValueError:
-        return None
-
-
-def _launcher(tokens: list[str]) -> tuple[str, list[str]] | None:
-    """(launcher, its arguments) when `tokens` run a training launcher; None otherwise."""
-    while tokens and _ASSIGNMENT.match(tokens[0]):  # NB: env prefixes (CUDA_VISIBLE_DEVICES=0 deepspeed ...)
-        tokens = tokens[1:]
-    if not tokens:
-        return None
-    head, rest = Path(tokens[0]).name, tokens[1:]
-    if head == "deepspeed" or head == "torchrun":
-        return head, rest
-    if head == "accelerate" and rest[:1] == ["launch"]:
-        return "accelerate", rest[1:]
-    if head in PYTHONS:
-        rest = [t for t in rest if t not in ("-u", "-O", "-B")]
-        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in TORCHRUN_MODULES:
-            return "torchrun", rest[2:]
-        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] == "deepspeed.launcher.runner":
-            return "deepspeed", rest[2:]
-        if rest:
-            return "python", rest
-    return None
-
-
-def _split_options(args: list[str], value_options: set) -> tuple[dict[str, str | None], list[str]]:
-    """Launcher options up to the training script, and what follows it."""
-    opts: dict[str, str | None] = {}
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        name, eq, value = args[i].lstrip("-").partition("=")
-        if name == "m":  # python -m module / deepspeed --module
-            break
-        if not eq and name in value_options and i + 1 < len(args):
-            value, i = args[i + 1], i + 1
-        opts[name] = value if (eq or name in value_options) else None
-        i += 1
-    return opts, args[i:]
-
-
-# HfArgumentParser flags of a list field (nargs="+"): every value up to the next flag,
-# kept as one space-separated string (TRL's ModelConfig)
-LIST_FLAGS = frozenset({"lora_target_modules", "lora_modules_to_save"})
-
-
-def _script_flags(args: list[str], line_of) -> tuple[list[Flag], list[str]]:
-    flags, positionals, i = [], [], 0
-    while i < len(args):
-        token = args[i]
-        if not token.startswith("--"):
-            positionals.append(token)
-            i += 1
-            continue
-        name, eq, value = token[2:].partition("=")
-        if not eq:
-            value = None
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value, i = args[i + 1], i + 1
-            while name in LIST_FLAGS and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value, i = f"{value} {args[i + 1]}", i + 1
-        flags.append(Flag(name, value, *line_of("--" + name)))
-        i += 1
-    return flags, positionals
-
-
-def read_command(path: str) -> Command:
-    """The training command of a shell script (the first launcher line)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemspecError(Diagnostic("E101", path, 0, 0, "", "file not found", f"looked for {Path(path).resolve()}")) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemspecError(Diagnostic("E101", path, 0, 0, "", f"cannot read file: {exc}")) from None
-    physical = text.splitlines()
-    variables: dict[str, str] = {}
-    for start, line in _logical_lines(text):
-        tokens = _tokens(line)
-        if tokens is None:
-            raise MemspecError(Diagnostic("E811", path, start, 1, "", "unbalanced quotes in this command", "close the quote; memspec splits the line as the shell does (shlex)"))
-        if len(tokens) == 1 and _ASSIGNMENT.match(tokens[0]):
-            name, value = _ASSIGNMENT.match(tokens[0]).groups()
-            variables[name] = value
-            continue
-        found = _launcher(tokens)
-        if found is None:
-            continue
-        launcher, args = found
-
-        def line_of(needle: str, start: int = start) -> tuple[int, int]:
-            for n in range(start, len(physical) + 1):
-                m = re.search(re.escape(needle) + r"(?=[\s=]|$)", physical[n - 1])
-                if m:
-                    return n, m.start() + 1
-            return start, 1
-
-        opts, rest = _split_options(args, LAUNCHER_VALUE_OPTIONS[launcher])
-        if rest[:1] == ["-m"]:
-            rest = rest[1:]
-        if not rest:
-            raise MemspecError(Diagnostic("E811", path, start, 1, "", f"the {launcher} command names no training script", "the command line is: launcher [options] train.py --flag value ..."))
-        entry, script_args = rest[0], rest[1:]
-        gpus, nodes = _processes(launcher, opts, path, line_of)
-        flags, positionals = _script_flags(script_args, line_of)
-        return Command(path, launcher, entry, gpus, nodes, opts.get("deepspeed_config_file"), tuple(flags), tuple(positionals), dict(variables), start,
-                       opts.get("config_file") if launcher == "accelerate" else None)
-    raise MemspecError(Diagnostic("E811", path, 0, 0, "", "no training command found",
-                                  "memspec reads the first line running deepspeed, torchrun, python -m torch.distributed.run, accelerate launch or python"))
-
-
-def _processes(launcher: str, opts: Mapping[str, str | None], path: str, line_of) -> tuple[int | None, int]:
-    """(GPUs per node, nodes) from the launcher's options; GPUs None when it does not say."""
-    names = {"deepspeed": ("num_gpus", "num_nodes"), "torchrun": ("nproc_per_node", "nnodes"),
-             "accelerate": ("num_processes", "num_machines"), "python": ("", "")}[launcher]
-    gpus_key = next((k for k in (names[0], names[0].replace("_", "-")) if k and k in opts), None)
-    nodes_key = next((k for k in (names[1], names[1].replace("_", "-")) if k and k in opts), None)
-
-    def number(key: str) -> int:
-        value = opts[key]
-        if value is None or not value.isdigit() or int(value) < 1:
-            line, col = line_of("--" + key)
-            raise MemspecError(Diagnostic("E812", path, line, col, "--" + key, f"expected a positive number of processes, got {value!r}", "write the number, e.g. --" + key + " 8"))
-        return int(value)
-
-    gpus = number(gpus_key) if gpus_key else None
-    if gpus is None and launcher == "deepspeed" and opts.get("include"):
-        # --include localhost:0,1,2,3 (one host): the listed device ids
-        gpus = sum(len(part.split(":", 1)[1].split(",")) for part in opts["include"].split("@") if ":" in part) or None
-    if launcher == "python":
-        gpus = 1
-    accel_total = launcher == "accelerate" and gpus is not None  # NB: accelerate counts processes over all machines
-    nodes = number(nodes_key) if nodes_key else 1
-    if accel_total:
-        return gpus, 1
-    return gpus, nodes
-
-
-# --------------------------------------------------------------------------- flags -> overrides
 
 # HF TrainingArguments / LLaVA flags with no effect on the memory of a step.
 NO_MEMORY_EFFECT = frozenset({
@@ -394,6 +191,18 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
     attention = r.text("attn_implementation") or ENTRY_ATTENTION.get(Path(command.entry).name)
     if attention:
         out["attention"] = attention
+    out.update(_bits_flags(r))
+    out.update(_dp_flag(r, command, notes))
+    if "model_name_or_path" in r.flags and not model_from_script:
+        notes.append(f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read")
+    if r.problems:
+        raise MemspecError(r.problems)
+    return Reading(out, tuple(notes + _ignored_notes(command)))
+
+
+def _bits_flags(r: _Reader) -> dict[str, Any]:
+    """LLaVA's --bits 4 / 8 (with --double_quant, --quant_type): the language model's linears
+    quantized by bitsandbytes."""
     bits = r.integer("bits")
     if bits is not None and bits not in (4, 8, 16):
         r.bad("bits", f"--bits {bits}: LLaVA's train.py quantizes to 4 or 8 bits (16: none)", "write --bits 4, 8 or 16", "E812")
@@ -403,21 +212,28 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         # (default True), bnb_4bit_quant_type=--quant_type (default nf4)); the vision tower is
         # loaded after from_pretrained, unquantized
         double = r.boolean("double_quant")
-        out["quantization"] = {"bits": bits, "quant_type": r.text("quant_type") or "nf4",
-                               "double_quant": True if double is None else double, "modules": ["language"]}
+        return {"quantization": {"bits": bits, "quant_type": r.text("quant_type") or "nf4",
+                                 "double_quant": True if double is None else double, "modules": ["language"]}}
+    return {}
+
+
+def _dp_flag(r: _Reader, command: Command, notes: list[str]) -> dict[str, Any]:
+    """dp: the launcher's processes over all nodes, else a --num_gpus / --nproc_per_node the
+    script is passed; a note when neither says."""
     dp = command.gpus * command.nodes if command.gpus else None
     for name in ("num_gpus", "nproc_per_node"):  # NB: some scripts pass these to the training script
         n = r.integer(name)
         if n is not None and dp is None:
             dp = n
     if dp is not None:
-        out["dp"] = dp
-    else:
-        notes.append(f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1")
-    if "model_name_or_path" in r.flags and not model_from_script:
-        notes.append(f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read")
-    if r.problems:
-        raise MemspecError(r.problems)
+        return {"dp": dp}
+    notes.append(f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1")
+    return {}
+
+
+def _ignored_notes(command: Command) -> list[str]:
+    """What the estimate does not read: flags without effect on memory, unknown flags, positional arguments."""
+    notes = []
     ignored = [f"--{f.name}" for f in command.flags if f.name not in USED]
     unknown = [n for n in ignored if n[2:] not in NO_MEMORY_EFFECT]
     known = [n for n in ignored if n[2:] in NO_MEMORY_EFFECT]
@@ -427,7 +243,7 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
         notes.append(f"warning: ignored flags (unknown to memspec, assumed without effect on memory): {' '.join(unknown)}")
     if command.positionals:
         notes.append(f"note: ignored arguments: {' '.join(command.positionals)}")
-    return Reading(out, tuple(notes))
+    return notes
 
 
 def _refuse_compile(r: _Reader) -> None:

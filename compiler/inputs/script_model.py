@@ -31,7 +31,8 @@ from typing import Any, Mapping
 
 from ..errors import Diagnostic, MemspecError
 from ..paths import display
-from .launch import Command, Flag, flag_text
+from .launch import flag_text
+from .launch_command import Command, Flag
 
 # LLaVA's ModelArguments.mm_projector_type default (llava/train/train.py)
 LLAVA_DEFAULT_PROJECTOR = "linear"

@@ -487,17 +487,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracer.relabel([p.grad], GRADIENTS))
     optimizer, scale = _make_optimizer(exp, model, trainable, tracer)
-
-    def enter_loss(module, args, output):
-        if tracer.phase == FORWARD:
-            tracer.phase = LOSS
-            scope.mark("loss")
-
-    model.lm_head.register_forward_hook(enter_loss)
-    fused = exp.get("loss") == "fused_linear_cross_entropy"
-    if fused:
-        _check_fused_loss(exp)
-        tricks.install_fused_loss(model, lambda: enter_loss(None, None, None))
+    fused = _hook_loss(exp, model, tracer, scope)
     if exp.get("packing"):
         # NB: a packed batch must reach transformers' packed-sequence mask (on fake tensors
         # find_packed_sequence_indices always reports packing, which a packed batch is)
@@ -534,6 +524,22 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
                          if split is not None and tracer.allocators is not None else None),
     )
 
+
+def _hook_loss(exp: dict, model, tracer, scope: ModuleScope) -> bool:
+    """The loss phase begins when lm_head's forward returns, or where the fused loss starts
+    (Liger's fused linear cross-entropy, which runs lm_head inside it); whether it is fused."""
+
+    def enter_loss(module, args, output):
+        if tracer.phase == FORWARD:
+            tracer.phase = LOSS
+            scope.mark("loss")
+
+    model.lm_head.register_forward_hook(enter_loss)
+    fused = exp.get("loss") == "fused_linear_cross_entropy"
+    if fused:
+        _check_fused_loss(exp)
+        tricks.install_fused_loss(model, lambda: enter_loss(None, None, None))
+    return fused
 
 
 def _model_and_batch(exp: dict, fake: bool):

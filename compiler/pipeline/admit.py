@@ -207,23 +207,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     if not wanted or "micro_batch" not in data or "seq_len" not in data:
         return set()
     library = formulas if formulas is not None else spec_library(spec)
-    names = {m.name for m in spec.modules}
-    optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
-    values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
-    _, consts = gpu_catalog()
-    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
-    probe = Setup(
-        experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
-        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
-        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
-        video_temporal_patch=spec.video_temporal_patch or 1,
-        trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
-        optimizer=optimizer,
-        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
-        dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
-        loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
-        precision_mode=data["precision_mode"], transformers=data.get("transformers", TRANSFORMERS),
-    )
+    probe = _probe_setup(data, spec)
     try:
         refusals = setup_refusals(spec, probe, library, wanted)
     except MemspecError:
@@ -237,14 +221,7 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
             if any(n in refusals for n in _PARALLEL[:_PARALLEL.index(name)]):
                 continue  # NB: one refusal of model parallelism
             key = next((k for k in (key, "tp", "pp") if k in flags), "parallel")
-        what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
-        if name == "autocast":
-            what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
-        if name == "older_transformers":
-            what = f"transformers {release_text(data['transformers'])}"
-        off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
-               "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1",
-               "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+        what, off = _refused(name, key, data)
         if not module and layer_type:
             complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
             continue
@@ -256,6 +233,41 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
         complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
                  f"{off}; a formula lists a setup in `setups:` once its figures model it")
     return set(refusals)
+
+
+def _probe_setup(data: Mapping[str, Any], spec: Spec) -> Setup:
+    """The experiment on one GPU without adapters or quantization: what `_check_setups`
+    instantiates the formulas for."""
+    names = {m.name for m in spec.modules}
+    optimizer = _optimizer(data["optimizer"], lambda *a, **k: None)  # NB: its problems are reported already
+    values, master, state = derive_bytes(data["precision"], optimizer, data["precision_mode"])
+    _, consts = gpu_catalog()
+    image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
+    return Setup(
+        experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
+        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
+        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        video_temporal_patch=spec.video_temporal_patch or 1,
+        trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
+        optimizer=optimizer,
+        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
+        dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
+        loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
+        precision_mode=data["precision_mode"], transformers=data.get("transformers", TRANSFORMERS),
+    )
+
+
+def _refused(name: str, key: str, data: Mapping[str, Any]) -> tuple[str, str]:
+    """(what a refused setup is, in words; how to turn it off, at `key`)."""
+    what = SETUPS[name].split(":")[0] if name != "fused_linear_cross_entropy" else "loss fused_linear_cross_entropy"
+    if name == "autocast":
+        what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
+    if name == "older_transformers":
+        what = f"transformers {release_text(data['transformers'])}"
+    off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
+           "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1",
+           "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+    return what, off
 
 
 def _check_older_transformers(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:

@@ -29,12 +29,12 @@ one name, and repeated instances never do unless the parent passes the same tens
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import Diagnostic, MemspecError, UsageError
 from ..library.formula import Child, Formula, Library, bind, integer
 from .peft import bias_elements, check_bias_modelled, lora_target, quantized, save_error, save_matches, saved_name, unmatched_saves
-from .resolve import Setup, Spec
+from .resolve import Module, Setup, Spec
 
 
 @dataclass(frozen=True)
@@ -131,51 +131,13 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
     experiment = experiment_scope(setup)
     for m in spec.modules:
         if m.type not in library:
-            from ..errors import did_you_mean
-
-            line, col = spec.doc.where(m.path + ".type")
-            problems.append(
-                Diagnostic("E301", spec.file, line, col, m.path + ".type", f"unknown layer type '{m.type}'",
-                           did_you_mean(m.type, library.known or library.formulas) or "layer types are the file stems in formulas/")
-            )
+            problems.append(_unknown_type(spec, m, library))
             continue
         scope = {**experiment, **{k: v for k, v in m.inputs.items()}}
         batch = integer(m.batch, m.batch(scope))
         seq = integer(m.seq, m.seq(scope))
-
-        def locate(key, message, help, _path=m.path):
-            if not key:
-                path = _path
-            elif message.startswith("missing input"):
-                path = f"{_path}.inputs"  # NB: a missing key is shown at the mapping that lacks it
-            else:
-                path = f"{_path}.inputs.{key}"
-            line, col = spec.doc.where(path)
-            return Diagnostic(_code(message), spec.file, line, col, path, message, help)
-
         try:
-            kw = dict(
-                path=m.name,
-                template=m.name,
-                index=(),
-                module=m.name,
-                given=m.inputs,
-                tensors={},
-                setup=setup,
-                batch=batch,
-                seq=seq,
-                trainable=m.name in setup.trainable,
-                # NB: enable_input_require_grads() hooks every input embedding (a vision
-                # tower's patch embedding, the token embeddings): its output requires grad.
-                grad_in=grad or setup.input_require_grads,
-                reaches_loss=True,
-                checkpointing=m.name in setup.gradient_checkpointing,
-                checkpointed=False,
-                locate=locate,
-                bias_ok=setup.lora is not None and setup.lora.bias == "all",
-            )
-            target = saved_name(setup.lora, m.name, m.type)
-            root = _wrapped(ex, library[m.type], kw, target) if target is not None else _instance(ex, library[m.type], **kw)
+            root = _root(ex, m, setup, batch, seq, grad, _module_locate(spec, m.path))
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -192,6 +154,59 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
         # NB: problems only with flags (--lora-modules-to-save) are the command line's: exit 2
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     return tuple(roots)
+
+
+def _unknown_type(spec: Spec, m: Module, library: Library) -> Diagnostic:
+    """E301: a module whose layer type no formula file defines."""
+    from ..errors import did_you_mean
+
+    line, col = spec.doc.where(m.path + ".type")
+    return Diagnostic("E301", spec.file, line, col, m.path + ".type", f"unknown layer type '{m.type}'",
+                      did_you_mean(m.type, library.known or library.formulas) or "layer types are the file stems in formulas/")
+
+
+def _module_locate(spec: Spec, module_path: str):
+    """locate(key, message, help): the diagnostic of a module's input `key` (the module itself
+    for none), at its place in the spec."""
+
+    def locate(key, message, help):
+        if not key:
+            path = module_path
+        elif message.startswith("missing input"):
+            path = f"{module_path}.inputs"  # NB: a missing key is shown at the mapping that lacks it
+        else:
+            path = f"{module_path}.inputs.{key}"
+        line, col = spec.doc.where(path)
+        return Diagnostic(_code(message), spec.file, line, col, path, message, help)
+
+    return locate
+
+
+def _root(ex: _Expansion, m: Module, setup: Setup, batch: int, seq: int, grad: bool, locate) -> Instance:
+    """A module's root instance (wrapped when modules_to_save names the module); `grad`:
+    whether an earlier module's output requires grad."""
+    kw = dict(
+        path=m.name,
+        template=m.name,
+        index=(),
+        module=m.name,
+        given=m.inputs,
+        tensors={},
+        setup=setup,
+        batch=batch,
+        seq=seq,
+        trainable=m.name in setup.trainable,
+        # NB: enable_input_require_grads() hooks every input embedding (a vision
+        # tower's patch embedding, the token embeddings): its output requires grad.
+        grad_in=grad or setup.input_require_grads,
+        reaches_loss=True,
+        checkpointing=m.name in setup.gradient_checkpointing,
+        checkpointed=False,
+        locate=locate,
+        bias_ok=setup.lora is not None and setup.lora.bias == "all",
+    )
+    target = saved_name(setup.lora, m.name, m.type)
+    return _wrapped(ex, ex.library[m.type], kw, target) if target is not None else _instance(ex, ex.library[m.type], **kw)
 
 
 def image_merge(root: Instance) -> Instance | None:
@@ -316,6 +331,35 @@ def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module
     parameters named `bias` (bias='all' everywhere; 'lora_only' a LoRA layer's base layer);
     `idle`: inside a ModulesToSaveWrapper's original_module; `saved`: inside a module that
     modules_to_save copies (peft puts no adapter there)."""
+    scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only = _own_scope(
+        ex, formula, given, setup, path, batch, seq, trainable, grad_in, reaches_loss, checkpointing, locate, bias_ok, idle)
+    bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    parent = _Parent(formula, scope, scope_key, bound, setup, path, template, index, module, requires_grad, reaches_loss, checkpointing,
+                     locate, idle, saved)
+    return Instance(
+        path=path,
+        template=template,
+        index=index,
+        module=module,
+        formula=formula,
+        scope=scope,
+        tensors=bound,
+        trainable=trainable,
+        grad_in=grad_in,
+        grad_flows=trainable or grad_in or (bias_only and reaches_loss),
+        checkpointed=checkpointed,
+        children=_children(ex, parent, grad_in),
+        flat_states=flat_states,
+        shard_unit=shard_unit,
+        bias_only=bias_only,
+        idle=idle,
+    )
+
+
+def _own_scope(ex: _Expansion, formula: Formula, given, setup: Setup, path: str, batch: int, seq: int, trainable: bool, grad_in: bool,
+               reaches_loss: bool, checkpointing: bool, locate, bias_ok: bool, idle: bool) -> tuple:
+    """An instance's own grad-flow flags and the scope its formula is evaluated in:
+    (scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only)."""
     # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached
     # or not; torch's own optimizers skip a parameter whose .grad stays None.
     requires_grad = trainable
@@ -337,7 +381,33 @@ def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module
             if reaches_loss:
                 scope = _bound_scope(ex.memo, formula, given, scope_key + ("bias",),
                                      lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, bias_trains=True), locate)
-    bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    return scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only
+
+
+class _Parent(NamedTuple):
+    """What the children of an instance being built take from it."""
+
+    formula: Formula
+    scope: Mapping[str, Any]
+    scope_key: tuple
+    tensors: Mapping[str, str]  # its tensor inputs, bound to concrete names
+    setup: Setup
+    path: str
+    template: str
+    index: tuple
+    module: str
+    requires_grad: bool
+    reaches_loss: bool
+    checkpointing: bool
+    locate: Callable
+    idle: bool
+    saved: bool
+
+
+def _children(ex: _Expansion, p: _Parent, grad_in: bool) -> tuple[Instance, ...]:
+    """The instances of a parent's children in forward order, each child's copies in turn;
+    `grad_in`: whether the parent's input requires grad (its first child's `previous`)."""
+    setup, formula, scope = p.setup, p.formula, p.scope
     bias_all = setup.lora is not None and setup.lora.bias == "all"
     adapter = formula.layer_type in ADAPTED
     children = []
@@ -345,44 +415,27 @@ def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module
     upstream = False  # any earlier sibling's output requires grad (parallel readers: q, k, v)
     for child in formula.children:
         c_formula = ex.library[child.type]
-        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(ex.memo, child, c_formula, scope, previous, scope_key, upstream)
+        count, c_batch, c_seq, c_grad_in, c_reaches, c_given = _child_values(ex.memo, child, c_formula, scope, previous, p.scope_key, upstream)
         if count == 0:
             continue
-        c_reaches = reaches_loss and c_reaches
-        c_tensors = {k: _tensor_name(v, bound, path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
-        c_requires = requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
+        c_reaches = p.reaches_loss and c_reaches
+        c_tensors = {k: _tensor_name(v, p.tensors, p.path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
+        c_requires = p.requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
         plain = (c_formula, c_given, c_tensors, c_requires)
-        c_formula, c_given, c_tensors, c_requires = _peft_child(ex, setup, formula, child, plain, path=path, module=module,
-                                                                idle=idle, saved=saved, adapter=adapter)
+        c_formula, c_given, c_tensors, c_requires = _peft_child(ex, setup, formula, child, plain, path=p.path, module=p.module,
+                                                                idle=p.idle, saved=p.saved, adapter=adapter)
         # peft bias='all': every `.bias` of the model (the wrapped originals excepted);
         # 'lora_only': the bias of each LoRA layer (its base layer's)
         c_bias = bias_all or (setup.lora is not None and setup.lora.bias == "lora_only" and adapter and child.name == "base_layer")
         made, out = _copies(ex, child, count, c_formula, plain, dict(
-            module=module, given=c_given, tensors=c_tensors, setup=setup, batch=c_batch, seq=c_seq, trainable=c_requires,
-            reaches_loss=c_reaches, checkpointing=checkpointing, checkpointed=checkpointing and child.checkpoint_unit,
-            locate=_child_locate(child, locate), shard_unit=child.checkpoint_unit, bias_ok=c_bias, idle=idle, saved=saved),
-            path=path, template=template, index=index, grad_in=c_grad_in, previous=previous, adapter=adapter)
+            module=p.module, given=c_given, tensors=c_tensors, setup=setup, batch=c_batch, seq=c_seq, trainable=c_requires,
+            reaches_loss=c_reaches, checkpointing=p.checkpointing, checkpointed=p.checkpointing and child.checkpoint_unit,
+            locate=_child_locate(child, p.locate), shard_unit=child.checkpoint_unit, bias_ok=c_bias, idle=p.idle, saved=p.saved),
+            path=p.path, template=p.template, index=p.index, grad_in=c_grad_in, previous=previous, adapter=adapter)
         children.extend(made)
         previous = out
         upstream = upstream or out
-    return Instance(
-        path=path,
-        template=template,
-        index=index,
-        module=module,
-        formula=formula,
-        scope=scope,
-        tensors=bound,
-        trainable=trainable,
-        grad_in=grad_in,
-        grad_flows=trainable or grad_in or (bias_only and reaches_loss),
-        checkpointed=checkpointed,
-        children=tuple(children),
-        flat_states=flat_states,
-        shard_unit=shard_unit,
-        bias_only=bias_only,
-        idle=idle,
-    )
+    return tuple(children)
 
 
 def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple, shared: dict, *, path: str, template: str,

@@ -262,77 +262,98 @@ def text(r: Report) -> str:
 def as_data(r: Report) -> dict[str, Any]:
     e = r.estimate
     s = r.setup
-
-    def point(p: Point) -> dict[str, Any]:
-        return {"phase": p.phase, "layer": p.path, "allocated": p.total, "breakdown": p.breakdown}
-
     return {
         "schema": "memspec/estimate/v1",
         "experiment": s.experiment,
         "file": s.file,
         "model": r.spec.model,
         **({"model_from": dict(r.spec.origin)} if r.spec.origin else {}),
-        "setup": {
-            "micro_batch": s.micro_batch,
-            "seq_len": s.seq_len,
-            "images_per_sample": s.images_per_sample,
-            **({"videos_per_sample": s.videos_per_sample, "video_frames": s.video_frames} if s.videos_per_sample else {}),
-            "trainable": sorted(s.trainable),
-            "precision": LIGHTNING_NAMES.get(s.precision, s.precision),
-            "precision_mode": s.mode,
-            "precision_realization": PRECISION_MODES[s.mode],
-            **({"versions": {"transformers": release_text(s.transformers)}} if s.transformers != TRANSFORMERS else {}),
-            "optimizer": _optimizer_json(s.optimizer),
-            **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
-                         "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),
-                         "modules": sorted(s.lora.modules), "use_dora": s.lora.use_dora,
-                         "modules_to_save": list(s.lora.modules_to_save), "bias": s.lora.bias}} if s.lora is not None else {}),
-            **({"quantization": {"bits": s.quantization.bits, "quant_type": s.quantization.quant_type,
-                                 "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
-                                 "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
-            **({"use_dora": True} if s.lora is not None and s.lora.use_dora else {}),
-            **({"lora_modules_to_save": list(s.lora.modules_to_save)} if s.lora is not None and s.lora.modules_to_save else {}),
-            **({"lora_bias": s.lora.bias} if s.lora is not None and s.lora.bias != "none" else {}),
-            "gradient_checkpointing": sorted(s.gradient_checkpointing),
-            "attention": s.attention,
-            "parallel": {"dp": s.dp, "zero": s.zero,
-                         **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
-                         **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
-                         **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {}),
-                         **({"tp": s.tp, "sp": s.sp, "pp": s.pp} if s.tp > 1 or s.pp > 1 else {})},
-            "loss": s.loss,
-            "packing": s.packing,
-            "activation_offloading": s.activation_offloading,
-            "bytes": dict(s.bytes),
-        },
+        "setup": _setup_data(s),
         "parameters": dict(r.parameters),
         "trainable_parameters": e.trainable_params,
         "peak": {
             "allocated": r.allocated,
             "reserved": r.reserved,
             "device": r.device,
-            "steady_state": point(e.peak),
-            "first_step": point(e.first_step),
+            "steady_state": _point_data(e.peak),
+            "first_step": _point_data(e.first_step),
         },
         "seed_sum": e.seed_sum,
         "resident": e.resident,
         "activations_end_of_forward": e.activations_end_of_forward,
         "device_constants": {"cuda_context": r.device_constants.cuda_context, "nccl_per_communicator": r.device_constants.nccl_per_communicator},
         "target_gpu": {"key": s.target.key, "arch": s.target.arch, "workspace_per_thread": s.target.workspace},
-        "gpu": None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.fits,
-                                           "headroom": r.gpu.memory - r.device,
-                                           "margin": margin_data(r.margin, r.gpu.memory), "budget": r.budget,
-                                           "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
-                                                                                       "allocated": e.oom.allocated, "reserved": e.oom.reserved}},
+        "gpu": _gpu_data(r),
         "allocator": {"PYTORCH_CUDA_ALLOC_CONF": s.alloc_conf.text},
-        **({"device_map": {"strategy": s.device_map.strategy or "explicit", "gpus": s.device_map.gpus,
-                           "max_memory": [b for _, b in s.device_map.max_memory],
-                           "placement": _placement(r),
-                           "per_gpu": [{"gpu": d.gpu, "allocated": d.peak.total, "reserved": d.reserved,
-                                        "first_step": d.first_step.total, "steady_state": point(d.peak),
-                                        "resident": d.resident} for d in e.devices]}} if e.devices else {}),
+        **({"device_map": _device_map_data(r)} if e.devices else {}),
         "not_modelled": list(e.not_modelled),
     }
+
+
+def _point_data(p: Point) -> dict[str, Any]:
+    return {"phase": p.phase, "layer": p.path, "allocated": p.total, "breakdown": p.breakdown}
+
+
+def _setup_data(s) -> dict[str, Any]:
+    """The `setup` object of the JSON: every knob of the estimate, the defaults' too."""
+    return {
+        "micro_batch": s.micro_batch,
+        "seq_len": s.seq_len,
+        "images_per_sample": s.images_per_sample,
+        **({"videos_per_sample": s.videos_per_sample, "video_frames": s.video_frames} if s.videos_per_sample else {}),
+        "trainable": sorted(s.trainable),
+        "precision": LIGHTNING_NAMES.get(s.precision, s.precision),
+        "precision_mode": s.mode,
+        "precision_realization": PRECISION_MODES[s.mode],
+        **({"versions": {"transformers": release_text(s.transformers)}} if s.transformers != TRANSFORMERS else {}),
+        "optimizer": _optimizer_json(s.optimizer),
+        **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
+                     "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),
+                     "modules": sorted(s.lora.modules), "use_dora": s.lora.use_dora,
+                     "modules_to_save": list(s.lora.modules_to_save), "bias": s.lora.bias}} if s.lora is not None else {}),
+        **({"quantization": {"bits": s.quantization.bits, "quant_type": s.quantization.quant_type,
+                             "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
+                             "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
+        **({"use_dora": True} if s.lora is not None and s.lora.use_dora else {}),
+        **({"lora_modules_to_save": list(s.lora.modules_to_save)} if s.lora is not None and s.lora.modules_to_save else {}),
+        **({"lora_bias": s.lora.bias} if s.lora is not None and s.lora.bias != "none" else {}),
+        "gradient_checkpointing": sorted(s.gradient_checkpointing),
+        "attention": s.attention,
+        "parallel": _parallel_data(s),
+        "loss": s.loss,
+        "packing": s.packing,
+        "activation_offloading": s.activation_offloading,
+        "bytes": dict(s.bytes),
+    }
+
+
+def _parallel_data(s) -> dict[str, Any]:
+    return {"dp": s.dp, "zero": s.zero,
+            **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
+            **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
+            **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {}),
+            **({"tp": s.tp, "sp": s.sp, "pp": s.pp} if s.tp > 1 or s.pp > 1 else {})}
+
+
+def _gpu_data(r: Report) -> dict[str, Any] | None:
+    """The GPU asked about: the verdict, the headroom and margin, the simulated out-of-memory."""
+    e = r.estimate
+    return None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.fits,
+                                       "headroom": r.gpu.memory - r.device,
+                                       "margin": margin_data(r.margin, r.gpu.memory), "budget": r.budget,
+                                       "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
+                                                                                   "allocated": e.oom.allocated, "reserved": e.oom.reserved}}
+
+
+def _device_map_data(r: Report) -> dict[str, Any]:
+    """A device_map estimate: the placement and each GPU's figures."""
+    s, e = r.setup, r.estimate
+    return {"strategy": s.device_map.strategy or "explicit", "gpus": s.device_map.gpus,
+            "max_memory": [b for _, b in s.device_map.max_memory],
+            "placement": _placement(r),
+            "per_gpu": [{"gpu": d.gpu, "allocated": d.peak.total, "reserved": d.reserved,
+                         "first_step": d.first_step.total, "steady_state": _point_data(d.peak),
+                         "resident": d.resident} for d in e.devices]}
 
 
 def _placement(r: Report) -> dict[str, int]:

@@ -1,11 +1,13 @@
 """The setup's vocabulary: what `resolve` makes and every later stage reads.
 
 Contract: the frozen values of one estimate (`Spec` and its `Module`s, `Setup` with its
-`Optimizer`, `Lora`, `Quantization`, `Fsdp`, `DeepSpeed`, `Gpu` and `Margin`), the tables
-that name the choices (precisions and how a mixed one is realized, attention kernels, losses,
-the experiment defaults), the GPU catalog (specs/gpus.yaml), DeepSpeed's buffer sizes and the
-byte sizes a precision and optimizer derive (`derive_bytes`). Nothing here reads an
-experiment: `resolve.resolve_setup` does, and builds these.
+`Optimizer`, `Lora`, `Quantization`, `Fsdp`, `DeviceMap`, and the `DeepSpeed` of
+zero_config.py and `Gpu` and `Margin` of gpus.py), the tables that name the choices
+(precisions and how a mixed one is realized, attention kernels, losses, the experiment
+defaults), the transformers releases and the byte sizes a precision and optimizer derive
+(`derive_bytes`). The GPU catalog (specs/gpus.yaml) is `gpus.py`'s, DeepSpeed's buffer sizes
+`zero_config.py`'s. Nothing here reads an experiment: `resolve.resolve_setup` does, and
+builds these.
 """
 
 from __future__ import annotations
@@ -13,16 +15,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
-from functools import lru_cache
 from typing import Any, Mapping
 
-from ..errors import did_you_mean
 from ..library.formula import Expr
 from .load import Document
 from ..memory.allocator import AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import Optimizer
+from .gpus import Gpu, Margin
+from .zero_config import DeepSpeed
 
 # Element sizes of the fixed dtypes formulas may name (bytes.fp32, bytes.int64, bytes.bool).
 FIXED_DTYPE_BYTES = {"fp32": 4, "int64": 8, "bool": 1}
@@ -90,8 +91,6 @@ DEFAULTS: Mapping[str, Any] = {
 EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "target_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols",
                               "videos_per_sample", "video_frames"})
 SGD_DEFAULT_MOMENTUM = 0.9
-KIB = 1 << 10
-MIB = 1 << 20
 
 
 # The transformers release the formulas are measured on (pyproject.toml's measure extra); an
@@ -129,42 +128,6 @@ def release_text(code: int) -> str:
 TRANSFORMERS = release_code(TRANSFORMERS_RELEASE)
 
 
-@dataclass(frozen=True)
-class Gpu:
-    key: str
-    name: str
-    memory: int  # bytes
-    arch: str  # sm80, sm90, ...
-    workspace: int  # cuBLAS + cuBLASLt workspace bytes per GEMM thread
-    gemm_threads: int  # threads holding one workspace each in a steady-state step
-
-
-# Units of a memory size on the command line (--gpu 24GiB, --margin 2GiB): SI powers of 10
-# as GPU vendors print them (80GB = 80 x 10^9 bytes), binary powers of 2 as torch and
-# nvidia-smi count (MiB = 2^20 bytes). Matched without regard to case.
-SIZE_UNITS: Mapping[str, tuple[str, int]] = {
-    u.lower(): (u, n) for u, n in (("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12),
-                                   ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
-}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
-SIZE_HELP = "write a number and a unit: 24GiB (GiB = 2^30 bytes) or 80GB (GB = 10^9 bytes)"
-
-
-def parse_size(text: str) -> int:
-    """'24GiB' -> 25_769_803_776, '80GB' -> 80_000_000_000, '1.5GiB' -> 1_610_612_736:
-    exact integer bytes. ValueError (what is wrong, in a few words) for anything else."""
-    m = _SIZE.fullmatch(text.strip())
-    if not m:
-        raise ValueError("not a number followed by a unit")
-    number, unit = m.groups()
-    if unit.lower() not in SIZE_UNITS:
-        raise ValueError("no unit" if not unit else f"unknown unit '{unit}'")
-    size = Fraction(number) * SIZE_UNITS[unit.lower()][1]
-    if size.denominator != 1:
-        raise ValueError(f"not a whole number of bytes ({float(size):,.1f})")
-    return int(size)
-
-
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
@@ -188,141 +151,6 @@ class DeviceMap:
     gpu: int = -1
     placement: tuple[tuple[str, int], ...] = ()
     trains: bool = False  # something trains somewhere: every GPU runs a backward
-
-
-@dataclass(frozen=True)
-class Margin:
-    """Memory a "fits" verdict keeps free beyond the device figure: a percentage of the GPU's
-    memory (`percent`, exact) or a number of bytes (`size`), with where it was set."""
-
-    percent: Fraction | None
-    size: int | None
-    source: str  # "specs/gpus.yaml device.margin_pct" or "--margin"
-    summary: str = ""  # why this much, for the output
-
-    def reserve(self, memory: int) -> int:
-        """Bytes kept free on a GPU of `memory` bytes; a percentage is rounded up to a byte."""
-        return self.size if self.size is not None else math.ceil(memory * self.percent / 100)
-
-    def budget(self, memory: int) -> int:
-        """The most a device figure may be on that GPU and fit."""
-        return memory - self.reserve(memory)
-
-    @property
-    def text(self) -> str:
-        """'0.5 %' or '2.00 GiB', as written in the output."""
-        return f"{float(self.percent):g} %" if self.percent is not None else f"{self.size / 2**30:.2f} GiB"
-
-
-def parse_margin(text: str) -> Margin:
-    """--margin: '5%' or '5' (percent of the GPU's memory), '2GiB' or '500MB' (bytes)."""
-    body = text.strip().removesuffix("%").strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", body):
-        return Margin(Fraction(body), None, "--margin")
-    return Margin(None, parse_size(text), "--margin")
-
-
-@dataclass(frozen=True)
-class DeviceConstants:
-    cuda_context: int
-    nccl_per_communicator: int
-    default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
-    margin: Margin = Margin(Fraction(0), None, "")  # what a verdict keeps free unless --margin says
-    # the margins of checkpointed steps: "checkpointed", "checkpointed_eager" (see margin_for)
-    margins: Mapping[str, Margin] = field(default_factory=dict)
-
-    def margin_for(self, checkpointing: bool, attention: str) -> Margin:
-        """The catalog's margin for a step of this kind: checkpointed steps fragment the cache
-        unlike the estimate's replay, those with eager attention the most (specs/gpus.yaml
-        device.margin_pct)."""
-        if not checkpointing:
-            return self.margin
-        return self.margins.get("checkpointed_eager" if attention == "eager" else "checkpointed", self.margin)
-
-
-@dataclass(frozen=True)
-class Constant:
-    """A named constant an estimate used: where it is set, its value, and what pins it."""
-
-    name: str
-    value: int | str
-    unit: str
-    source: str
-
-
-@lru_cache(maxsize=1)
-def _catalog() -> Document:
-    """specs/gpus.yaml, validated."""
-    from ..paths import specs_dir
-    from .validate import checked_document
-
-    return checked_document(specs_dir() / "gpus.yaml", "gpus")
-
-
-def _per_arch(entry: Mapping[str, Any], arch: str) -> int:
-    values = entry["value"]
-    return values.get(arch, values["default"])
-
-
-@lru_cache(maxsize=1)
-def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
-    """specs/gpus.yaml: the GPU catalog and the device-side constants."""
-    doc = _catalog()
-    alloc = doc.data["allocator"]
-
-    def per_arch(key: str, arch: str) -> int:
-        return _per_arch(alloc[key], arch)
-
-    gpus = {
-        k: Gpu(
-            k, v["name"], v["memory_mib"] * MIB, v["arch"],
-            (per_arch("cublas_workspace_kib", v["arch"]) + per_arch("cublaslt_workspace_kib", v["arch"])) * KIB,
-            per_arch("gemm_threads", v["arch"]),
-        )
-        for k, v in doc.data["gpus"].items()
-    }
-    d = doc.data["device"]
-    m = d["margin_pct"]
-    margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
-    margins = {kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}",
-                            " ".join(m[kind]["summary"].split())) for kind in ("checkpointed", "checkpointed_eager")}
-    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB,
-                             gpus[doc.data["default_gpu"]], margin, margins)
-    return gpus, consts
-
-
-def find_gpu(text: str, gpus: Mapping[str, Gpu], consts: DeviceConstants) -> Gpu | tuple[str, str, str]:
-    """The GPU `--gpu` (or an experiment's `gpu:`) names: a catalog key, or a memory size
-    (24GiB, 80GB) for a GPU the catalog lacks, which gets the default GPU's architecture
-    constants. Else (code, message, help) of what is wrong."""
-    if text in gpus:
-        return gpus[text]
-    if not text[:1].isdigit():
-        return "E503", f"unknown GPU '{text}'", did_you_mean(text, gpus) or f"known GPUs: {', '.join(gpus)}, or a memory size such as 24GiB"
-    try:
-        memory = parse_size(text)
-    except ValueError as error:
-        return "E506", f"'{text}' is neither a GPU of specs/gpus.yaml nor a memory size: {error}", f"{SIZE_HELP}, or a catalog GPU such as {consts.default_gpu.key}"
-    if memory <= consts.cuda_context:
-        return ("E506", f"a {text} GPU cannot hold the CUDA context ({consts.cuda_context // MIB} MiB, specs/gpus.yaml device.cuda_context_mib)",
-                "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB")
-    base = consts.default_gpu
-    return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads)
-
-
-def catalog_constants(target: Gpu, dp: int) -> tuple[Constant, ...]:
-    """The constants of specs/gpus.yaml an estimate on `target` at data-parallel degree `dp`
-    used, each with the catalog's `source` text."""
-    data = _catalog().data
-    out = []
-    for key, unit in (("cublas_workspace_kib", "KiB"), ("cublaslt_workspace_kib", "KiB"), ("gemm_threads", "threads")):
-        entry = data["allocator"][key]
-        arch = target.arch if target.arch in entry["value"] else f"default, for {target.arch}"
-        out.append(Constant(f"specs/gpus.yaml allocator.{key} ({arch})", _per_arch(entry, target.arch), unit, " ".join(entry["source"].split())))
-    for key in ("cuda_context_mib",) + (("nccl_per_communicator_mib",) if dp > 1 else ()):
-        entry = data["device"][key]
-        out.append(Constant(f"specs/gpus.yaml device.{key}", entry["value"], "MiB", " ".join(entry["source"].split())))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -420,167 +248,6 @@ class Spec:
         return next((m for m in self.modules if m.name == name), None)
 
 
-@dataclass(frozen=True)
-class DeepSpeed:
-    """The ZeRO buffers the engine allocates besides the sharded states (elements)."""
-
-    reduce_bucket: int  # zero_optimization.reduce_bucket_size
-    prefetch_bucket: int  # stage3_prefetch_bucket_size
-    overlap_comm: bool
-    contiguous_gradients: bool
-    offload_optimizer: str = "none"  # zero_optimization.offload_optimizer.device: none | cpu (ZeRO-1/2/3) | nvme (ZeRO-3)
-    offload_param: str = "none"  # zero_optimization.offload_param.device: none | cpu | nvme (ZeRO-3, with offload_optimizer)
-    persistence_threshold: int = 100_000  # stage3_param_persistence_threshold: parameters below it stay whole
-    max_live_parameters: int = 1_000_000_000  # stage3_max_live_parameters: caps what the prefetcher gathers
-    max_reuse_distance: int = 1_000_000_000  # stage3_max_reuse_distance: a parameter used again within it stays gathered
-    sub_group_size: int = 1_000_000_000  # sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
-    comm_bytes: int | None = None  # communication_data_type's element size; None: the gradients' dtype
-
-
-# deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig, deepspeedai/DeepSpeed at 1b88ac36):
-# reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold
-# 1e5, stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9, sub_group_size 1e9,
-# contiguous_gradients True, overlap_comm False except for stage 3 (overlap_comm_valid).
-DEEPSPEED_DEFAULT_REDUCE_BUCKET = 500_000_000
-DEEPSPEED_DEFAULT_PREFETCH_BUCKET = 50_000_000
-DEEPSPEED_DEFAULT_PERSISTENCE = 100_000
-DEEPSPEED_DEFAULT_MAX_LIVE = 1_000_000_000
-DEEPSPEED_DEFAULT_REUSE_DISTANCE = 1_000_000_000
-DEEPSPEED_DEFAULT_SUB_GROUP = 1_000_000_000
-# transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_finalize):
-# "auto" sizes from the model's hidden size h: reduce_bucket_size h^2,
-# stage3_prefetch_bucket_size int(0.9 h^2), stage3_param_persistence_threshold 10 h.
-HF_AUTO_PREFETCH_FRACTION = 0.9
-HF_AUTO_PERSISTENCE_FACTOR = 10
-# When ZeRO creates the optimizer's states (Adam's exp_avg / exp_avg_sq of the fp32 partition).
-# Up to DeepSpeed 0.13 every ZeRO stage ran one optimizer step at engine initialization on zero
-# gradients (stage3.py, DeepSpeedZeroOptimizer_Stage3.initialize_optimizer_states calls
-# self._optimizer_step(i) per sub-group, microsoft/DeepSpeed at 0003660d; stage_1_and_2.py
-# likewise), so the states exist before the first forward. At 02aa38c3 stage_1_and_2.py's
-# DeepSpeedZeroOptimizer.initialize_optimizer_states makes a zero fp32 gradient per group and
-# sets it back to None without stepping: lazy under ZeRO-1/2 as well. deepspeedai/DeepSpeed PR #5104
-# ("Remove optimizer step on initialization", 2024-02) made them lazy: initialize_optimizer_states
-# at 007cca6a only sizes a zero gradient buffer and steps nothing, so torch's Adam creates the
-# states in the first step(). The fp32 master partition (_create_fp32_partitions) and, under
-# ZeRO-3, the 16-bit gradient partition (grad_partitions_flat_buffer) are made at
-# initialization in both. Modelled: the lazy form (the current release); a run on DeepSpeed
-# <= 0.13 (LLaVA pins 0.12.6) has its first step equal to the steady state.
-DEEPSPEED_STATES_AT_INIT = False
-# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at 02aa38c3), DeepSpeedZeroOptimizer.__init__:
-# nccl_start_alignment_factor 2 ("4-byte alignment/sizeof(fp16)"); each parameter group's flat
-# 16-bit buffer is padded to a multiple of 2 x dp elements (flatten_dense_tensors_aligned)
-# before it is cut into dp partitions, so a rank's fp32 partition is that over dp.
-ZERO12_ALIGNMENT = 2
-# communication_data_type -> bytes per element (deepspeed/runtime/config.py, get_communication_data_type);
-# unset, engine.communication_data_type follows the precision: fp16, bf16, else fp32.
-COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-_AUTO_KEYS = {"reduce_bucket_size": lambda h: h * h,
-              "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
-              "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h}
-
-
-def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, tuple[str, str, str] | None]:
-    """The DeepSpeed buffer sizes of a `parallel` block, or a problem: (code, message, help)."""
-    problem = offload_problem(parallel)
-    if problem:
-        return None, problem
-    if parallel["zero"] == 0:
-        return None, None
-    sizes = {
-        "reduce_bucket_size": parallel.get("reduce_bucket_size", DEEPSPEED_DEFAULT_REDUCE_BUCKET),
-        "prefetch_bucket_size": parallel.get("prefetch_bucket_size", DEEPSPEED_DEFAULT_PREFETCH_BUCKET),
-        "param_persistence_threshold": parallel.get("param_persistence_threshold", DEEPSPEED_DEFAULT_PERSISTENCE),
-    }
-    auto = [k for k, v in sizes.items() if v == "auto"]
-    if auto:
-        if hidden_size is None:
-            return None, ("E505", f"'auto' {', '.join(auto)} need(s) the spec's hidden_size (HF Trainer fills them from it)",
-                          "write the sizes as numbers, or add hidden_size to the model spec")
-        sizes.update({k: _AUTO_KEYS[k](hidden_size) for k in auto})
-    overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
-    return DeepSpeed(int(sizes["reduce_bucket_size"]), int(sizes["prefetch_bucket_size"]), bool(overlap),
-                     bool(parallel.get("contiguous_gradients", True)),
-                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none"),
-                     int(sizes["param_persistence_threshold"]),
-                     int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
-                     int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
-                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP)),
-                     COMM_BYTES.get(parallel.get("communication_data_type"))), None
-
-
-def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """What DeepSpeed (or the estimate) does not allow in the offload settings of a `parallel` block.
-
-    deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading:
-    parameter offload needs optimizer offload; NVMe is reached only through the ZeRO-3
-    swappers (deepspeed/runtime/swap_tensor/); stage_1_and_2.py offloads to the CPU only.
-    """
-    zero = parallel["zero"]
-    optimizer, param = parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")
-    if optimizer != "none" and zero == 0:
-        return ("E311", f"offload_optimizer {optimizer} needs a ZeRO stage: ZeRO-0 has no optimizer partition to offload",
-                "use zero: 1 or 2 with offload_optimizer: cpu, or zero: 3 with cpu or nvme")
-    if optimizer == "nvme" and zero in (1, 2):
-        return ("E311", f"offload_optimizer nvme is a ZeRO-3 feature, not ZeRO-{zero} (DeepSpeed offloads to NVMe only with ZeRO-3; stage_1_and_2.py has no swapper)",
-                "use offload_optimizer: cpu, or zero: 3")
-    if param != "none" and zero != 3:
-        return ("E806", f"offload_param {param} is a ZeRO-3 feature, not ZeRO-{zero}",
-                "use zero: 3, or remove offload_param (ZeRO-1/2 keep every 16-bit weight on the GPU)")
-    if param != "none" and optimizer == "none":
-        return ("E807", f"offload_param {param} without offload_optimizer",
-                "DeepSpeed refuses it (stage3.py: \"parameter offload is only available with optimizer state offload\"); "
-                "add offload_optimizer: cpu")
-    return None
-
-
-def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]:
-    """The DeepSpeed sizes and assumptions an estimate used (they size what the simulator adds)."""
-    if ds is None:
-        return ()
-    given = "the experiment's or DeepSpeed config's value, else"
-    config = "deepspeed/runtime/zero/config.py"
-    out = [
-        Constant("zero_optimization.reduce_bucket_size", ds.reduce_bucket, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} ({config}); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
-        Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "",
-                 f"{given} DeepSpeed's default: true for ZeRO-3, false below ({config})"),
-        Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "",
-                 f"{given} DeepSpeed's default true ({config})"),
-    ]
-    if zero == 3:
-        out += [
-            Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
-                     f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} ({config}); "
-                     f"\"auto\": int({HF_AUTO_PREFETCH_FRACTION} x hidden_size^2) (transformers/integrations/deepspeed.py)"),
-            Constant("zero_optimization.stage3_param_persistence_threshold", ds.persistence_threshold, "elements",
-                     f"{given} {DEEPSPEED_DEFAULT_PERSISTENCE:,} ({config}); \"auto\": {HF_AUTO_PERSISTENCE_FACTOR} x hidden_size "
-                     "(transformers/integrations/deepspeed.py); smaller parameters stay whole on every rank"),
-            Constant("zero_optimization.stage3_max_live_parameters", ds.max_live_parameters, "elements",
-                     f"{given} {DEEPSPEED_DEFAULT_MAX_LIVE:,} ({config}); caps the prefetch "
-                     "(partitioned_param_coordinator.py, fetch_sub_module: min(max_live - available, prefetch_bucket))"),
-            Constant("zero_optimization.stage3_max_reuse_distance", ds.max_reuse_distance, "elements",
-                     f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
-                     "(partitioned_param_coordinator.py, __params_to_release)"),
-            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
-                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
-                     "__avg_scatter_grads convert each bucket's gradients (stage3.py)"),
-            Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
-                     f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
-                     "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),
-        ]
-    if zero in (1, 2):
-        out += [
-            Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
-                     f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
-                     "allreduce_bucket convert each flattened bucket (stage_1_and_2.py)"),
-            Constant("ZeRO-1/2 partition alignment", ZERO12_ALIGNMENT, "elements x dp",
-                     "stage_1_and_2.py, nccl_start_alignment_factor: each group's flat buffer is padded to a multiple of "
-                     "it times dp before it is cut into partitions"),
-        ]
-    out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
-                        "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
-                        "initialization, so its first step equals the steady state (compiler/pipeline/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
-    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from . import without_cache
-from .idefics3 import (HOST_VALUES, checkpoint_module, host_patches, image_seq_len,  # noqa: F401
-                       make_batch, module_groups, tiles_per_image)
+from .idefics3 import HOST_VALUES, checkpoint_module, host_patches, image_seq_len, make_batch, module_groups, tiles_per_image  # noqa: F401
 
 
 def load_config(config_path: Path):
