@@ -120,3 +120,16 @@ def test_peft_moves_mlp_targets_to_the_stacked_experts():
     assert not any(n.endswith("shared_experts.gate_proj.lora_A") for n in names)
     assert not any(n.endswith("layers.0.mlp.gate_proj.lora_A") for n in names)
     assert any(n.endswith("self_attn.q_proj.lora_A") for n in names)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["gate_proj"], ["down_proj", "q_proj"]])
+def test_lora_on_mlp_names_is_refused(targets):
+    """The MLP names peft would move to the stacked experts are refused with E334; the attention
+    projections are not."""
+    from compiler.errors import MemspecError
+
+    with pytest.raises(MemspecError) as exc:
+        api.estimate(LITE, micro_batch=1, seq_len=128, trainable=[], lora={"r": 8, "target_modules": targets})
+    assert [d.code for d in exc.value.diagnostics] == ["E334"]
+    assert "to the stacked routed experts" in exc.value.render()
+    assert api.estimate(LITE, micro_batch=1, seq_len=128, trainable=[], lora={"r": 8, "target_modules": ATTENTION}).allocated > 0
