@@ -881,7 +881,8 @@ def deepseek_v2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
     q_a_layernorm, q_b_proj with a q_lora_rank; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
     o_proj), a dense MLP in the first first_k_dense_replace layers and a MoE block in the others
     (the router mlp.gate, per-expert gate_proj / up_proj / down_proj, the shared experts as one
-    MLP of n_shared_experts x moe_intermediate_size)."""
+    MLP of n_shared_experts x moe_intermediate_size); DeepseekV3ForCausalLM's the same, with the
+    router's e_score_correction_bias."""
     h, nh, v = c["hidden_size"], c["num_attention_heads"], c["v_head_dim"]
     qk, rope, kv = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["qk_rope_head_dim"], c["kv_lora_rank"]
     f, inter, fs = c["moe_intermediate_size"], c["intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
@@ -903,6 +904,8 @@ def deepseek_v2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
             for e in range(c["n_routed_experts"]):
                 out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
                         (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+            if c["model_type"] == "deepseek_v3":  # noaux_tc routing's correction bias, fp32 as DeepSeek-V3's checkpoint
+                out.append((m + "gate.e_score_correction_bias", "F32", [c["n_routed_experts"]]))
             out += [(m + "gate.weight", dtype, [c["n_routed_experts"], h]),
                     (m + "shared_experts.gate_proj.weight", dtype, [fs, h]), (m + "shared_experts.up_proj.weight", dtype, [fs, h]),
                     (m + "shared_experts.down_proj.weight", dtype, [h, fs])]
@@ -1055,6 +1058,20 @@ DEEPSEEK_V2 = {
     "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
     "topk_group": 3, "topk_method": "group_limited_greedy", "torch_dtype": "bfloat16", "transformers_version": "4.39.3",
     "use_cache": True, "v_head_dim": 128, "vocab_size": 102400,
+}
+# moonshotai/Moonlight-16B-A3B's released config.json (model_type deepseek_v3, bf16 weights, no
+# multi-token-prediction layers), less auto_map
+MOONLIGHT_16B_A3B = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+    "bos_token_id": 163584, "eos_token_id": 163586, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 11264, "kv_lora_rank": 512,
+    "max_position_embeddings": 8192, "model_type": "deepseek_v3", "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16, "num_nextn_predict_layers": 0,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
+    "rope_theta": 50000.0, "routed_scaling_factor": 2.446, "scoring_func": "sigmoid", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.3", "use_cache": True, "v_head_dim": 128, "vocab_size": 163840,
 }
 QWEN2_57B_A14B = {
     "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
@@ -1835,9 +1852,11 @@ def write_t5() -> None:
 
 
 def write_deepseek_v2() -> None:
-    """deepseek-ai/DeepSeek-V2-Lite and DeepSeek-V2 alone (`python tests/hubfixtures.py deepseek_v2`)."""
+    """deepseek-ai/DeepSeek-V2-Lite, DeepSeek-V2 and moonshotai/Moonlight-16B-A3B (deepseek_v3) alone
+    (`python tests/hubfixtures.py deepseek_v2`)."""
     write_checkpoint(FIXTURES / "DeepSeek-V2-Lite", DEEPSEEK_V2_LITE, deepseek_v2_tensors(DEEPSEEK_V2_LITE), shards=4)
     write_checkpoint(FIXTURES / "DeepSeek-V2", DEEPSEEK_V2, deepseek_v2_tensors(DEEPSEEK_V2), shards=55)
+    write_checkpoint(FIXTURES / "Moonlight-16B-A3B", MOONLIGHT_16B_A3B, deepseek_v2_tensors(MOONLIGHT_16B_A3B), shards=27)
 
 
 def write_mllama() -> None:

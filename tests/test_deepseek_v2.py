@@ -1,4 +1,4 @@
-"""DeepSeek-V2 (deepseek_v2): the checked-in specs are what `memspec import` writes, their
+"""DeepSeek-V2 (deepseek_v2) and the DeepSeek-V3 architecture (deepseek_v3, Moonlight-16B-A3B): the checked-in specs are what `memspec import` writes, their
 parameter counts are what transformers builds from the same config.json (meta device), the
 layer table's attention and MoE terms, and peft's handling of the MLP names, which the LoRA
 records avoid (specs/matrices/deepseek-v2-lite-lora.yaml)."""
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = [
     ("DeepSeek-V2-Lite", "specs/deepseek_v2/deepseek-v2-lite.yaml", 15_706_484_224),
     ("DeepSeek-V2", "specs/deepseek_v2/deepseek-v2.yaml", 235_741_434_880),
+    ("Moonlight-16B-A3B", "specs/deepseek_v3/moonlight-16b-a3b.yaml", 15_960_108_544),
 ]
 LITE = str(ROOT / "specs/deepseek_v2/deepseek-v2-lite.yaml")
 ATTENTION = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
@@ -36,13 +37,16 @@ def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
 def _meta_model(config: dict):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from transformers import AutoConfig, DeepseekV2ForCausalLM
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    built = AutoConfig.for_model(**config)
     with torch.device("meta"):
-        return DeepseekV2ForCausalLM._from_config(AutoConfig.for_model(**config))
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(built)]._from_config(built)
 
 
-@pytest.mark.parametrize("config, parameters", [(hf.DEEPSEEK_V2_LITE, 15_706_484_224), (hf.DEEPSEEK_V2, 235_741_434_880)])
+@pytest.mark.parametrize("config, parameters", [(hf.DEEPSEEK_V2_LITE, 15_706_484_224), (hf.DEEPSEEK_V2, 235_741_434_880),
+                                                (hf.MOONLIGHT_16B_A3B, 15_960_108_544)])
 def test_parameters_are_what_transformers_builds(config, parameters):
     model = _meta_model(config)
     assert sum(p.numel() for p in model.parameters()) == parameters
@@ -133,3 +137,21 @@ def test_lora_on_mlp_names_is_refused(targets):
     assert [d.code for d in exc.value.diagnostics] == ["E334"]
     assert "to the stacked routed experts" in exc.value.render()
     assert api.estimate(LITE, micro_batch=1, seq_len=128, trainable=[], lora={"r": 8, "target_modules": ATTENTION}).allocated > 0
+
+
+def test_deepseek_v3_sigmoid_routing_terms():
+    """Moonlight-16B-A3B (deepseek_v3), LoRA on the attention, sdpa, batch 2, seq 1024: the router
+    saves the sigmoid scores in place of softmax's, the gather's indices, the renormalisation's
+    divisor and clone, and keeps its correction bias as a buffer; the rotary saves cos and sin
+    [1, s, 64] in bf16 once."""
+    spec = str(ROOT / "specs/deepseek_v3/moonlight-16b-a3b.yaml")
+    est = api.estimate(spec, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[],
+                       lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
+    rows = {r.path: r for r in est.rows}
+    t = 2048
+    gate = rows["language.moe_layers[0:26].moe.gate"]
+    assert gate.activations == 64 * 2048 * 4 + t * 64 * 4 + t * 6 * 8 + t * 4 + t * 6 * 4
+    assert gate.buffers == 64 * 4
+    assert rows["language.dense_layers[0].self_attn.expand"].activations == 2 * 1024 * 64 * 2 + t * 16 * 128 * 2
+    inputs = importer.import_spec(str(hf.FIXTURES / "Moonlight-16B-A3B")).data["modules"]["language"]["inputs"]
+    assert (inputs["sigmoid"], inputs["norm_topk"], inputs["real_rope"], inputs["vocab"]) == (True, True, True, 163840)

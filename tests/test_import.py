@@ -193,6 +193,10 @@ def _error(fn, *args, **kwargs) -> str:
         # = 3_774_873_600, shared experts 3 * 5120 * 3072 = 47_185_920) + 2 * 524_288_000 + norm 5120,
         # the published 236B
         ("DeepSeek-V2", {"language": 235_741_434_880}),
+        # Moonlight-16B-A3B (deepseek_v3): DeepSeek-V2-Lite's attention and MoE blocks (27 * 13_767_168,
+        # 26 * 571_080_704), layer 0's dense MLP 3 * 2048 * 11264 = 69_206_016, embeddings and head
+        # 2 * 163840 x 2048 = 671_088_640, norm 2048; the routers' e_score_correction_bias is a buffer
+        ("Moonlight-16B-A3B", {"language": 15_960_108_544}),
         # LLaVA-NeXT: LLaVA-1.5's CLIP and projector, plus image_newline [4096] in the projector
         # (20_979_712 + 4096); Vicuna-7B with vocab 32064 as in llava-1.5-7b-hf
         ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
@@ -966,6 +970,18 @@ def test_deepseek_v2_variants_not_modelled_are_refused(tmp_path, changes, messag
     config = _tiny_deepseek_v2(**changes)
     err = _error(importer.import_spec, _folder(tmp_path, config, hf.deepseek_v2_tensors(_tiny_deepseek_v2())))
     assert err.startswith("E713 ") and "not supported by the deepseek_v2 family" in err and message in err, err
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_nextn_predict_layers": 1}, "multi-token-prediction layers"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads below num_attention_heads"),
+    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+])
+def test_deepseek_v3_variants_not_modelled_are_refused(tmp_path, changes, message):
+    config = {**hf.MOONLIGHT_16B_A3B, **changes}
+    tiny = {**hf.MOONLIGHT_16B_A3B, "num_hidden_layers": 2, "vocab_size": 128}
+    err = _error(importer.import_spec, _folder(tmp_path, {**config, "num_hidden_layers": 2, "vocab_size": 128}, hf.deepseek_v2_tensors(tiny)))
+    assert err.startswith("E713 ") and "not supported by the deepseek_v3 family" in err and message in err, err
 
 
 def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):
