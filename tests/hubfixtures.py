@@ -876,6 +876,44 @@ def mllama_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return out
 
 
+def deepseek_v2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """DeepseekV2ForCausalLM's checkpoint: multi-head latent attention (q_proj, or q_a_proj,
+    q_a_layernorm, q_b_proj with a q_lora_rank; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+    o_proj), a dense MLP in the first first_k_dense_replace layers and a MoE block in the others
+    (the router mlp.gate, per-expert gate_proj / up_proj / down_proj, the shared experts as one
+    MLP of n_shared_experts x moe_intermediate_size); DeepseekV3ForCausalLM's the same, with the
+    router's e_score_correction_bias."""
+    h, nh, v = c["hidden_size"], c["num_attention_heads"], c["v_head_dim"]
+    qk, rope, kv = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["qk_rope_head_dim"], c["kv_lora_rank"]
+    f, inter, fs = c["moe_intermediate_size"], c["intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        if c.get("q_lora_rank"):
+            out += [(a + "q_a_proj.weight", dtype, [c["q_lora_rank"], h]), (a + "q_a_layernorm.weight", dtype, [c["q_lora_rank"]]),
+                    (a + "q_b_proj.weight", dtype, [nh * qk, c["q_lora_rank"]])]
+        else:
+            out.append((a + "q_proj.weight", dtype, [nh * qk, h]))
+        out += [(a + "kv_a_proj_with_mqa.weight", dtype, [kv + rope, h]), (a + "kv_a_layernorm.weight", dtype, [kv]),
+                (a + "kv_b_proj.weight", dtype, [nh * (qk - rope + v), kv]), (a + "o_proj.weight", dtype, [h, nh * v])]
+        m = p + "mlp."
+        if i < c["first_k_dense_replace"]:
+            out += [(m + "gate_proj.weight", dtype, [inter, h]), (m + "up_proj.weight", dtype, [inter, h]), (m + "down_proj.weight", dtype, [h, inter])]
+        else:
+            for e in range(c["n_routed_experts"]):
+                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+            if c["model_type"] == "deepseek_v3":  # noaux_tc routing's correction bias, fp32 as DeepSeek-V3's checkpoint
+                out.append((m + "gate.e_score_correction_bias", "F32", [c["n_routed_experts"]]))
+            out += [(m + "gate.weight", dtype, [c["n_routed_experts"], h]),
+                    (m + "shared_experts.gate_proj.weight", dtype, [fs, h]), (m + "shared_experts.up_proj.weight", dtype, [fs, h]),
+                    (m + "shared_experts.down_proj.weight", dtype, [h, fs])]
+        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.weight", dtype, [h])]
+    out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+    return out
+
+
 def write_checkpoint(folder: Path, config: dict, tensors: list, shards: int = 1, processor: dict | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -990,6 +1028,50 @@ QWEN1_5_MOE_A2_7B = {
     "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True, "use_sliding_window": False,
     "vocab_size": 151936,
+}
+# the released config.json files (deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V2), less
+# auto_map (the remote code's class names, which transformers 5 does not read)
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+    "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2", "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 102400,
+}
+DEEPSEEK_V2 = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.003,
+    "bos_token_id": 100000, "eos_token_id": 100001, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 12288, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1536, "moe_layer_freq": 1,
+    "n_group": 8, "n_routed_experts": 160, "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 128,
+    "num_experts_per_tok": 6, "num_hidden_layers": 60, "num_key_value_heads": 128, "pretraining_tp": 1, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
+    "topk_group": 3, "topk_method": "group_limited_greedy", "torch_dtype": "bfloat16", "transformers_version": "4.39.3",
+    "use_cache": True, "v_head_dim": 128, "vocab_size": 102400,
+}
+# moonshotai/Moonlight-16B-A3B's released config.json (model_type deepseek_v3, bf16 weights, no
+# multi-token-prediction layers), less auto_map
+MOONLIGHT_16B_A3B = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+    "bos_token_id": 163584, "eos_token_id": 163586, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 11264, "kv_lora_rank": 512,
+    "max_position_embeddings": 8192, "model_type": "deepseek_v3", "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16, "num_nextn_predict_layers": 0,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
+    "rope_theta": 50000.0, "routed_scaling_factor": 2.446, "scoring_func": "sigmoid", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.3", "use_cache": True, "v_head_dim": 128, "vocab_size": 163840,
 }
 QWEN2_57B_A14B = {
     "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
@@ -1769,6 +1851,14 @@ def write_t5() -> None:
     write_checkpoint(FIXTURES / "t5-base", T5_BASE, t5_tensors(T5_BASE))
 
 
+def write_deepseek_v2() -> None:
+    """deepseek-ai/DeepSeek-V2-Lite, DeepSeek-V2 and moonshotai/Moonlight-16B-A3B (deepseek_v3) alone
+    (`python tests/hubfixtures.py deepseek_v2`)."""
+    write_checkpoint(FIXTURES / "DeepSeek-V2-Lite", DEEPSEEK_V2_LITE, deepseek_v2_tensors(DEEPSEEK_V2_LITE), shards=4)
+    write_checkpoint(FIXTURES / "DeepSeek-V2", DEEPSEEK_V2, deepseek_v2_tensors(DEEPSEEK_V2), shards=55)
+    write_checkpoint(FIXTURES / "Moonlight-16B-A3B", MOONLIGHT_16B_A3B, deepseek_v2_tensors(MOONLIGHT_16B_A3B), shards=27)
+
+
 def write_mllama() -> None:
     """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
     write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
@@ -1791,6 +1881,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Mixtral-8x7B-v0.1", MIXTRAL_8X7B_V01, llama_tensors(MIXTRAL_8X7B_V01, dtype="BF16", moe="mixtral"), shards=19)
     write_checkpoint(FIXTURES / "Qwen3-30B-A3B", QWEN3_30B_A3B, llama_tensors(QWEN3_30B_A3B, dtype="BF16", qk_norm=True, moe="qwen3_moe"), shards=16)
     write_checkpoint(FIXTURES / "Qwen1.5-MoE-A2.7B", QWEN1_5_MOE_A2_7B, llama_tensors(QWEN1_5_MOE_A2_7B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=8)
+    write_deepseek_v2()
     write_checkpoint(FIXTURES / "Qwen2-57B-A14B", QWEN2_57B_A14B, llama_tensors(QWEN2_57B_A14B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=30)
     write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
     write_checkpoint(FIXTURES / "Qwen2.5-0.5B", QWEN2_5_0_5B, llama_tensors(QWEN2_5_0_5B, head=None, dtype="BF16", qkv_bias=True))
@@ -1889,6 +1980,8 @@ if __name__ == "__main__":
         write_t5()
     elif sys.argv[1:] == ["mllama"]:
         write_mllama()
+    elif sys.argv[1:] == ["deepseek_v2"]:
+        write_deepseek_v2()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -178,6 +178,25 @@ def _error(fn, *args, **kwargs) -> str:
         # = 1_761_607_680; shared expert 3 * 3584 * 20480 = 220_200_960 and its gate 1 x 3584;
         # norms 2 * 3584) + 2 * 544_538_624 (vocab 151936) + norm 3584 = 57_408_658_944, the published 57.4B
         ("Qwen2-57B-A14B", {"language": 57_408_658_944}),
+        # DeepSeek-V2-Lite: 27 attentions and norms 27 * 13_767_168 (q_proj 16 * 192 x 2048 = 6_291_456,
+        # kv_a_proj_with_mqa (512 + 64) x 2048 = 1_179_648, kv_a_layernorm 512, kv_b_proj
+        # 16 * (128 + 128) x 512 = 2_097_152, o_proj 2048 x 16 * 128 = 4_194_304; norms 2 * 2048),
+        # layer 0's dense MLP 3 * 2048 * 10944 = 67_239_936, 26 MoE blocks 26 * 571_080_704 (router
+        # 64 x 2048 = 131_072, 64 experts x 3 x 2048 x 1408 = 553_648_128, shared experts
+        # 3 * 2048 * 2816 = 17_301_504) + 2 * 209_715_200 (vocab 102400) + norm 2048, the published 15.7B
+        ("DeepSeek-V2-Lite", {"language": 15_706_484_224}),
+        # DeepSeek-V2: 60 attentions and norms 60 * 149_237_760 (q_a_proj 1536 x 5120 = 7_864_320,
+        # q_a_layernorm 1536, q_b_proj 128 * 192 x 1536 = 37_748_736, kv_a_proj_with_mqa 576 x 5120
+        # = 2_949_120, kv_a_layernorm 512, kv_b_proj 128 * 256 x 512 = 16_777_216, o_proj 5120 x 16384
+        # = 83_886_080; norms 2 * 5120), layer 0's dense MLP 3 * 5120 * 12288 = 188_743_680, 59 MoE
+        # blocks 59 * 3_822_878_720 (router 160 x 5120 = 819_200, 160 experts x 3 x 5120 x 1536
+        # = 3_774_873_600, shared experts 3 * 5120 * 3072 = 47_185_920) + 2 * 524_288_000 + norm 5120,
+        # the published 236B
+        ("DeepSeek-V2", {"language": 235_741_434_880}),
+        # Moonlight-16B-A3B (deepseek_v3): DeepSeek-V2-Lite's attention and MoE blocks (27 * 13_767_168,
+        # 26 * 571_080_704), layer 0's dense MLP 3 * 2048 * 11264 = 69_206_016, embeddings and head
+        # 2 * 163840 x 2048 = 671_088_640, norm 2048; the routers' e_score_correction_bias is a buffer
+        ("Moonlight-16B-A3B", {"language": 15_960_108_544}),
         # LLaVA-NeXT: LLaVA-1.5's CLIP and projector, plus image_newline [4096] in the projector
         # (20_979_712 + 4096); Vicuna-7B with vocab 32064 as in llava-1.5-7b-hf
         ("llava-v1.6-vicuna-7b-hf", {"vision": 303_507_456, "projector": 20_983_808, "language": 6_738_939_904}),
@@ -902,6 +921,67 @@ def test_qwen2_moe_variants_not_modelled_are_refused(tmp_path, changes, message)
     config = _tiny_qwen2_moe(**changes)
     err = _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(_tiny_qwen2_moe(), qkv_bias=True, moe="qwen2_moe")))
     assert err.startswith("E713 ") and "not supported by the qwen2_moe family" in err and message in err, err
+
+
+def test_deepseek_v2_attention_and_experts_reach_the_spec():
+    inputs = importer.import_spec(str(FIX / "DeepSeek-V2-Lite")).data["modules"]["language"]["inputs"]
+    # q_lora_rank null: one q_proj; the dense MLP's width is intermediate_size, the experts'
+    # moe_intermediate_size, the shared experts' n_shared_experts times it; greedy routing
+    assert (inputs["q_lora_rank"], inputs["kv_lora_rank"], inputs["nope_dim"], inputs["rope_dim"], inputs["v_dim"]) == (0, 512, 128, 64, 128)
+    assert (inputs["intermediate"], inputs["expert_intermediate"], inputs["shared_intermediate"], inputs["dense_layers"]) == (10944, 1408, 2816, 1)
+    assert (inputs["n_experts"], inputs["top_k"], inputs["groups"]) == (64, 6, 0)
+    inputs = importer.import_spec(str(FIX / "DeepSeek-V2")).data["modules"]["language"]["inputs"]
+    # group_limited_greedy over 8 groups of 20 experts
+    assert (inputs["q_lora_rank"], inputs["n_experts"], inputs["groups"], inputs["shared_intermediate"]) == (1536, 160, 8, 3072)
+
+
+def _tiny_deepseek_v2(**changes) -> dict:
+    return {**hf.DEEPSEEK_V2_LITE, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+            "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128, **changes}
+
+
+def test_deepseek_v2_tiny_counts_dense_and_moe_layers(tmp_path):
+    config = _tiny_deepseek_v2()
+    imported = importer.import_spec(_folder(tmp_path, config, hf.deepseek_v2_tensors(config)))
+    # attention: q_proj 4 * 12 x 64 = 3_072, kv_a_proj_with_mqa (16 + 4) x 64 = 1_280, kv_a_layernorm 16,
+    # kv_b_proj 4 * 16 x 16 = 1_024, o_proj 64 x 32 = 2_048; norms 2 * 64: 7_568 a layer; layer 0's
+    # MLP 3 * 64 * 96 = 18_432; 2 MoE blocks of router 4 x 64 = 256, experts 4 x 3 x 64 x 32 = 24_576,
+    # shared experts 3 * 64 * 64 = 12_288; embeddings and head 2 * 128 x 64, norm 64
+    assert imported.header_parameters == {"language": 3 * 7_568 + 18_432 + 2 * 37_120 + 2 * 8192 + 64}
+    assert importer.formula_counts(imported.spec) == imported.header_parameters
+    config = _tiny_deepseek_v2(q_lora_rank=24)
+    imported = importer.import_spec(_folder(tmp_path / "q_lora", config, hf.deepseek_v2_tensors(config)))
+    # q_a_proj 24 x 64 = 1_536, q_a_layernorm 24, q_b_proj 4 * 12 x 24 = 1_152 in place of q_proj's 3_072
+    assert imported.header_parameters == {"language": 3 * (7_568 - 3_072 + 1_536 + 24 + 1_152) + 18_432 + 2 * 37_120 + 2 * 8192 + 64}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"topk_method": "noaux_tc"}, "topk_method 'greedy' or 'group_limited_greedy' only"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads below num_attention_heads"),
+    ({"moe_layer_freq": 2}, "moe_layer_freq other than 1 is not modelled"),
+    ({"n_shared_experts": 0}, "n_shared_experts must be positive"),
+    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+    ({"output_router_logits": True}, "output_router_logits"),
+    ({"attention_dropout": 0.1}, "attention_dropout above 0 is not modelled"),
+    ({"first_k_dense_replace": 3}, "first_k_dense_replace must leave at least one MoE layer"),
+])
+def test_deepseek_v2_variants_not_modelled_are_refused(tmp_path, changes, message):
+    config = _tiny_deepseek_v2(**changes)
+    err = _error(importer.import_spec, _folder(tmp_path, config, hf.deepseek_v2_tensors(_tiny_deepseek_v2())))
+    assert err.startswith("E713 ") and "not supported by the deepseek_v2 family" in err and message in err, err
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_nextn_predict_layers": 1}, "multi-token-prediction layers"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads below num_attention_heads"),
+    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+])
+def test_deepseek_v3_variants_not_modelled_are_refused(tmp_path, changes, message):
+    config = {**hf.MOONLIGHT_16B_A3B, **changes}
+    tiny = {**hf.MOONLIGHT_16B_A3B, "num_hidden_layers": 2, "vocab_size": 128}
+    err = _error(importer.import_spec, _folder(tmp_path, {**config, "num_hidden_layers": 2, "vocab_size": 128}, hf.deepseek_v2_tensors(tiny)))
+    assert err.startswith("E713 ") and "not supported by the deepseek_v3 family" in err and message in err, err
 
 
 def test_gemma2_spec_lists_the_attention_transformers_accepts(capsys):

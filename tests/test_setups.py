@@ -41,6 +41,9 @@ ALLOWED = {
     "chatglm/chatglm3-6b.yaml": "",  # the remote-code ChatGLM: estimates for plain steps only
     "chatglm/glm-4-9b-chat.yaml": "",
     "deepseek_vl/deepseek-vl-1.3b-chat.yaml": "pack offload fused",
+    "deepseek_v2/deepseek-v2-lite.yaml": "",  # multi-head latent attention and DeepSeek's MoE: plain steps only
+    "deepseek_v2/deepseek-v2.yaml": "",
+    "deepseek_v3/moonlight-16b-a3b.yaml": "",
     "mistral3/mistral-small-3.1-24b-instruct.yaml": "pack offload fused",
     "falcon/falcon-40b.yaml": "",  # GPT-NeoX, Phi and Falcon: measured on plain steps only
     "gemma/gemma-2b.yaml": "",

@@ -9,10 +9,10 @@ across ops. Every number cites the source it comes from.
 
 Patched (only while the context is active):
 - `torch.nn.functional.scaled_dot_product_attention` -> `aten._scaled_dot_product_flash_attention`
-  for 16-bit inputs without a mask (what CUDA's dispatcher picks on sm80-sm90; its autograd
-  node saves q, k, v, out and an fp32 logsumexp [b, heads, s]), or
-  `aten._scaled_dot_product_efficient_attention` otherwise (fp32 or a mask; logsumexp padded
-  to a multiple of 32). The CPU build would run the math kernel (s^2 scores in fp32). A
+  for 16-bit inputs without a mask whose q, k and v share a head dim (what CUDA's dispatcher
+  picks on sm80-sm90; its autograd node saves q, k, v, out and an fp32 logsumexp [b, heads, s]),
+  or `aten._scaled_dot_product_efficient_attention` otherwise (fp32, a mask, or value heads
+  narrower than the query's, DeepSeek-V2's MLA; logsumexp padded to a multiple of 32). The CPU build would run the math kernel (s^2 scores in fp32). A
   module attribute patch, not a TorchFunctionMode: function modes are not active during
   checkpoint recomputation.
 - `torch.nn.functional.dropout` -> `aten.native_dropout` when training with 0 < p < 1 (CUDA's
@@ -171,8 +171,11 @@ def _sdpa_as_cuda(original):
                 attn_mask = attn_mask.to(low)
         # NB: CUDA's flash kernel takes fewer KV heads natively (enable_gqa), and so do the
         # meta kernels: k and v pass as they are. No LLaVA-1.5 model uses GQA.
+        # NB: the flash kernel takes one head dim for q, k and v (sdp_utils.cpp
+        # check_head_dim_size_flash); DeepSeek-V2's MLA has narrower value heads (128 of 192)
         head_dim = query.shape[-1]
-        if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM:
+        same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
+        if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM and same_dims:
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if attn_mask is not None and attn_mask.dtype == torch.bool:

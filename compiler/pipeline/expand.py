@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import Diagnostic, MemspecError, UsageError
 from ..library.formula import Child, Formula, Library, bind, integer
-from .peft import bias_elements, check_bias_modelled, lora_target, quantized, save_error, save_matches, saved_name, unmatched_saves
+from .peft import bias_elements, check_bias_modelled, check_not_retargeted, lora_target, quantized, save_error, save_matches, saved_name, unmatched_saves
 from .resolve import Module, Setup, Spec
 
 
@@ -124,7 +124,7 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
 
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
-    ex = _Expansion(library)
+    ex = _Expansion(library, roots={m.name: m.type for m in spec.modules})
     problems: list[Diagnostic] = []
     roots = []
     grad = False
@@ -295,6 +295,7 @@ class _Expansion:
     library: Library
     memo: dict = field(default_factory=dict)
     matched: set = field(default_factory=set)
+    roots: dict = field(default_factory=dict)  # module name -> its root layer type (peft.RETARGETED)
 
 
 def _bound_scope(memo: dict, formula: Formula, given: Mapping[str, Any], scope_key: tuple, context: Callable[[], dict], locate) -> dict:
@@ -474,6 +475,7 @@ def _peft_child(ex: _Expansion, setup: Setup, formula: Formula, child, plain: tu
     c_formula, c_given, c_tensors, c_requires = plain
     if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
             and lora_target(setup.lora, module, f"{path}.{child.name}")):
+        check_not_retargeted(setup, ex.roots.get(module), f"{path}.{child.name}", child.name)
         c_formula, c_given, c_tensors = _with_lora(ex, setup.lora, c_given, c_tensors)
         c_requires = True  # the adapters train; lora_linear's base_layer is frozen
     elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):

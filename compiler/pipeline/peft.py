@@ -98,6 +98,28 @@ def unmatched_saves(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic
 OUTPUT_EMBEDDING = "lm_head"
 
 
+# Root layer types whose linears of these names peft does not adapt as linears: for the model
+# types transformers' conversion mapping makes qwen2_moe-like (deepseek_v2), peft 0.21 turns a
+# target named gate_proj, up_proj or down_proj into target_parameters on the stacked routed
+# experts (utils/transformers_weight_conversion.py, _convert_peft_config_moe), adapted through
+# ParamWrapper with merged [E, 2f, h] / [E, h, f] weights the grouped GEMMs save; the dense
+# MLPs and shared experts of those names stay unadapted. Not modelled: refused (E334).
+RETARGETED: Mapping[str, tuple[str, ...]] = {
+    "deepseek_causal_lm": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def check_not_retargeted(setup: Setup, root_type: str | None, path: str, name: str) -> None:
+    """E334 where peft would move the LoRA target at `path` (a linear named `name`) to the
+    stacked experts of a model whose root layer type is `root_type` (RETARGETED)."""
+    if name in RETARGETED.get(root_type or "", ()):
+        raise MemspecError(Diagnostic("E334", setup.file, 0, 0, "$.lora.target_modules",
+                                      f"LoRA on '{path}': for this model type peft moves targets named {', '.join(RETARGETED[root_type])} "
+                                      "to the stacked routed experts (target_parameters through ParamWrapper), which is not modelled",
+                                      "name the attention projections (target_modules: [q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]; "
+                                      "q_a_proj and q_b_proj where the model has them)"))
+
+
 def lora_target(lora, module: str, path: str) -> bool:
     """Whether peft adapts the linear layer at `path` (memspec path, `layers[3]` indices).
 
