@@ -499,6 +499,26 @@ def phi_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]
     return out
 
 
+def opt_tensors(c: dict, prefix: str = "decoder.", dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """OPT as the facebook/opt-* checkpoints store it (saved from OPTModel: no `model.` prefix and
+    no lm_head, which is tied to embed_tokens): the token table, the learned position table with
+    its 2 offset rows, per layer biased q, k, v and out_proj, self_attn_layer_norm, fc1 / fc2 with
+    biases and final_layer_norm, then the decoder's final_layer_norm."""
+    h, ffn = c["hidden_size"], c["ffn_dim"]
+    out = [(f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], c["word_embed_proj_dim"]]),
+           (f"{prefix}embed_positions.weight", dtype, [c["max_position_embeddings"] + 2, h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [h, h]), (p + f"self_attn.{proj}.bias", dtype, [h])]
+        out += [(p + "self_attn_layer_norm.weight", dtype, [h]), (p + "self_attn_layer_norm.bias", dtype, [h]),
+                (p + "fc1.weight", dtype, [ffn, h]), (p + "fc1.bias", dtype, [ffn]),
+                (p + "fc2.weight", dtype, [h, ffn]), (p + "fc2.bias", dtype, [h]),
+                (p + "final_layer_norm.weight", dtype, [h]), (p + "final_layer_norm.bias", dtype, [h])]
+    out += [(f"{prefix}final_layer_norm.weight", dtype, [h]), (f"{prefix}final_layer_norm.bias", dtype, [h])]
+    return out
+
+
 def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """FalconForCausalLM of the new decoder architecture (Falcon-40B / 180B): ln_attn and ln_mlp,
     one query_key_value of (heads + 2 groups) x head_dim rows, no biases; the head is tied to
@@ -1400,6 +1420,24 @@ T5_BASE = {
 }
 # allenai/OLMo-2-0425-1B (fp32 weights, one model.safetensors). NB reconstructed, not copied: the
 # released config.json's values as published, checked against the published parameter count.
+# facebook/opt-1.3b and facebook/opt-6.7b, config.json as of the repos' main (fp16 weights; the
+# checkpoints were saved from OPTModel, their names start at decoder.; opt-6.7b in 2 shards).
+OPT_1_3B = {
+    "_name_or_path": "facebook/opt-1.3b", "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True,
+    "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 8192, "hidden_size": 2048, "init_std": 0.02, "layerdrop": 0.0,
+    "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32, "num_hidden_layers": 24,
+    "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.21.0.dev0",
+    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 2048,
+}
+OPT_6_7B = {
+    "_name_or_path": "facebook/opt-6.7b", "_remove_final_layer_norm": False, "activation_dropout": 0.0,
+    "activation_function": "relu", "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 16384, "hidden_size": 4096,
+    "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0", "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 4096,
+}
 OLMO_2_0425_1B = {
     "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
     "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
@@ -1769,6 +1807,12 @@ def write_t5() -> None:
     write_checkpoint(FIXTURES / "t5-base", T5_BASE, t5_tensors(T5_BASE))
 
 
+def write_opt() -> None:
+    """facebook/opt-1.3b and facebook/opt-6.7b alone (`python tests/hubfixtures.py opt`)."""
+    write_checkpoint(FIXTURES / "opt-1.3b", OPT_1_3B, opt_tensors(OPT_1_3B))
+    write_checkpoint(FIXTURES / "opt-6.7b", OPT_6_7B, opt_tensors(OPT_6_7B), shards=2)
+
+
 def write_mllama() -> None:
     """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
     write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
@@ -1821,6 +1865,7 @@ def write_all() -> None:
     write_glm4v()
     write_minicpmv4_6()
     write_mllama()
+    write_opt()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1889,6 +1934,8 @@ if __name__ == "__main__":
         write_t5()
     elif sys.argv[1:] == ["mllama"]:
         write_mllama()
+    elif sys.argv[1:] == ["opt"]:
+        write_opt()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")
