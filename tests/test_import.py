@@ -137,6 +137,11 @@ def _error(fn, *args, **kwargs) -> str:
         # OPT-6.7B: 32 * 201_379_840 layers (4 * (4096^2 + 4096), fc1 16384 x 4096 + 16384, fc2 4096 x 16384
         # + 4096, LayerNorms 4 * 4096) + 50272 x 4096 = 205_914_112 + 2050 x 4096 = 8_396_800 + 8192
         ("opt-6.7b", {"language": 6_658_473_984}),
+        # blip2-opt-2.7b (blip_2): EVA ViT-g/14 at 224 (patch conv 829_312, class and positions 363_264,
+        # 39 * 25_250_176 layers, post-LN 2816); Q-Former query_tokens 24_576 + LayerNorm 1536 + 6 * 10_434_816
+        # (with cross-attention) + 6 * 7_087_872; language_projection 768 * 2560 + 2560; OPT-2.7B with vocab
+        # 50304 (128_778_240 + 5_248_000 + 32 * 78_676_480 + 5120); the header's own lm_head copy left out
+        ("blip2-opt-2.7b", {"vision": 985_952_256, "qformer": 105_162_240, "projector": 1_968_640, "language": 2_651_678_720}),
         # StableLM-2-1.6B (stablelm): 24 * 51_394_560 layers (q, k, v 3 * (2048^2 + 2048), o_proj
         # 2048^2 without bias, gate, up, down 3 * 2048 * 5632, two LayerNorms 4 * 2048) +
         # embed_tokens and lm_head 2 * 100352 * 2048 = 411_041_792 + final LayerNorm 4096: the published 1.64B
