@@ -499,6 +499,74 @@ def phi_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]
     return out
 
 
+def opt_tensors(c: dict, prefix: str = "decoder.", dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """OPT as the facebook/opt-* checkpoints store it (saved from OPTModel: no `model.` prefix and
+    no lm_head, which is tied to embed_tokens): the token table, the learned position table with
+    its 2 offset rows, per layer biased q, k, v and out_proj, self_attn_layer_norm, fc1 / fc2 with
+    biases and final_layer_norm, then the decoder's final_layer_norm."""
+    h, ffn = c["hidden_size"], c["ffn_dim"]
+    out = [(f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], c["word_embed_proj_dim"]]),
+           (f"{prefix}embed_positions.weight", dtype, [c["max_position_embeddings"] + 2, h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            out += [(p + f"self_attn.{proj}.weight", dtype, [h, h]), (p + f"self_attn.{proj}.bias", dtype, [h])]
+        out += [(p + "self_attn_layer_norm.weight", dtype, [h]), (p + "self_attn_layer_norm.bias", dtype, [h]),
+                (p + "fc1.weight", dtype, [ffn, h]), (p + "fc1.bias", dtype, [ffn]),
+                (p + "fc2.weight", dtype, [h, ffn]), (p + "fc2.bias", dtype, [h]),
+                (p + "final_layer_norm.weight", dtype, [h]), (p + "final_layer_norm.bias", dtype, [h])]
+    out += [(f"{prefix}final_layer_norm.weight", dtype, [h]), (f"{prefix}final_layer_norm.bias", dtype, [h])]
+    return out
+
+
+def blip2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Blip2ForConditionalGeneration with an OPT language model as Salesforce/blip2-opt-* store it:
+    vision_model.* (EVA ViT-g: the patch conv with bias, class and position embeddings, per layer one
+    qkv projection whose bias is [q_bias, 0, v_bias], projection, two LayerNorms, fc1 / fc2;
+    post_layernorm), query_tokens, qformer.* (layernorm, then per layer the self-attention block,
+    the cross-attention block every cross_attention_frequency-th layer, intermediate_query and
+    output_query), language_projection.*, and language_model.* (OPT's decoder and its own copy of
+    the tied lm_head)."""
+    v, q, t = c["vision_config"], c.get("qformer_config") or {}, c["text_config"]
+    vh, vi = v.get("hidden_size", 1408), v.get("intermediate_size", 6144)
+    size, patch = v.get("image_size", 224), v.get("patch_size", 14)
+    qh, qi, enc = q.get("hidden_size", 768), q.get("intermediate_size", 3072), q.get("encoder_hidden_size", 1408)
+    freq = q.get("cross_attention_frequency", 2)
+    out = [("vision_model.embeddings.class_embedding", dtype, [1, 1, vh]),
+           ("vision_model.embeddings.position_embedding", dtype, [1, (size // patch) ** 2 + 1, vh]),
+           ("vision_model.embeddings.patch_embedding.weight", dtype, [vh, v.get("num_channels", 3), patch, patch]),
+           ("vision_model.embeddings.patch_embedding.bias", dtype, [vh])]
+    for i in range(v.get("num_hidden_layers", 39)):
+        p = f"vision_model.encoder.layers.{i}."
+        out += [(p + "self_attn.qkv.weight", dtype, [3 * vh, vh]), (p + "self_attn.qkv.bias", dtype, [3 * vh]),
+                (p + "self_attn.projection.weight", dtype, [vh, vh]), (p + "self_attn.projection.bias", dtype, [vh]),
+                (p + "layer_norm1.weight", dtype, [vh]), (p + "layer_norm1.bias", dtype, [vh]),
+                (p + "mlp.fc1.weight", dtype, [vi, vh]), (p + "mlp.fc1.bias", dtype, [vi]),
+                (p + "mlp.fc2.weight", dtype, [vh, vi]), (p + "mlp.fc2.bias", dtype, [vh]),
+                (p + "layer_norm2.weight", dtype, [vh]), (p + "layer_norm2.bias", dtype, [vh])]
+    out += [("vision_model.post_layernorm.weight", dtype, [vh]), ("vision_model.post_layernorm.bias", dtype, [vh]),
+            ("query_tokens", dtype, [1, c["num_query_tokens"], qh]),
+            ("qformer.layernorm.weight", dtype, [qh]), ("qformer.layernorm.bias", dtype, [qh])]
+    for i in range(q.get("num_hidden_layers", 12)):
+        p = f"qformer.encoder.layer.{i}."
+        blocks = [("attention", qh)] + ([("crossattention", enc)] if i % freq == 0 else [])
+        for block, kv in blocks:
+            out += [(p + f"{block}.attention.query.weight", dtype, [qh, qh]), (p + f"{block}.attention.query.bias", dtype, [qh]),
+                    (p + f"{block}.attention.key.weight", dtype, [qh, kv]), (p + f"{block}.attention.key.bias", dtype, [qh]),
+                    (p + f"{block}.attention.value.weight", dtype, [qh, kv]), (p + f"{block}.attention.value.bias", dtype, [qh]),
+                    (p + f"{block}.output.dense.weight", dtype, [qh, qh]), (p + f"{block}.output.dense.bias", dtype, [qh]),
+                    (p + f"{block}.output.LayerNorm.weight", dtype, [qh]), (p + f"{block}.output.LayerNorm.bias", dtype, [qh])]
+        out += [(p + "intermediate_query.dense.weight", dtype, [qi, qh]), (p + "intermediate_query.dense.bias", dtype, [qi]),
+                (p + "output_query.dense.weight", dtype, [qh, qi]), (p + "output_query.dense.bias", dtype, [qh]),
+                (p + "output_query.LayerNorm.weight", dtype, [qh]), (p + "output_query.LayerNorm.bias", dtype, [qh])]
+    th = t["hidden_size"]
+    out += [("language_projection.weight", dtype, [th, qh]), ("language_projection.bias", dtype, [th])]
+    text = {"max_position_embeddings": 2048, "word_embed_proj_dim": th, **t}
+    out += opt_tensors(text, prefix="language_model.model.decoder.", dtype=dtype)
+    out.append(("language_model.lm_head.weight", dtype, [t["vocab_size"], th]))
+    return out
+
+
 def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """FalconForCausalLM of the new decoder architecture (Falcon-40B / 180B): ln_attn and ln_mlp,
     one query_key_value of (heads + 2 groups) x head_dim rows, no biases; the head is tied to
@@ -1482,6 +1550,47 @@ T5_BASE = {
 }
 # allenai/OLMo-2-0425-1B (fp32 weights, one model.safetensors). NB reconstructed, not copied: the
 # released config.json's values as published, checked against the published parameter count.
+# facebook/opt-1.3b and facebook/opt-6.7b, config.json as of the repos' main (fp16 weights; the
+# checkpoints were saved from OPTModel, their names start at decoder.; opt-6.7b in 2 shards).
+OPT_1_3B = {
+    "_name_or_path": "facebook/opt-1.3b", "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True,
+    "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 8192, "hidden_size": 2048, "init_std": 0.02, "layerdrop": 0.0,
+    "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32, "num_hidden_layers": 24,
+    "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.21.0.dev0",
+    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 2048,
+}
+OPT_6_7B = {
+    "_name_or_path": "facebook/opt-6.7b", "_remove_final_layer_norm": False, "activation_dropout": 0.0,
+    "activation_function": "relu", "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 16384, "hidden_size": 4096,
+    "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0", "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 4096,
+}
+# Salesforce/blip2-opt-2.7b, config.json and preprocessor_config.json as of the repo's main
+# (transformers 4.47's layout with image_token_index and num_query_tokens; fp32 weights in 2 shards,
+# with language_model.lm_head.weight stored beside the decoder's token table it is tied to).
+BLIP2_OPT_2_7B = {
+    "architectures": ["Blip2ForConditionalGeneration"], "image_text_hidden_size": 256, "image_token_index": 50265,
+    "initializer_factor": 1.0, "initializer_range": 0.02, "model_type": "blip-2", "num_query_tokens": 32,
+    "qformer_config": {"classifier_dropout": None, "model_type": "blip_2_qformer"},
+    "text_config": {
+        "_name_or_path": "facebook/opt-2.7b", "activation_dropout": 0.0, "architectures": ["OPTForCausalLM"],
+        "eos_token_id": 50118, "ffn_dim": 10240, "hidden_size": 2560, "model_type": "opt", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "prefix": "</s>", "torch_dtype": "float16", "vocab_size": 50304,
+        "word_embed_proj_dim": 2560,
+    },
+    "torch_dtype": "float32", "transformers_version": "4.47.0.dev0", "use_decoder_only_language_model": True,
+    "vision_config": {"dropout": 0.0, "initializer_factor": 1.0, "model_type": "blip_2_vision_model", "num_channels": 3,
+                      "projection_dim": 512},
+}
+BLIP2_PROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "BlipImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "processor_class": "Blip2Processor", "resample": 3,
+    "rescale_factor": 0.00392156862745098, "size": {"height": 224, "width": 224},
+}
 OLMO_2_0425_1B = {
     "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
     "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
@@ -1859,6 +1968,18 @@ def write_deepseek_v2() -> None:
     write_checkpoint(FIXTURES / "Moonlight-16B-A3B", MOONLIGHT_16B_A3B, deepseek_v2_tensors(MOONLIGHT_16B_A3B), shards=27)
 
 
+def write_opt() -> None:
+    """facebook/opt-1.3b and facebook/opt-6.7b alone (`python tests/hubfixtures.py opt`)."""
+    write_checkpoint(FIXTURES / "opt-1.3b", OPT_1_3B, opt_tensors(OPT_1_3B))
+    write_checkpoint(FIXTURES / "opt-6.7b", OPT_6_7B, opt_tensors(OPT_6_7B), shards=2)
+
+
+def write_blip2() -> None:
+    """Salesforce/blip2-opt-2.7b alone (`python tests/hubfixtures.py blip2`)."""
+    write_checkpoint(FIXTURES / "blip2-opt-2.7b", BLIP2_OPT_2_7B, blip2_tensors(BLIP2_OPT_2_7B), shards=2,
+                     processor=BLIP2_PROCESSOR)
+
+
 def write_mllama() -> None:
     """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
     write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
@@ -1912,6 +2033,8 @@ def write_all() -> None:
     write_glm4v()
     write_minicpmv4_6()
     write_mllama()
+    write_opt()
+    write_blip2()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -1982,6 +2105,10 @@ if __name__ == "__main__":
         write_mllama()
     elif sys.argv[1:] == ["deepseek_v2"]:
         write_deepseek_v2()
+    elif sys.argv[1:] == ["opt"]:
+        write_opt()
+    elif sys.argv[1:] == ["blip2"]:
+        write_blip2()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

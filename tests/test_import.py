@@ -130,6 +130,18 @@ def _error(fn, *args, **kwargs) -> str:
         # 3072 x 12288 + 3072, two LayerNorms 4 * 3072) + the tied 49152 x 3072 table 150_994_944
         # + final LayerNorm 6144: the published 3.03B
         ("starcoder2-3b", {"language": 3_030_371_328}),
+        # OPT-1.3B (opt): 24 * 50_358_272 layers (q, k, v, out_proj 4 * (2048^2 + 2048), fc1 8192 x 2048
+        # + 8192, fc2 2048 x 8192 + 2048, two LayerNorms 4 * 2048) + the tied 50272 x 2048 table
+        # 102_957_056 + the position table (2048 + 2) x 2048 = 4_198_400 + final LayerNorm 4096: the published 1.3B
+        ("opt-1.3b", {"language": 1_315_758_080}),
+        # OPT-6.7B: 32 * 201_379_840 layers (4 * (4096^2 + 4096), fc1 16384 x 4096 + 16384, fc2 4096 x 16384
+        # + 4096, LayerNorms 4 * 4096) + 50272 x 4096 = 205_914_112 + 2050 x 4096 = 8_396_800 + 8192
+        ("opt-6.7b", {"language": 6_658_473_984}),
+        # blip2-opt-2.7b (blip_2): EVA ViT-g/14 at 224 (patch conv 829_312, class and positions 363_264,
+        # 39 * 25_250_176 layers, post-LN 2816); Q-Former query_tokens 24_576 + LayerNorm 1536 + 6 * 10_434_816
+        # (with cross-attention) + 6 * 7_087_872; language_projection 768 * 2560 + 2560; OPT-2.7B with vocab
+        # 50304 (128_778_240 + 5_248_000 + 32 * 78_676_480 + 5120); the header's own lm_head copy left out
+        ("blip2-opt-2.7b", {"vision": 985_952_256, "qformer": 105_162_240, "projector": 1_968_640, "language": 2_651_678_720}),
         # StableLM-2-1.6B (stablelm): 24 * 51_394_560 layers (q, k, v 3 * (2048^2 + 2048), o_proj
         # 2048^2 without bias, gate, up, down 3 * 2048 * 5632, two LayerNorms 4 * 2048) +
         # embed_tokens and lm_head 2 * 100352 * 2048 = 411_041_792 + final LayerNorm 4096: the published 1.64B

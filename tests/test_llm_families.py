@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, glm, glm4, olmo2, starcoder2, stablelm, granite, cohere, cohere2): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, glm, glm4, olmo2, starcoder2, stablelm, granite, cohere, cohere2, opt): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -31,6 +31,8 @@ MODELS = [
     ("granite-3.0-2b-base", "specs/granite/granite-3.0-2b-base.yaml", 2_533_531_648),
     ("aya-expanse-8b", "specs/cohere/aya-expanse-8b.yaml", 8_028_033_024),
     ("c4ai-command-r7b-12-2024", "specs/cohere2/c4ai-command-r7b-12-2024.yaml", 8_028_033_024),
+    ("opt-1.3b", "specs/opt/opt-1.3b.yaml", 1_315_758_080),
+    ("opt-6.7b", "specs/opt/opt-6.7b.yaml", 6_658_473_984),
 ]
 
 
@@ -68,7 +70,7 @@ def test_lora_all_linear_adapts_what_peft_adapts(fixture, spec, parameters):
 
     model = _meta_model(fixture)
     lora = {"modules": ["language"], "target_modules": "all-linear"}
-    peft_names = {re.sub(r"^[a-z_]+\.(layers|h)\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
+    peft_names = {re.sub(r"^(?:[a-z_]+\.)+?(layers|h)\.\d+\.", "", n) for n in lora_targets(model, lora, {"language": [model]})}
     est = api.estimate(str(ROOT / spec), micro_batch=1, seq_len=128, lora={"r": 8})
     adapted = {re.sub(r"^language\.(layers|global_layers|h)\[[\d:]+\]\.", "", r.path) for r in est.rows if r.type == "lora_linear"}
     assert adapted == peft_names
@@ -332,3 +334,36 @@ def test_cohere2_global_layers_skip_the_rotary():
     assert rows["language.global_layers[0:8].self_attn.core"].activations == rows["language.layers[0:24].self_attn.core"].activations
     eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
     assert eager["language"].transient_forward - rows["language"].transient_forward == 2 * 2048 * 2048 * 2
+
+
+@pytest.mark.parametrize("change, words", [
+    # OPT-350m's layout: LayerNorm after each block, 512-wide embeddings projected in and out
+    ({"do_layer_norm_before": False}, "do_layer_norm_before"),
+    ({"word_embed_proj_dim": 512}, "project_in"),
+    ({"activation_function": "gelu"}, "ReLU"),
+    ({"attention_dropout": 0.1}, "attention dropout"),
+    ({"tie_word_embeddings": False}, "untied"),
+])
+def test_opt_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "opt-1.3b", **change)
+    assert "E713" in message and words in message
+
+
+def test_opt_layer_terms():
+    """OPT-1.3B, trained, batch 1, seq 2048 (x = 2048 * 2048 * 2 = 8 MiB): the released config's
+    dropout (0.1) saves a bool mask after out_proj and after fc2; ReLU saves its output, which
+    fc2 reads (one tensor); the scaled query is the kernel's q; the position table's lookup
+    saves its own int64 indices (position_ids + 2)."""
+    spec = str(ROOT / "specs/opt/opt-1.3b.yaml")
+    layer = "language.layers[0:24]"
+    tokens = 2048 * 2048
+    x = tokens * 2
+    rows = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048).rows}
+    assert rows[f"{layer}.attn_dropout[0]"].activations == tokens
+    assert rows[f"{layer}.mlp_dropout[0]"].activations == tokens
+    assert rows[f"{layer}.activation_fn"].activations == 4 * x
+    assert rows[f"{layer}.fc2"].activations is None or rows[f"{layer}.fc2"].activations == 0
+    assert rows[f"{layer}.fc1"].activations == x
+    assert rows["language.embed_positions"].activations == 2048 * 8
+    assert rows["language.embed_positions"].parameters == 2050 * 2048 * 2
+    assert rows["language.embed_tokens"].parameters == 0  # the tied table is lm_head's

@@ -59,7 +59,7 @@ def test_matrix_expands_to_every_combination():
 
 def test_gradients_flow_from_the_first_trainable_module_on():
     assert grad_flows(["projector"]) == ["projector", "language"]
-    assert grad_flows(["vision", "language"]) == ["vision", "projector", "language"]
+    assert grad_flows(["vision", "language"]) == ["vision", "qformer", "projector", "language"]  # qformer: BLIP-2
     assert grad_flows([]) == []
 
 

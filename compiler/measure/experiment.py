@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 
-MODULES = ("vision", "projector", "language")
+MODULES = ("vision", "qformer", "projector", "language")  # qformer: BLIP-2's Q-Former and its queries
 PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
 ATTENTIONS = ("flash_attention_2", "sdpa", "eager")
 OPTIMIZER_TYPES = ("adamw", "adam", "sgd", "adafactor")

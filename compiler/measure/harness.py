@@ -534,7 +534,9 @@ def _hook_loss(exp: dict, model, tracer, scope: ModuleScope) -> bool:
             tracer.phase = LOSS
             scope.mark("loss")
 
-    model.lm_head.register_forward_hook(enter_loss)
+    # NB: BLIP-2's head is its language model's (language_model.lm_head)
+    head = model.lm_head if hasattr(model, "lm_head") else model.get_output_embeddings()
+    head.register_forward_hook(enter_loss)
     fused = exp.get("loss") == "fused_linear_cross_entropy"
     if fused:
         _check_fused_loss(exp)

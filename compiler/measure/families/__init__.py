@@ -21,7 +21,8 @@ def family_for(config_path: Path) -> ModuleType:
     """The builder module named after the config's model_type, or `<model_type>_<vision type>`
     where one exists for its vision_config.model_type (llava_pixtral)."""
     config = json.loads(Path(config_path).read_text())
-    model_type = config.get("model_type", "")
+    # NB: a module name cannot hold a hyphen (BLIP-2's model_type is "blip-2")
+    model_type = config.get("model_type", "").replace("-", "_")
     vision_type = (config.get("vision_config") or {}).get("model_type")
     if vision_type and (Path(__file__).parent / f"{model_type}_{vision_type}.py").exists():
         return importlib.import_module(f"{__name__}.{model_type}_{vision_type}")
