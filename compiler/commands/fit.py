@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ..api import Report, image_tokens_per_sample, run
+from ..api import Node, Report, image_tokens_per_sample, run
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog
 from .levers import Lever, levers, within
 
@@ -61,8 +61,9 @@ class FitReport:
 class _Probe:
     """device figure of the setup with one knob changed, memoised."""
 
-    def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int):
+    def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int, nodes: tuple[Node, ...] | None = None):
         self.spec, self.change, self.budget = spec, change, budget
+        self.nodes = nodes  # the layers, when the knob is one that expand and evaluate do not read
         self.device: dict[int, int] = {}
         self.oom: set[int] = set()  # values whose replay ran out of the GPU's memory
         self.runs = 0  # estimates made (the setup's own figure is given, not made)
@@ -75,7 +76,7 @@ class _Probe:
 
     def fits(self, x: int) -> bool:
         if x not in self.device:
-            self.know(x, run(self.spec, self.change(x), table=False))
+            self.know(x, run(self.spec, self.change(x), table=False, nodes=self.nodes))
             self.runs += 1
         return self.device[x] <= self.budget and x not in self.oom
 
@@ -173,7 +174,8 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None,
     seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, max(max_seq, min_seq), setup.seq_len))
     dp = None
     if setup.zero >= 1 or setup.fsdp is not None:  # NB: sharding makes more ranks need less memory each
-        probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget)
+        # NB: expand and evaluate do not read dp (each rank's share is the walks'): one set of layers
+        probe_d = _Probe(spec, lambda d: replace(setup, dp=d), budget, base.nodes)
         probe_d.know(setup.dp, base)
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
     found, at = (), None
