@@ -110,11 +110,15 @@ def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[N
     return evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
 
 
-def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True) -> Report:
+def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True,
+        nodes: tuple[Node, ...] | None = None) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
-    layer table (searches that only need the peak)."""
-    nodes = layers(spec, setup, formulas)
-    _reconcile(spec, nodes, setup)
+    layer table (searches that only need the peak); `nodes`, the layers of an earlier run of
+    `spec` whose setup differs from this one only where expand and evaluate do not read it
+    (the data-parallel degree), are simulated again as they are (a search's)."""
+    if nodes is None:
+        nodes = layers(spec, setup, formulas)
+        _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)
     _, consts = gpu_catalog()

@@ -230,10 +230,17 @@ def sweep(spec: Spec, doc: Document | None, base: Mapping[str, Any], grid: Mappi
     setups = resolve_points(spec, doc, base, points)
     lib = spec_library(spec)
     rows = []
+    first: dict[tuple, Row] = {}  # the first row of each point less its dp
     for i, (point, setup) in enumerate(zip(points, setups)):
         if progress is not None:
             progress(i, len(points), point)
-        rows.append(Row(point, run(spec, setup, lib, table=False)))
+        # NB: expand and evaluate do not read dp: points whose setups differ in it alone
+        # simulate one set of layers (each rank's share is the walks')
+        key = tuple((k, repr(v)) for k, v in point.items() if k != "dp")
+        seen = first.get(key)
+        nodes = seen.report.nodes if seen is not None and replace(seen.report.setup, dp=setup.dp) == setup else None
+        rows.append(Row(point, run(spec, setup, lib, table=False, nodes=nodes)))
+        first.setdefault(key, rows[-1])
     if progress is not None:
         progress(len(points), len(points), {})
     return SweepReport(spec, setups[0], dict(grid), tuple(rows))

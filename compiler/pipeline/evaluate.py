@@ -141,34 +141,52 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         else:
             optim = _optimizer_states(inst, mine, mine_shapes, b, *states)
         factors = (params, grads, optim, *buffers)
+    acts, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
+    name = inst.tensor
+    kept = tuple((name(n), b) for n, b, _ in ckpts) if inst.checkpointed or inst.shard_unit else ()
     cost = Cost(
         *factors,
         param_shapes=shapes,
-        saved=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until != "forward"),
-        held=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "forward"),
-        checkpoint=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.checkpointed else (),
+        saved=tuple((name(n), b) for n, b, until in acts if until != "forward"),
+        held=tuple((name(n), b) for n, b, until in acts if until == "forward"),
+        checkpoint=kept if inst.checkpointed else (),
         transient_forward=tf,
         transient_backward=tb,
         param_rows=rows,
-        unit_input=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.checkpoint, ckpt) if b) if inst.shard_unit else (),
-        handover=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "gradient"),
-        pinned=tuple(inst.tensor(s.tensor) for s, b in zip(f.activations, saved) if b and s.until == "step"),
-        cached=tuple((inst.tensor(s.tensor), b) for s, b in zip(f.activations, saved) if b and s.until == "cached"),
+        unit_input=kept if inst.shard_unit else (),
+        handover=tuple(name(n) for n, _, until in acts if until == "gradient"),
+        pinned=tuple(name(n) for n, _, until in acts if until == "step"),
+        cached=tuple((name(n), b) for n, b, until in acts if until == "cached"),
         param_names=names,
-        allocations_forward=_order(inst, order.get("forward", ()), f, saved),
-        allocations_backward=_order(inst, order.get("backward", ()), f, saved),
+        allocations_forward=tuple((op, name(n) if op == "saved" else n, size) for op, n, size in forward),
+        allocations_backward=tuple((op, name(n) if op == "saved" else n, size) for op, n, size in backward),
     )
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
 
 
-def _order(inst: Instance, entries: tuple, formula: Formula, saved: tuple[int, ...]) -> tuple[tuple[str, str, int], ...]:
-    """An allocation order with each saved tensor named as the ledger names it, with its
-    bytes; an entry of no bytes (a variant the formula does not run) is left out, and so is
-    the free of such an alloc."""
+def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...], ckpt: tuple[int, ...], order: Mapping,
+             memo: dict) -> tuple:
+    """A formula's saved tensors, checkpoint tensors and allocation orders in one scope, with
+    their bytes and the names as the formula writes them (each instance binds its own):
+    (name, bytes, until) of each activation and checkpoint tensor with bytes, and each
+    order's entries (`_order`). Computed once per scope, as `_numbers` is."""
+    key = ("unbound", id(formula), id(scope))
+    hit = memo.get(key)
+    if hit is None:
+        acts = tuple((s.tensor, b, s.until) for s, b in zip(formula.activations, saved) if b)
+        ckpts = tuple((s.tensor, b, None) for s, b in zip(formula.checkpoint, ckpt) if b)
+        hit = memo[key] = (acts, ckpts, _order(order.get("forward", ()), formula, saved), _order(order.get("backward", ()), formula, saved))
+    return hit
+
+
+def _order(entries: tuple, formula: Formula, saved: tuple[int, ...]) -> tuple[tuple[str, str, int], ...]:
+    """An allocation order with each saved tensor's bytes (its name still the formula's:
+    the instance binds it as the ledger names it); an entry of no bytes (a variant the
+    formula does not run) is left out, and so is the free of such an alloc."""
     sizes = {s.tensor: b for s, b in zip(formula.activations, saved)}
     entries = tuple((op, name, sizes.get(name, 0) if op == "saved" else size) for op, name, size in entries)
     empty = {name for op, name, size in entries if op not in ("free", "grad") and not size}
-    return tuple((op, inst.tensor(name) if op == "saved" else name, size) for op, name, size in entries if name not in empty)
+    return tuple((op, name, size) for op, name, size in entries if name not in empty)
 
 
 def _optimizer_states(inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int],
