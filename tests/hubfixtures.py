@@ -828,6 +828,34 @@ def ovis2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int
     return out + llama_tensors(t, prefix="model.language_model.", head=head, dtype=dtype, qkv_bias=True)
 
 
+def idefics2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Idefics2ForConditionalGeneration as the hub stores it: model.vision_model.* (SigLIP with
+    post_layernorm, no head; positions for (image_size / patch)^2 patches), model.connector.
+    {modality_projection (SwiGLU from the vision width to the text width, its intermediate the text
+    model's), perceiver_resampler (latents, layers of latents / context norms, q/k/v/o, a post-attention
+    norm and a 4x SwiGLU, a final norm)}, model.text_model.* (Mistral) and lm_head (untied)."""
+    t, v, r = c["text_config"], c["vision_config"], c["perceiver_config"]
+    h, vh, inter = t["hidden_size"], v["hidden_size"], t["intermediate_size"]
+    heads, kv, hd = r.get("resampler_n_heads", 16), r.get("num_key_value_heads", 4), r.get("resampler_head_dim", 96)
+    m = "model.connector.modality_projection."
+    connector = [(m + "gate_proj.weight", dtype, [inter, vh]), (m + "up_proj.weight", dtype, [inter, vh]),
+                 (m + "down_proj.weight", dtype, [h, inter])]
+    q = "model.connector.perceiver_resampler."
+    connector.append((q + "latents", dtype, [r.get("resampler_n_latents", 64), h]))
+    for i in range(r.get("resampler_depth", 3)):
+        layer = f"{q}layers.{i}."
+        connector += [(layer + "input_latents_norm.weight", dtype, [h]), (layer + "input_context_norm.weight", dtype, [h]),
+                      (layer + "self_attn.q_proj.weight", dtype, [heads * hd, h]),
+                      (layer + "self_attn.k_proj.weight", dtype, [kv * hd, h]),
+                      (layer + "self_attn.v_proj.weight", dtype, [kv * hd, h]),
+                      (layer + "self_attn.o_proj.weight", dtype, [h, heads * hd]),
+                      (layer + "post_attention_layernorm.weight", dtype, [h]),
+                      (layer + "mlp.gate_proj.weight", dtype, [4 * h, h]), (layer + "mlp.up_proj.weight", dtype, [4 * h, h]),
+                      (layer + "mlp.down_proj.weight", dtype, [h, 4 * h])]
+    connector.append((q + "norm.weight", dtype, [h]))
+    return siglip_tensors(v, "model.vision_model.", dtype) + connector + llama_tensors(t, prefix="model.text_model.", dtype=dtype)
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -1629,6 +1657,37 @@ COMMAND_A_VISION_07_2025_PROCESSOR = {
     "processor_class": "Cohere2VisionProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"height": 512, "width": 512},
 }
+# HuggingFaceM4/idefics2-8b-base (2024-04; model_type idefics2, float32, seven shards). NB
+# reconstructed, not copied: the released config.json's values as published (SigLIP so400m/14 adapted
+# to 980 px, 27 layers of 1152, no head; a perceiver resampler of 3 layers, 64 latents, 16 heads of 96
+# with 4 key/value heads; Mistral-7B-v0.1 as the text config with the 32,003-token vocabulary, head
+# untied), checked against the published 8.4B (8,402,768,112 as Idefics2ForConditionalGeneration
+# builds them); preprocessor_config.json as published for the base model (shortest edge 378, longest
+# 980, no image splitting, which only the instruction-tuned idefics2-8b turns on).
+IDEFICS2_8B_BASE = {
+    "architectures": ["Idefics2ForConditionalGeneration"], "image_token_id": 32001, "model_type": "idefics2",
+    "perceiver_config": {
+        "hidden_act": "silu", "model_type": "idefics2", "num_key_value_heads": 4, "resampler_depth": 3,
+        "resampler_head_dim": 96, "resampler_n_heads": 16, "resampler_n_latents": 64,
+    },
+    "text_config": {
+        "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "pad_token_id": 0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 32003,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.40.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 980, "intermediate_size": 4304, "model_type": "idefics2",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+    },
+}
+IDEFICS2_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": False, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics2ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "processor_class": "Idefics2Processor", "resample": 2,
+    "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 980, "shortest_edge": 378},
+}
 # thisisiron/Ovis2-2B-hf and -1B-hf (2025-08; model_type ovis2, bfloat16; the transformers
 # conversions of AIDC-AI/Ovis2-2B and -1B, which Ovis2Config's docstring names). NB reconstructed,
 # not copied: the released config.json's values as published (AIMv2-large/14 at 448 px flattened
@@ -1859,6 +1918,12 @@ def write_ovis2() -> None:
     write_checkpoint(FIXTURES / "Ovis2-1B-hf", OVIS2_1B_HF, ovis2_tensors(OVIS2_1B_HF), processor=OVIS2_PROCESSOR)
 
 
+def write_idefics2() -> None:
+    """HuggingFaceM4/idefics2-8b-base alone (`python tests/hubfixtures.py idefics2`)."""
+    write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7,
+                     processor=IDEFICS2_PROCESSOR)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -1922,6 +1987,7 @@ def write_all() -> None:
     write_aya_vision_8b()
     write_command_a_vision()
     write_ovis2()
+    write_idefics2()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
@@ -1974,6 +2040,8 @@ if __name__ == "__main__":
         write_mllama()
     elif sys.argv[1:] == ["ovis2"]:
         write_ovis2()
+    elif sys.argv[1:] == ["idefics2"]:
+        write_idefics2()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")
