@@ -863,6 +863,67 @@ def cohere2_vision_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str,
     return siglip_tensors(v, "model.vision_tower.vision_model.", dtype) + projector + language
 
 
+def ovis2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Ovis2ForConditionalGeneration as the -hf conversions store it: model.vision_tower.transformer.*
+    (AIMv2: patch conv with bias, RMSNorm, learned positions, layers of RMSNorm, q/k/v/out
+    projections and a SwiGLU ffn, a final RMSNorm), the visual tokenizer's head_linear (the
+    hidden_stride^2-merged width to vocab_size - 5 visual words, no bias) and head_norm
+    (LayerNorm), model.visual_embeddings_table ([vocab_size, text hidden]), model.language_model.*
+    (Qwen2) and, untied only, lm_head."""
+    t, v = c["text_config"], c["vision_config"]
+    h, inter, p, size = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["image_size"]
+    qkv, mlp, stride = v.get("qkv_bias", False), v.get("mlp_bias", False), v.get("hidden_stride", 1)
+    words = v["vocab_size"] - v.get("num_visual_indicator_tokens", 5)
+    e = "model.vision_tower.transformer.embeddings."
+    out = [(e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]), (e + "patch_embedding.bias", dtype, [h]),
+           (e + "position_embedding.weight", dtype, [(size // p) ** 2, h]), (e + "rms_norm.weight", dtype, [h])]
+    for i in range(v["num_hidden_layers"]):
+        q = f"model.vision_tower.transformer.encoder.layers.{i}."
+        for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            out.append((q + f"attention.{proj}.weight", dtype, [h, h]))
+            if qkv:
+                out.append((q + f"attention.{proj}.bias", dtype, [h]))
+        for proj, shape in (("gate_proj", [inter, h]), ("up_proj", [inter, h]), ("down_proj", [h, inter])):
+            out.append((q + f"ffn.{proj}.weight", dtype, shape))
+            if mlp:
+                out.append((q + f"ffn.{proj}.bias", dtype, shape[:1]))
+        out += [(q + "rms_norm1.weight", dtype, [h]), (q + "rms_norm2.weight", dtype, [h])]
+    out += [("model.vision_tower.transformer.rms_norm.weight", dtype, [h]),
+            ("model.vision_tower.head_linear.weight", dtype, [words, h * stride * stride]),
+            ("model.vision_tower.head_norm.weight", dtype, [words]), ("model.vision_tower.head_norm.bias", dtype, [words]),
+            ("model.visual_embeddings_table.weight", dtype, [v["vocab_size"], t["hidden_size"]])]
+    head = None if c.get("tie_word_embeddings", True) else "lm_head.weight"
+    return out + llama_tensors(t, prefix="model.language_model.", head=head, dtype=dtype, qkv_bias=True)
+
+
+def idefics2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
+    """Idefics2ForConditionalGeneration as the hub stores it: model.vision_model.* (SigLIP with
+    post_layernorm, no head; positions for (image_size / patch)^2 patches), model.connector.
+    {modality_projection (SwiGLU from the vision width to the text width, its intermediate the text
+    model's), perceiver_resampler (latents, layers of latents / context norms, q/k/v/o, a post-attention
+    norm and a 4x SwiGLU, a final norm)}, model.text_model.* (Mistral) and lm_head (untied)."""
+    t, v, r = c["text_config"], c["vision_config"], c["perceiver_config"]
+    h, vh, inter = t["hidden_size"], v["hidden_size"], t["intermediate_size"]
+    heads, kv, hd = r.get("resampler_n_heads", 16), r.get("num_key_value_heads", 4), r.get("resampler_head_dim", 96)
+    m = "model.connector.modality_projection."
+    connector = [(m + "gate_proj.weight", dtype, [inter, vh]), (m + "up_proj.weight", dtype, [inter, vh]),
+                 (m + "down_proj.weight", dtype, [h, inter])]
+    q = "model.connector.perceiver_resampler."
+    connector.append((q + "latents", dtype, [r.get("resampler_n_latents", 64), h]))
+    for i in range(r.get("resampler_depth", 3)):
+        layer = f"{q}layers.{i}."
+        connector += [(layer + "input_latents_norm.weight", dtype, [h]), (layer + "input_context_norm.weight", dtype, [h]),
+                      (layer + "self_attn.q_proj.weight", dtype, [heads * hd, h]),
+                      (layer + "self_attn.k_proj.weight", dtype, [kv * hd, h]),
+                      (layer + "self_attn.v_proj.weight", dtype, [kv * hd, h]),
+                      (layer + "self_attn.o_proj.weight", dtype, [h, heads * hd]),
+                      (layer + "post_attention_layernorm.weight", dtype, [h]),
+                      (layer + "mlp.gate_proj.weight", dtype, [4 * h, h]), (layer + "mlp.up_proj.weight", dtype, [4 * h, h]),
+                      (layer + "mlp.down_proj.weight", dtype, [h, 4 * h])]
+    connector.append((q + "norm.weight", dtype, [h]))
+    return siglip_tensors(v, "model.vision_model.", dtype) + connector + llama_tensors(t, prefix="model.text_model.", dtype=dtype)
+
+
 def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
     """A bitsandbytes nf4 checkpoint: packed U8 weights with their quant-state companions."""
     out = []
@@ -1787,6 +1848,80 @@ COMMAND_A_VISION_07_2025_PROCESSOR = {
     "processor_class": "Cohere2VisionProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
     "size": {"height": 512, "width": 512},
 }
+# HuggingFaceM4/idefics2-8b-base (2024-04; model_type idefics2, float32, seven shards). NB
+# reconstructed, not copied: the released config.json's values as published (SigLIP so400m/14 adapted
+# to 980 px, 27 layers of 1152, no head; a perceiver resampler of 3 layers, 64 latents, 16 heads of 96
+# with 4 key/value heads; Mistral-7B-v0.1 as the text config with the 32,003-token vocabulary, head
+# untied), checked against the published 8.4B (8,402,768,112 as Idefics2ForConditionalGeneration
+# builds them); preprocessor_config.json as published for the base model (shortest edge 378, longest
+# 980, no image splitting, which only the instruction-tuned idefics2-8b turns on).
+IDEFICS2_8B_BASE = {
+    "architectures": ["Idefics2ForConditionalGeneration"], "image_token_id": 32001, "model_type": "idefics2",
+    "perceiver_config": {
+        "hidden_act": "silu", "model_type": "idefics2", "num_key_value_heads": 4, "resampler_depth": 3,
+        "resampler_head_dim": 96, "resampler_n_heads": 16, "resampler_n_latents": 64,
+    },
+    "text_config": {
+        "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "pad_token_id": 0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 32003,
+    },
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.40.0.dev0", "use_cache": True,
+    "vision_config": {
+        "hidden_size": 1152, "image_size": 980, "intermediate_size": 4304, "model_type": "idefics2",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+    },
+}
+IDEFICS2_PROCESSOR = {
+    "do_convert_rgb": True, "do_image_splitting": False, "do_normalize": True, "do_pad": True, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics2ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5], "processor_class": "Idefics2Processor", "resample": 2,
+    "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 980, "shortest_edge": 378},
+}
+# thisisiron/Ovis2-2B-hf and -1B-hf (2025-08; model_type ovis2, bfloat16; the transformers
+# conversions of AIDC-AI/Ovis2-2B and -1B, which Ovis2Config's docstring names). NB reconstructed,
+# not copied: the released config.json's values as published (AIMv2-large/14 at 448 px flattened
+# into the vision config: 24 layers of 1024, intermediate 2816, 8 heads, RMSNorm 1e-5, no biases,
+# hidden_stride 2, 65,536 visual words with 5 indicator tokens, softmax tokenizer; Qwen2.5-1.5B- and
+# 0.5B-Instruct as text configs, head tied), checked against AIMv2-large-448's published 309,984,256
+# parameters and the published 2.22B (2,222,907,894 as Ovis2ForConditionalGeneration builds them) and
+# 1.13B (1,131,283,318); preprocessor_config.json as the conversion script writes it (448 px tiles,
+# crop_to_patches with the covering-area grid, at most 12 plus a thumbnail).
+OVIS2_VISION = {
+    "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 1024, "hidden_stride": 2, "image_size": 448,
+    "initializer_range": 0.02, "intermediate_size": 2816, "mlp_bias": False, "model_type": "ovis2_vision",
+    "num_attention_heads": 8, "num_channels": 3, "num_hidden_layers": 24, "num_visual_indicator_tokens": 5,
+    "patch_size": 14, "qkv_bias": False, "rms_norm_eps": 1e-05, "tokenize_function": "softmax", "vocab_size": 65536,
+}
+OVIS2_2B_HF = {
+    "architectures": ["Ovis2ForConditionalGeneration"], "hidden_size": 1536, "image_token_id": 151665,
+    "model_type": "ovis2",
+    "text_config": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+        "hidden_act": "silu", "hidden_size": 1536, "initializer_range": 0.02, "intermediate_size": 8960,
+        "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 12,
+        "num_hidden_layers": 28, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    },
+    "torch_dtype": "bfloat16", "transformers_version": "4.56.0.dev0", "vision_config": OVIS2_VISION,
+    "visual_indicator_token_ids": [151666, 151667, 151668, 151669, 151670], "vocab_size": 151936,
+}
+OVIS2_1B_HF = {
+    **OVIS2_2B_HF, "hidden_size": 896,
+    "text_config": {
+        **OVIS2_2B_HF["text_config"], "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+        "num_hidden_layers": 24, "num_key_value_heads": 2,
+    },
+}
+OVIS2_PROCESSOR = {
+    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "Ovis2ImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "max_patches": 12, "min_patches": 1,
+    "processor_class": "Ovis2Processor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "size": {"height": 448, "width": 448}, "use_covering_area_grid": True,
+}
 # zai-org/GLM-4.1V-9B-Thinking (2025-07; bfloat16, four shards). NB reconstructed, not copied: the
 # released config.json's values as published (vision hidden 1536, depth 24, 12 heads, out_hidden_size
 # 4096, intermediate 13696, patch 14, image_size 336, spatial_merge 2, temporal_patch 2; text hidden
@@ -1988,6 +2123,18 @@ def write_mllama() -> None:
                      mllama_tensors(LLAMA_3_2_90B_VISION_INSTRUCT), shards=37, processor=LLAMA_3_2_VISION_PROCESSOR)
 
 
+def write_ovis2() -> None:
+    """thisisiron/Ovis2-2B-hf and -1B-hf alone (`python tests/hubfixtures.py ovis2`)."""
+    write_checkpoint(FIXTURES / "Ovis2-2B-hf", OVIS2_2B_HF, ovis2_tensors(OVIS2_2B_HF), processor=OVIS2_PROCESSOR)
+    write_checkpoint(FIXTURES / "Ovis2-1B-hf", OVIS2_1B_HF, ovis2_tensors(OVIS2_1B_HF), processor=OVIS2_PROCESSOR)
+
+
+def write_idefics2() -> None:
+    """HuggingFaceM4/idefics2-8b-base alone (`python tests/hubfixtures.py idefics2`)."""
+    write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7,
+                     processor=IDEFICS2_PROCESSOR)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -2035,6 +2182,8 @@ def write_all() -> None:
     write_mllama()
     write_opt()
     write_blip2()
+    write_ovis2()
+    write_idefics2()
     write_checkpoint(FIXTURES / "pythia-1.4b", PYTHIA_1_4B, gpt_neox_tensors(PYTHIA_1_4B))
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
@@ -2053,6 +2202,8 @@ def write_all() -> None:
                      cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
     write_aya_vision_8b()
     write_command_a_vision()
+    write_ovis2()
+    write_idefics2()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
@@ -2109,6 +2260,10 @@ if __name__ == "__main__":
         write_opt()
     elif sys.argv[1:] == ["blip2"]:
         write_blip2()
+    elif sys.argv[1:] == ["ovis2"]:
+        write_ovis2()
+    elif sys.argv[1:] == ["idefics2"]:
+        write_idefics2()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -168,6 +168,21 @@ def _error(fn, *args, **kwargs) -> str:
         # 64 * 1_686_122_496 layers (LN 12288, q and o 2 * 12288^2, k and v 2 * 1024 * 12288, MLP
         # 3 * 12288 * 36864) + norm 12288: 111_867_525_360 in all, the published 112B
         ("command-a-vision-07-2025", {"vision": 413_534_448, "projector": 396_410_880, "language": 111_057_580_032}),
+        # Ovis2-2B-hf (ovis2): AIMv2-large/14 at 448 (patch conv 3 * 14 * 14 * 1024 + 1024 = 603_136, RMSNorm
+        # 1024, positions 1024 * 1024, 24 * 12_847_104 layers (q, k, v, out 4 * 1024^2, gate, up, down
+        # 3 * 1024 * 2816, 2 RMSNorms), final RMSNorm 1024: 309_984_256, AIMv2-large-patch14-448's published
+        # count); visual tokenizer head_linear 4096 * 65531 + head_norm 2 * 65531 + table 65536 * 1536;
+        # Qwen2.5-1.5B (tied: 151936 * 1536 + 28 * 46_797_824 + 1536): 2_222_907_894 in all, the published 2.22B
+        ("Ovis2-2B-hf", {"vision": 309_984_256, "projector": 369_209_334, "language": 1_543_714_304}),
+        # Ovis2-1B-hf: the same tower and head, a 65536 x 896 table; Qwen2.5-0.5B (tied: 151936 * 896 +
+        # 24 * 14_912_384 + 896): 1_131_283_318 in all, the published 1.13B
+        ("Ovis2-1B-hf", {"vision": 309_984_256, "projector": 327_266_294, "language": 494_032_768}),
+        # idefics2-8b-base (idefics2): SigLIP so400m/14 at 980 without head (patch conv 678_528, positions
+        # 4900 * 1152 = 5_644_800, 27 * 15_239_504 layers, post-LN 2304); connector: SwiGLU modality projection
+        # 2 * 1152 * 14336 + 14336 * 4096, latents 64 * 4096, 3 resampler layers of 217_067_520 (3 norms, q, o
+        # 2 * 4096 * 1536, k, v 2 * 4096 * 384, MLP 3 * 4096 * 16384), norm 4096; Mistral-7B with 32003 tokens,
+        # untied (2 * 32003 * 4096 + 32 * 218_112_000 + 4096): 8_402_768_112 in all, the published 8.4B
+        ("idefics2-8b-base", {"vision": 417_792_240, "projector": 743_219_200, "language": 7_241_756_672}),
         # InternLM2.5-7B-chat: 32 * 218_112_000 layers (wqkv (32 + 2 * 8) * 128 x 4096 = 25_165_824,
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B

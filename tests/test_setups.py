@@ -65,6 +65,9 @@ ALLOWED = {
     "cohere2/c4ai-command-r7b-12-2024.yaml": "",
     "aya_vision/aya-vision-8b.yaml": "",  # the cohere2 formulas: plain steps only
     "cohere2_vision/command-a-vision-07-2025.yaml": "",  # the cohere2 formulas: plain steps only
+    "ovis2/ovis2-1b-hf.yaml": "pack offload fused",
+    "ovis2/ovis2-2b-hf.yaml": "pack offload fused",
+    "idefics2/idefics2-8b-base.yaml": "pack offload fused",
     "idefics3/idefics3-8b-llama3.yaml": "pack offload fused",
     "idefics3/smolvlm-instruct.yaml": "pack offload fused",
     "idefics3/smolvlm2-500m-video-instruct.yaml": "pack offload fused",

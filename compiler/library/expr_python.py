@@ -77,9 +77,53 @@ def _canvas_tiles(height: int, width: int, tile: int, max_patches: int) -> int:
     return blocks + 1 if blocks > 1 else blocks
 
 
+# Ovis2ImageProcessor's covering threshold (get_min_tile_covering_grid's covering_threshold,
+# which crop_image_to_patches leaves at its default)
+COVERING_THRESHOLD = 0.9
+
+
+def _covering_tiles(height: int, width: int, tile: int, max_patches: int) -> int:
+    """How many images Ovis2ImageProcessor.crop_image_to_patches makes of one height x width
+    image with use_covering_area_grid (Ovis2): get_min_tile_covering_grid over the grids of 1 to
+    max_patches tiles (columns-major, then stably by tile count) splits the image into each grid
+    (the grid's first number as rows there, split_image_into_grid), takes the area each part
+    covers once scaled to fit a tile (compute_patch_covering_area) over the image's area, in
+    double precision, and picks the grid of fewest tiles (then the better covering) among those
+    covering more than 0.9, or the best covering (then the fewest tiles) when none does; plus the
+    thumbnail a grid of more than one tile gets."""
+    if not 1 <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
+        raise ValueError(f"covering_tiles({height}, {width}, {tile}, {max_patches}): "
+                         f"sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
+    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
+                    if c * r <= max_patches), key=lambda g: g[0] * g[1])
+
+    def covered(left: int, upper: int, right: int, lower: int) -> float:
+        long, short = max(right - left, lower - upper), min(right - left, lower - upper)
+        if long > tile:
+            short, long = short / long * tile, tile
+        return long * short
+
+    def ratio(grid: tuple[int, int]) -> float:
+        rows, cols = grid
+        row_h, col_w = height // rows, width // cols
+        parts = [covered(col * col_w, row * row_h, width if col == cols - 1 else (col + 1) * col_w,
+                         height if row == rows - 1 else (row + 1) * row_h)
+                 for row in range(rows) for col in range(cols)]
+        return sum(parts) / (width * height)
+
+    scored = [(grid, ratio(grid)) for grid in grids]
+    enough = [(grid, r) for grid, r in scored if r > COVERING_THRESHOLD]
+    if enough:
+        best = min(enough, key=lambda x: (x[0][0] * x[0][1], -x[1]))[0]
+    else:
+        best = min(scored, key=lambda x: (-x[1], x[0][0] * x[0][1]))[0]
+    blocks = best[0] * best[1]
+    return blocks + 1 if blocks > 1 else blocks
+
+
 FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2,
                                               "floordiv_sqrt": _floordiv_sqrt, "crop_to_patches": _crop_to_patches,
-                                              "canvas_tiles": _canvas_tiles}
+                                              "canvas_tiles": _canvas_tiles, "covering_tiles": _covering_tiles}
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
 # any byte count, and the bound keeps an expression's evaluation instant.
