@@ -144,11 +144,11 @@ _TYPE = re.compile(rb"\btype:\s*[\"']?([a-z][a-z0-9_]*)")
 class _Inputs:
     """What every record's estimate reads (`shared`: the compiler and the schemas,
     `checked.code()`; the GPU catalog; the names of the formula files, as a layer type's
-    presence decides what a spec reaches), and each formula file: layer type -> (its bytes,
-    the layer types it names). Read once per `validate_records`."""
+    presence decides what a spec reaches), and each formula file: layer type -> (a hash of its
+    bytes, the layer types it names). Read once per `validate_records`."""
 
     shared: bytes
-    formulas: dict[str, tuple[bytes, frozenset[str]]]
+    formulas: dict[str, tuple[bytes, frozenset[str]]]  # layer type -> (a hash of its bytes, the types it names)
 
     @classmethod
     def read(cls) -> "_Inputs":
@@ -160,7 +160,7 @@ class _Inputs:
         formulas = {}
         for file in sorted(formulas_dir().glob("*.yaml")):
             raw = checked.read(file) or b"\1unreadable"
-            formulas[file.stem] = raw, frozenset(m.decode() for m in _TYPE.findall(raw))
+            formulas[file.stem] = hashlib.blake2b(raw, digest_size=20).digest(), frozenset(m.decode() for m in _TYPE.findall(raw))
         h = hashlib.blake2b(checked.code(), digest_size=20)
         h.update(checked.read(specs_dir() / "gpus.yaml") or b"\1unreadable")
         h.update("\0".join(formulas).encode())
