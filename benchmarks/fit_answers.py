@@ -65,8 +65,10 @@ def compare(before: str, after: str) -> int:
     print(f"{len(old)} fits ({len(fits)} answered, {len(old) - len(fits)} refused): {len(moved)} moved")
     for argv, a, b in moved:
         print(" ".join(argv), "\n  before:", a, "\n  after: ", b)
-    print(f"estimates: {sum(a['evaluations'] for a, _ in fits)} before, {sum(b['evaluations'] for _, b in fits)} after; "
-          f"seconds: {sum(a['seconds'] for a in old):.1f} before, {sum(b['seconds'] for b in new):.1f} after")
+    print(
+        f"estimates: {sum(a['evaluations'] for a, _ in fits)} before, {sum(b['evaluations'] for _, b in fits)} after; "
+        f"seconds: {sum(a['seconds'] for a in old):.1f} before, {sum(b['seconds'] for b in new):.1f} after"
+    )
     return 1 if moved else 0
 
 

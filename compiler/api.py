@@ -25,10 +25,18 @@ from .pipeline.load import Document, load_yaml  # noqa: F401  (commands/diff.py 
 from .paths import display
 from .pipeline.validate import checked_document
 from .pipeline.resolve import (
-    Constant, Setup, Spec, catalog_constants, checked_spec, deepspeed_constants, gpu_catalog, resolve_setup,
+    Constant,
+    Setup,
+    Spec,
+    catalog_constants,
+    checked_spec,
+    deepspeed_constants,
+    gpu_catalog,
+    resolve_setup,
 )
 from .pipeline.render import Report  # noqa: F401  (re-exported: callers take the Report from api)
 from .pipeline.simulate import ALLOCATOR_CONSTANTS, device_overhead, simulate
+
 
 def _validated(path: str | Path, kind: str) -> Document:
     return checked_document(path, kind)
@@ -63,8 +71,7 @@ def load_inputs(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     return spec, admitted_setup(doc, spec, overrides)
 
 
-def admitted_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None,
-                   formulas: Library | None = None) -> Setup:
+def admitted_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None, formulas: Library | None = None) -> Setup:
     """Stages resolve -> admit: the experiment in `doc` (None for a bare spec) with `overrides`
     on top, resolved, and refused where the formulas (default: the shipped ones) do not
     model it. What every caller that estimates a setup takes."""
@@ -96,11 +103,17 @@ def experiment_spec(doc: Document, base: Path) -> Spec:
     if not spec_path.is_file():
         line, col = doc.where("$.model")
         raise MemspecError(
-            Diagnostic("E101", doc.file, line, col, "$.model", f"model spec '{doc.data['model']}' not found",
-                       f"looked for {spec_path.resolve()}; the path is relative to the experiment file")
+            Diagnostic(
+                "E101",
+                doc.file,
+                line,
+                col,
+                "$.model",
+                f"model spec '{doc.data['model']}' not found",
+                f"looked for {spec_path.resolve()}; the path is relative to the experiment file",
+            )
         )
     return load_spec(display(spec_path))
-
 
 
 def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[Node, ...]:
@@ -110,8 +123,7 @@ def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[N
     return evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
 
 
-def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True,
-        nodes: tuple[Node, ...] | None = None) -> Report:
+def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True, nodes: tuple[Node, ...] | None = None) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak); `nodes`, the layers of an earlier run of
     `spec` whose setup differs from this one only where expand and evaluate do not read it
@@ -159,7 +171,11 @@ def _reconcile(spec: Spec, nodes: tuple[Node, ...], setup: Setup) -> None:
             line, col = spec.doc.where(m.path + ".parameters")
             problems.append(
                 Diagnostic(
-                    "E502", spec.file, line, col, m.path + ".parameters",
+                    "E502",
+                    spec.file,
+                    line,
+                    col,
+                    m.path + ".parameters",
                     f"the formulas count {counted:,} parameters for module '{m.name}', the spec says {m.parameters:,} (off by {counted - m.parameters:+,})",
                     "check the module's inputs against its config.json, or the count against the safetensors header",
                 )

@@ -33,9 +33,23 @@ from . import paths
 
 VERSION = "0.1.0"  # NB: pyproject.toml's [project] version
 # The modules whose code makes a cached value: a change to any of them is a new key.
-_MAKERS = ("checked.py", "paths.py", "errors.py", "pipeline/load.py", "pipeline/json_path.py", "pipeline/strict_yaml.py", "pipeline/validate.py", "pipeline/vocabulary.py",
-           "pipeline/gpus.py", "pipeline/zero_config.py", "pipeline/resolve.py", "pipeline/placement.py", "library/formula.py", "library/expr_python.py",
-           "library/grammar.py")
+_MAKERS = (
+    "checked.py",
+    "paths.py",
+    "errors.py",
+    "pipeline/load.py",
+    "pipeline/json_path.py",
+    "pipeline/strict_yaml.py",
+    "pipeline/validate.py",
+    "pipeline/vocabulary.py",
+    "pipeline/gpus.py",
+    "pipeline/zero_config.py",
+    "pipeline/resolve.py",
+    "pipeline/placement.py",
+    "library/formula.py",
+    "library/expr_python.py",
+    "library/grammar.py",
+)
 _PACKAGE = Path(__file__).resolve().parent
 _FINGERPRINTS: dict[Path, bytes] = {}  # by schemas folder
 # Off when MEMSPEC_NO_CACHE is set (to a non-empty value): every input loaded and checked anew.

@@ -71,12 +71,14 @@ def _read_launch(args) -> tuple[dict[str, Any], list[str]]:
     if command is not None:
         spec = _spec(args)
         script_model = getattr(args, "script_model", None)
-        reading = launch.command_overrides(command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model,
-                                           model_from_script=script_model is not None)
+        reading = launch.command_overrides(
+            command, {m.name: {"type": m.type, "inputs": m.inputs} for m in spec.modules}, spec.model, model_from_script=script_model is not None
+        )
         if accelerate_file and command.gpus is None:
             # NB: the config says how many processes; the command's silence is no news
-            reading = launch.Reading({k: v for k, v in reading.overrides.items() if k != "dp"},
-                                     tuple(n for n in reading.notes if "does not say how many GPUs" not in n))
+            reading = launch.Reading(
+                {k: v for k, v in reading.overrides.items() if k != "dp"}, tuple(n for n in reading.notes if "does not say how many GPUs" not in n)
+            )
         out.update(reading.overrides)
         notes.append(f"note: {command.file}:{command.line}: read the {command.launcher} command running {command.entry}")
         if script_model is not None:
@@ -135,6 +137,7 @@ def _sources(args, searched: tuple[str, ...] = ()):
 
 def _sources_and_notes(args, searched: tuple[str, ...] = ()):
     from . import api
+
     knobs, notes = _read_launch(args)
     revision = getattr(args, "revision", None)
     if is_source(args.file):
@@ -171,7 +174,17 @@ def _estimate(args) -> int:
 
     report = _report(args)
     if args.fail_if_oom and report.gpu is None:
-        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "--fail-if-oom needs a GPU to fit", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
+        raise UsageError(
+            Diagnostic(
+                "E201",
+                "",
+                0,
+                0,
+                "--gpu",
+                "--fail-if-oom needs a GPU to fit",
+                "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment",
+            )
+        )
     sys.stdout.write(render.json_text(report) if args.format == "json" else render.text(report))
     return EXIT_DOES_NOT_FIT if args.fail_if_oom and not report.fits else 0
 
@@ -184,8 +197,17 @@ def _html_report(args) -> int:
     from .commands.html_report import html
 
     if args.output == "-" and args.format == "json":
-        raise UsageError(Diagnostic("E902", "", 0, 0, "-o", "'-o -' writes the page to stdout, where --format json would go too",
-                                    "write the page to a file (-o report.html), or leave out --format json"))
+        raise UsageError(
+            Diagnostic(
+                "E902",
+                "",
+                0,
+                0,
+                "-o",
+                "'-o -' writes the page to stdout, where --format json would go too",
+                "write the page to a file (-o report.html), or leave out --format json",
+            )
+        )
     if args.output != "-":
         _check_output("-o", args.output, "the report", "report.html", args.force)  # NB: before the estimate runs
     inputs, notes = _inputs_and_notes(args)
@@ -202,8 +224,9 @@ def _html_report(args) -> int:
         verdict = ""
         if report.gpu is not None:
             verdict = f"; {'fits' if report.fits else 'does NOT fit'} on {report.gpu.key} (margin {report.margin.text})"
-        sys.stdout.write(f"wrote {args.output} ({size:,} bytes): allocated {render.gib(report.allocated)} GiB, "
-                         f"device {render.gib(report.device)} GiB per GPU{verdict}\n")
+        sys.stdout.write(
+            f"wrote {args.output} ({size:,} bytes): allocated {render.gib(report.allocated)} GiB, device {render.gib(report.device)} GiB per GPU{verdict}\n"
+        )
     return 0
 
 
@@ -215,14 +238,15 @@ def _check_output(flag: str, output: str, what: str, example: str, force: bool) 
     """A path that cannot take the output is the user's error (E901), and an existing file is
     kept unless --force (E903): both found before any work."""
     path = Path(output)
-    problem = ("is a folder" if path.is_dir() else
-               f"its folder '{path.parent}' does not exist" if not path.parent.is_dir() else None)
+    problem = "is a folder" if path.is_dir() else f"its folder '{path.parent}' does not exist" if not path.parent.is_dir() else None
     if problem:
-        raise MemspecError(Diagnostic("E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {problem}",
-                                      f"give a file path in an existing folder, e.g. {flag} {example}"))
+        raise MemspecError(
+            Diagnostic(
+                "E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {problem}", f"give a file path in an existing folder, e.g. {flag} {example}"
+            )
+        )
     if path.exists() and not force:
-        raise MemspecError(Diagnostic("E903", "", 0, 0, flag, f"'{output}' exists; {what} would replace it",
-                                      "add --force to replace it, or give another path"))
+        raise MemspecError(Diagnostic("E903", "", 0, 0, flag, f"'{output}' exists; {what} would replace it", "add --force to replace it, or give another path"))
 
 
 def _write_output(flag: str, output: str, data: bytes, what: str, example: str, force: bool) -> int:
@@ -236,8 +260,17 @@ def _write_output(flag: str, output: str, data: bytes, what: str, example: str, 
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise MemspecError(Diagnostic("E901", "", 0, 0, flag, f"cannot write {what} to '{output}': {exc.strerror or exc}",
-                                      f"give a file path in an existing folder, e.g. {flag} {example}")) from None
+        raise MemspecError(
+            Diagnostic(
+                "E901",
+                "",
+                0,
+                0,
+                flag,
+                f"cannot write {what} to '{output}': {exc.strerror or exc}",
+                f"give a file path in an existing folder, e.g. {flag} {example}",
+            )
+        ) from None
     return len(data)
 
 
@@ -266,7 +299,9 @@ def _import(args) -> int:
     if args.output:
         write_spec(args.output, text, args.force)
         total = sum(m["parameters"] for m in imported.data["modules"].values())
-        sys.stderr.write(f"wrote {args.output}: {imported.data['model']}, {len(imported.data['modules'])} modules, {total:,} parameters ({imported.family} family)\n")
+        sys.stderr.write(
+            f"wrote {args.output}: {imported.data['model']}, {len(imported.data['modules'])} modules, {total:,} parameters ({imported.family} family)\n"
+        )
     else:
         sys.stdout.write(text)
     if imported.header_parameters is None:
@@ -284,7 +319,9 @@ def _fit(args) -> int:
         knobs["micro_batch"] = 1  # NB: where the search for the largest micro-batch starts
     setup = admitted_setup(doc, spec, knobs)
     if setup.gpu is None:
-        raise UsageError(Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment"))
+        raise UsageError(
+            Diagnostic("E201", "", 0, 0, "--gpu", "fit needs a GPU", "give --gpu NAME (specs/gpus.yaml) or a size such as 24GiB, or gpu: in the experiment")
+        )
     report = fit(spec, setup, setup.gpu, resolve=lambda more: admitted_setup(doc, spec, {**knobs, **more}))
     sys.stdout.write(render.fit_json(report) if args.format == "json" else render.fit_text(report))
     return 0
@@ -375,8 +412,9 @@ def _short_name(args) -> None:
     if found is not None:
         args.file = str(found)
     elif not name.endswith((".yaml", ".yml")) and (hint := catalog.suggestion(name)):
-        raise MemspecError(Diagnostic("E101", name, 0, 0, "", "is neither a file nor the short name of a bundled spec or experiment",
-                                      f"{hint} (memspec list shows them all)"))
+        raise MemspecError(
+            Diagnostic("E101", name, 0, 0, "", "is neither a file nor the short name of a bundled spec or experiment", f"{hint} (memspec list shows them all)")
+        )
 
 
 def _model_from_script(args) -> None:
@@ -386,16 +424,37 @@ def _model_from_script(args) -> None:
     if getattr(args, "command", None) not in FILE_VERBS or args.file is not None:
         return
     if not getattr(args, "from_command", None):
-        raise UsageError(Diagnostic("E201", "", 0, 0, "", "missing the model: a spec or experiment file, a short name, a hub id or a model folder",
-                                    f"give one, e.g. memspec {args.command} llava-1.5-7b-finetune, or --from-command SCRIPT "
-                                    "to take the model from the script's --model_name_or_path"))
+        raise UsageError(
+            Diagnostic(
+                "E201",
+                "",
+                0,
+                0,
+                "",
+                "missing the model: a spec or experiment file, a short name, a hub id or a model folder",
+                f"give one, e.g. memspec {args.command} llava-1.5-7b-finetune, or --from-command SCRIPT "
+                "to take the model from the script's --model_name_or_path",
+            )
+        )
     from .inputs import launch, script_model
 
     args.script_model = script_model.resolve(launch.read_command(args.from_command), getattr(args, "revision", None))
     args.file = args.script_model.file
 
 
-COMMANDS = {"list": _catalog, "estimate": _estimate, "report": _html_report, "table": _table, "fit": _fit, "sweep": _sweep, "diff": _diff, "import": _import, "check": _check, "measure": _measure, "validate": _validate}
+COMMANDS = {
+    "list": _catalog,
+    "estimate": _estimate,
+    "report": _html_report,
+    "table": _table,
+    "fit": _fit,
+    "sweep": _sweep,
+    "diff": _diff,
+    "import": _import,
+    "check": _check,
+    "measure": _measure,
+    "validate": _validate,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

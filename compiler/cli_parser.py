@@ -14,8 +14,18 @@ import argparse
 from typing import Any, Sequence
 
 from .cli_help import (
-    CHECK_EXAMPLES, DIFF_EXAMPLES, ESTIMATE_EXAMPLES, FILE_FROM_SCRIPT, FIT_EXAMPLES, IMPORT_EXAMPLES, LIST_EXAMPLES,
-    MAIN_EXAMPLES, REPORT_EXAMPLES, SWEEP_EXAMPLES, TABLE_EXAMPLES, VALIDATE_EXAMPLES,
+    CHECK_EXAMPLES,
+    DIFF_EXAMPLES,
+    ESTIMATE_EXAMPLES,
+    FILE_FROM_SCRIPT,
+    FIT_EXAMPLES,
+    IMPORT_EXAMPLES,
+    LIST_EXAMPLES,
+    MAIN_EXAMPLES,
+    REPORT_EXAMPLES,
+    SWEEP_EXAMPLES,
+    TABLE_EXAMPLES,
+    VALIDATE_EXAMPLES,
 )
 from .errors import Diagnostic, UsageError
 from .knobs import KNOBS
@@ -34,8 +44,17 @@ def _knobs(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> No
         if knob.flag not in skip:
             knob.add_to(g)
     r = p.add_argument_group("read what you already have")
-    r.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch (\"auto\" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2, offload_optimizer and offload_param to cpu or nvme under ZeRO-3")
-    r.add_argument("--accelerate-config", metavar="YAML", dest="accelerate_config", help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config")
+    r.add_argument(
+        "--deepspeed",
+        metavar="JSON",
+        help='a DeepSpeed config: ZeRO stage, buckets, overlap_comm, bf16/fp16, micro-batch ("auto" as HF Trainer fills it), offload_optimizer to cpu under ZeRO-1/2, offload_optimizer and offload_param to cpu or nvme under ZeRO-3',
+    )
+    r.add_argument(
+        "--accelerate-config",
+        metavar="YAML",
+        dest="accelerate_config",
+        help="an accelerate config (accelerate config / launch --config_file): distributed_type FSDP/DEEPSPEED/MULTI_GPU/NO, num_processes, mixed_precision, fsdp_config, deepspeed_config",
+    )
     r.add_argument("--from-command", metavar="SCRIPT", help="a launch script (deepspeed/torchrun/accelerate/python): its training flags and DeepSpeed config")
 
 
@@ -73,8 +92,18 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(Diagnostic("E204", "", 0, 0, "--" + key.replace("_", "-"), f"must be {bounds}, got {out[key]:,}"))
     if getattr(args, "transformers_version", None) is not None:
         out["versions"] = {"transformers": args.transformers_version}
-    lora = {k: getattr(args, "lora_" + a, None) for k, a in (("r", "r"), ("alpha", "alpha"), ("dropout", "dropout"), ("target_modules", "targets"), ("use_dora", "dora"),
-                                                         ("modules_to_save", "save"), ("bias", "bias"))}
+    lora = {
+        k: getattr(args, "lora_" + a, None)
+        for k, a in (
+            ("r", "r"),
+            ("alpha", "alpha"),
+            ("dropout", "dropout"),
+            ("target_modules", "targets"),
+            ("use_dora", "dora"),
+            ("modules_to_save", "save"),
+            ("bias", "bias"),
+        )
+    }
     if any(v is not None for v in lora.values()):
         targets = lora["target_modules"]
         if targets is not None and targets == ["all-linear"]:
@@ -88,8 +117,11 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             block["reduce_dtype"] = args.fsdp_reduce
         out["fsdp"] = block
     if getattr(args, "quantization", None) is not None:
-        out["quantization"] = {"bits": args.quantization, **({"quant_type": args.quant_type} if args.quant_type else {}),
-                               **({"double_quant": True} if args.double_quant else {})}
+        out["quantization"] = {
+            "bits": args.quantization,
+            **({"quant_type": args.quant_type} if args.quant_type else {}),
+            **({"double_quant": True} if args.double_quant else {}),
+        }
     if args.optimizer or args.optimizer_impl or args.momentum is not None or getattr(args, "weight_decay", None) is not None:
         name = args.optimizer or "adamw"
         opt = dict(HF_OPTIM[name]) if name in HF_OPTIM and name not in TYPES else {"type": name}
@@ -122,11 +154,17 @@ def _setup_verbs(sub) -> None:
 def _one_estimate_verbs(sub) -> None:
     """estimate, table, report: one estimate, printed, tabled or drawn."""
     e = sub.add_parser("estimate", help="peak memory of one training step", epilog=ESTIMATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("file", nargs="?", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
+    e.add_argument(
+        "file", nargs="?", help="an experiment (specs/experiments/*.yaml), a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT
+    )
     _knobs(e)
     e.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
-    e.add_argument("--fail-if-oom", action="store_true", dest="fail_if_oom",
-                   help=f"exit {EXIT_DOES_NOT_FIT} when the estimate does not fit the GPU (--gpu, with the margin); the estimate is printed as usual")
+    e.add_argument(
+        "--fail-if-oom",
+        action="store_true",
+        dest="fail_if_oom",
+        help=f"exit {EXIT_DOES_NOT_FIT} when the estimate does not fit the GPU (--gpu, with the margin); the estimate is printed as usual",
+    )
     e.add_argument("--format", choices=["text", "json"], default="text")
 
     t = sub.add_parser("table", help="the layer table: factors per layer", epilog=TABLE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,18 +173,33 @@ def _one_estimate_verbs(sub) -> None:
     t.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     t.add_argument("--format", choices=["text", "tsv", "json"], default="text")
 
-    h = sub.add_parser("report", help="the estimate as one self-contained HTML page (charts, layer table, assumptions)", epilog=REPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    h = sub.add_parser(
+        "report",
+        help="the estimate as one self-contained HTML page (charts, layer table, assumptions)",
+        epilog=REPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     h.add_argument("file", nargs="?", help="an experiment, a model spec, or a hub id / model folder to import first; " + FILE_FROM_SCRIPT)
     _knobs(h)
     h.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
     h.add_argument("-o", "--output", required=True, metavar="FILE", help="write the page here ('-' for stdout)")
     h.add_argument("--force", action="store_true", help="replace an existing output file")
-    h.add_argument("--format", choices=["text", "json"], default="text", help="what to print once the page is written: a line, or the estimate as JSON (as memspec estimate --format json) with the page's path and size")
+    h.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="what to print once the page is written: a line, or the estimate as JSON (as memspec estimate --format json) with the page's path and size",
+    )
 
 
 def _import_fit_sweep_verbs(sub) -> None:
     """import (a spec from a checkpoint), fit (the setups that fit a GPU), sweep (a grid of setups)."""
-    i = sub.add_parser("import", help="write a model spec from a Hugging Face checkpoint (hub id or local folder)", epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    i = sub.add_parser(
+        "import",
+        help="write a model spec from a Hugging Face checkpoint (hub id or local folder)",
+        epilog=IMPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     i.add_argument("source", help="a hub repo id (owner/name) or a folder with config.json and *.safetensors")
     i.add_argument("-o", "--output", metavar="FILE", help="write the spec here (default: print it)")
     i.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -154,12 +207,22 @@ def _import_fit_sweep_verbs(sub) -> None:
     i.add_argument("--model", metavar="NAME", help="the spec's model name (default: the repo or folder name)")
     i.add_argument("--format", choices=["yaml", "json"], default="yaml")
 
-    f = sub.add_parser("fit", help="the largest micro-batch and sequence, the smallest dp that fit a GPU", epilog=FIT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f = sub.add_parser(
+        "fit",
+        help="the largest micro-batch and sequence, the smallest dp that fit a GPU",
+        epilog=FIT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     f.add_argument("file", nargs="?", help="an experiment, a model spec, a model folder or a hub id; " + FILE_FROM_SCRIPT)
     _knobs(f)
     f.add_argument("--format", choices=["text", "json"], default="text")
 
-    w = sub.add_parser("sweep", help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)", epilog=SWEEP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w = sub.add_parser(
+        "sweep",
+        help="one estimate per point of a grid of knob values (table, CSV, JSON, SVG chart)",
+        epilog=SWEEP_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     w.add_argument("file", nargs="?", help="an experiment, a model spec, a model folder or a hub id; " + FILE_FROM_SCRIPT)
     _knobs(w, skip=_sweep_knobs(w))
     w.add_argument("--revision", metavar="REV", help="branch, tag or commit of a hub id")
@@ -174,22 +237,40 @@ def _import_fit_sweep_verbs(sub) -> None:
 def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line's parser. With `argv`, `measure`'s own flags are added only when
     `argv` names it: the measuring side's imports stay out of every other command's start."""
-    p = _Parser(prog="memspec", description="Predict the peak GPU memory of a training step from declarative specs.",
-                                epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="memspec",
+        description="Predict the peak GPU memory of a training step from declarative specs.",
+        epilog=MAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
     _setup_verbs(sub)
 
-    d = sub.add_parser("diff", help="what a change to formulas, specs or the compiler does to every checked-in case", epilog=DIFF_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = sub.add_parser(
+        "diff",
+        help="what a change to formulas, specs or the compiler does to every checked-in case",
+        epilog=DIFF_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d.add_argument("--base", metavar="REV", help="the revision to compare with (default: the merge-base of HEAD and main, else origin/main, else HEAD)")
     d.add_argument("--format", choices=["text", "markdown", "json"], default="text")
 
-    ls = sub.add_parser("list", help="the model specs and experiments memspec ships, by the short names every command takes",
-                        epilog=LIST_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ls = sub.add_parser(
+        "list",
+        help="the model specs and experiments memspec ships, by the short names every command takes",
+        epilog=LIST_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ls.add_argument("filter", nargs="?", help="only entries whose name, model, modules or summary contain this text")
     ls.add_argument("--format", choices=["text", "json"], default="text")
 
-    c = sub.add_parser("check", help="validate specs, experiments and formulas; all errors at once", epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = sub.add_parser(
+        "check",
+        help="validate specs, experiments and formulas; all errors at once",
+        epilog=CHECK_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("paths", nargs="+", help="files or folders")
     c.add_argument("--format", choices=["text", "json"], default="text")
 
@@ -200,8 +281,12 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         except ImportError:  # NB: the measuring side is optional; its absence is reported at run time
             pass
     if measure_cli is not None:
-        m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)", epilog=measure_cli.EXAMPLES,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        m = sub.add_parser(
+            "measure",
+            help="measure a training step (needs the [measure] extra)",
+            epilog=measure_cli.EXAMPLES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         measure_cli.add_arguments(m)
     else:
         m = sub.add_parser("measure", help="measure a training step (needs the [measure] extra)")

@@ -27,6 +27,7 @@ DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8, "BOOL": 1}
 
 # --------------------------------------------------------------------------- tensor lists
 
+
 def edited_copy(fixture: Path, folder: Path, edit) -> str:
     """A copy of the fixture folder `fixture` at `folder` whose config.json `edit(config)` changed
     in place (a variant the family must refuse); the copy's path."""
@@ -37,8 +38,17 @@ def edited_copy(fixture: Path, folder: Path, edit) -> str:
     return str(folder)
 
 
-def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.weight", dtype: str = "F16", inv_freq: bool = False,
-                  qkv_bias: bool = False, qk_norm: bool = False, fused: bool = False, moe: str | None = None) -> list[tuple[str, str, list[int]]]:
+def llama_tensors(
+    c: dict,
+    prefix: str = "model.",
+    head: str | None = "lm_head.weight",
+    dtype: str = "F16",
+    inv_freq: bool = False,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+    fused: bool = False,
+    moe: str | None = None,
+) -> list[tuple[str, str, list[int]]]:
     """A Llama-style decoder's tensors; `qkv_bias` (Qwen2), `qk_norm` (Qwen3), `fused`
     (Phi-3: one qkv_proj and one gate_up_proj) and `moe` (a sparse MoE block in place of the
     MLP, in the layout of the named family's checkpoints) are the variants' differences."""
@@ -66,22 +76,35 @@ def llama_tensors(c: dict, prefix: str = "model.", head: str | None = "lm_head.w
             m, f = p + "mlp.", c["moe_intermediate_size"]
             out.append((m + "gate.weight", dtype, [c["num_experts"], h]))
             for e in range(c["num_experts"]):
-                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
-                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+                out += [
+                    (m + f"experts.{e}.gate_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.down_proj.weight", dtype, [h, f]),
+                ]
         elif moe == "qwen2_moe":  # mlp: the router, the routed experts as Qwen3-MoE's, the shared expert and its gate
             m, f, fs = p + "mlp.", c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
             out.append((m + "gate.weight", dtype, [c["num_experts"], h]))
             for e in range(c["num_experts"]):
-                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
-                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
-            out += [(m + "shared_expert.gate_proj.weight", dtype, [fs, h]), (m + "shared_expert.up_proj.weight", dtype, [fs, h]),
-                    (m + "shared_expert.down_proj.weight", dtype, [h, fs]), (m + "shared_expert_gate.weight", dtype, [1, h])]
+                out += [
+                    (m + f"experts.{e}.gate_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.down_proj.weight", dtype, [h, f]),
+                ]
+            out += [
+                (m + "shared_expert.gate_proj.weight", dtype, [fs, h]),
+                (m + "shared_expert.up_proj.weight", dtype, [fs, h]),
+                (m + "shared_expert.down_proj.weight", dtype, [h, fs]),
+                (m + "shared_expert_gate.weight", dtype, [1, h]),
+            ]
         elif moe == "mixtral":  # block_sparse_moe: the router, then w1 (gate), w2 (down), w3 (up) per expert
             m = p + "block_sparse_moe."
             out.append((m + "gate.weight", dtype, [c["num_local_experts"], h]))
             for e in range(c["num_local_experts"]):
-                out += [(m + f"experts.{e}.w1.weight", dtype, [inter, h]), (m + f"experts.{e}.w2.weight", dtype, [h, inter]),
-                        (m + f"experts.{e}.w3.weight", dtype, [inter, h])]
+                out += [
+                    (m + f"experts.{e}.w1.weight", dtype, [inter, h]),
+                    (m + f"experts.{e}.w2.weight", dtype, [h, inter]),
+                    (m + f"experts.{e}.w3.weight", dtype, [inter, h]),
+                ]
         elif fused:
             out.append((p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]))
         else:
@@ -105,10 +128,14 @@ def vit_encoder_tensors(v: dict, prefix: str, dtype: str) -> list[tuple[str, str
         for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
             out += [(q + f"self_attn.{proj}.weight", dtype, [h, h]), (q + f"self_attn.{proj}.bias", dtype, [h])]
         out += [
-            (q + "layer_norm1.weight", dtype, [h]), (q + "layer_norm1.bias", dtype, [h]),
-            (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
-            (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h]),
-            (q + "layer_norm2.weight", dtype, [h]), (q + "layer_norm2.bias", dtype, [h]),
+            (q + "layer_norm1.weight", dtype, [h]),
+            (q + "layer_norm1.bias", dtype, [h]),
+            (q + "mlp.fc1.weight", dtype, [inter, h]),
+            (q + "mlp.fc1.bias", dtype, [inter]),
+            (q + "mlp.fc2.weight", dtype, [h, inter]),
+            (q + "mlp.fc2.bias", dtype, [h]),
+            (q + "layer_norm2.weight", dtype, [h]),
+            (q + "layer_norm2.bias", dtype, [h]),
         ]
     out += [(prefix + "post_layernorm.weight", dtype, [h]), (prefix + "post_layernorm.bias", dtype, [h])]
     return out
@@ -141,8 +168,7 @@ def llava_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]
 
 # the text_config classes' defaults that llava-v1.6's config.json files leave out
 LLAMA_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32}
-MISTRAL_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                    "num_key_value_heads": 8}
+MISTRAL_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}
 CLIP_DEFAULTS = {"num_channels": 3}
 
 
@@ -167,19 +193,31 @@ def qwen2_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         out += [(b + n + ".weight", dtype, [dim]) for n in norms]
         if not qwen25:
             out += [(b + n + ".bias", dtype, [dim]) for n in norms]
-        out += [(b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.qkv.bias", dtype, [3 * dim]),
-                (b + "attn.proj.weight", dtype, [dim, dim]), (b + "attn.proj.bias", dtype, [dim])]
+        out += [
+            (b + "attn.qkv.weight", dtype, [3 * dim, dim]),
+            (b + "attn.qkv.bias", dtype, [3 * dim]),
+            (b + "attn.proj.weight", dtype, [dim, dim]),
+            (b + "attn.proj.bias", dtype, [dim]),
+        ]
         if qwen25:
             for proj, shape in (("gate_proj", [inter, dim]), ("up_proj", [inter, dim]), ("down_proj", [dim, inter])):
                 out += [(b + f"mlp.{proj}.weight", dtype, shape), (b + f"mlp.{proj}.bias", dtype, [shape[0]])]
         else:
-            out += [(b + "mlp.fc1.weight", dtype, [inter, dim]), (b + "mlp.fc1.bias", dtype, [inter]),
-                    (b + "mlp.fc2.weight", dtype, [dim, inter]), (b + "mlp.fc2.bias", dtype, [dim])]
+            out += [
+                (b + "mlp.fc1.weight", dtype, [inter, dim]),
+                (b + "mlp.fc1.bias", dtype, [inter]),
+                (b + "mlp.fc2.weight", dtype, [dim, inter]),
+                (b + "mlp.fc2.bias", dtype, [dim]),
+            ]
     out.append(("visual.merger.ln_q.weight", dtype, [dim]))
     if not qwen25:
         out.append(("visual.merger.ln_q.bias", dtype, [dim]))
-    out += [("visual.merger.mlp.0.weight", dtype, [wide, wide]), ("visual.merger.mlp.0.bias", dtype, [wide]),
-            ("visual.merger.mlp.2.weight", dtype, [c["hidden_size"], wide]), ("visual.merger.mlp.2.bias", dtype, [c["hidden_size"]])]
+    out += [
+        ("visual.merger.mlp.0.weight", dtype, [wide, wide]),
+        ("visual.merger.mlp.0.bias", dtype, [wide]),
+        ("visual.merger.mlp.2.weight", dtype, [c["hidden_size"], wide]),
+        ("visual.merger.mlp.2.bias", dtype, [c["hidden_size"]]),
+    ]
     language = llama_tensors(c, dtype=dtype)
     h, nkv = c["hidden_size"], c["num_key_value_heads"]
     kv = nkv * h // c["num_attention_heads"]
@@ -196,22 +234,35 @@ def qwen3_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     v, t = c["vision_config"], c["text_config"]
     dim, inter, out_dim = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
     wide = dim * v["spatial_merge_size"] ** 2
-    out = [("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], v["patch_size"], v["patch_size"]]),
-           ("model.visual.patch_embed.proj.bias", dtype, [dim]),
-           ("model.visual.pos_embed.weight", dtype, [v["num_position_embeddings"], dim])]
+    out = [
+        ("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], v["patch_size"], v["patch_size"]]),
+        ("model.visual.patch_embed.proj.bias", dtype, [dim]),
+        ("model.visual.pos_embed.weight", dtype, [v["num_position_embeddings"], dim]),
+    ]
     for i in range(v["depth"]):
         b = f"model.visual.blocks.{i}."
         for n in ("norm1", "norm2"):
             out += [(b + n + ".weight", dtype, [dim]), (b + n + ".bias", dtype, [dim])]
-        out += [(b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.qkv.bias", dtype, [3 * dim]),
-                (b + "attn.proj.weight", dtype, [dim, dim]), (b + "attn.proj.bias", dtype, [dim]),
-                (b + "mlp.linear_fc1.weight", dtype, [inter, dim]), (b + "mlp.linear_fc1.bias", dtype, [inter]),
-                (b + "mlp.linear_fc2.weight", dtype, [dim, inter]), (b + "mlp.linear_fc2.bias", dtype, [dim])]
+        out += [
+            (b + "attn.qkv.weight", dtype, [3 * dim, dim]),
+            (b + "attn.qkv.bias", dtype, [3 * dim]),
+            (b + "attn.proj.weight", dtype, [dim, dim]),
+            (b + "attn.proj.bias", dtype, [dim]),
+            (b + "mlp.linear_fc1.weight", dtype, [inter, dim]),
+            (b + "mlp.linear_fc1.bias", dtype, [inter]),
+            (b + "mlp.linear_fc2.weight", dtype, [dim, inter]),
+            (b + "mlp.linear_fc2.bias", dtype, [dim]),
+        ]
     mergers = [("model.visual.merger.", dim)] + [(f"model.visual.deepstack_merger_list.{k}.", wide) for k in range(len(v["deepstack_visual_indexes"]))]
     for m, norm in mergers:
-        out += [(m + "norm.weight", dtype, [norm]), (m + "norm.bias", dtype, [norm]),
-                (m + "linear_fc1.weight", dtype, [wide, wide]), (m + "linear_fc1.bias", dtype, [wide]),
-                (m + "linear_fc2.weight", dtype, [out_dim, wide]), (m + "linear_fc2.bias", dtype, [out_dim])]
+        out += [
+            (m + "norm.weight", dtype, [norm]),
+            (m + "norm.bias", dtype, [norm]),
+            (m + "linear_fc1.weight", dtype, [wide, wide]),
+            (m + "linear_fc1.bias", dtype, [wide]),
+            (m + "linear_fc2.weight", dtype, [out_dim, wide]),
+            (m + "linear_fc2.bias", dtype, [out_dim]),
+        ]
     head = None if c.get("tie_word_embeddings") else "lm_head.weight"
     return llama_tensors(t, prefix="model.language_model.", head=head, dtype=dtype, qk_norm=True) + out
 
@@ -232,9 +283,12 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     out = []
     if native:
         e = "model.vision_tower.embeddings."
-        out += [(e + "cls_token", dtype, [1, 1, h]), (e + "position_embeddings", dtype, [1, positions, h]),
-                (e + "patch_embeddings.projection.weight", dtype, [h, v["num_channels"], patch, patch]),
-                (e + "patch_embeddings.projection.bias", dtype, [h])]
+        out += [
+            (e + "cls_token", dtype, [1, 1, h]),
+            (e + "position_embeddings", dtype, [1, positions, h]),
+            (e + "patch_embeddings.projection.weight", dtype, [h, v["num_channels"], patch, patch]),
+            (e + "patch_embeddings.projection.bias", dtype, [h]),
+        ]
         for i in range(v["num_hidden_layers"]):
             q = f"model.vision_tower.encoder.layer.{i}."
             for proj in ("q_proj", "k_proj", "v_proj", "projection_layer"):
@@ -248,18 +302,30 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
                 out.append((q + f"{norm}.weight", dtype, [h]))
                 if not rms:
                     out.append((q + f"{norm}.bias", dtype, [h]))
-            out += [(q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
-                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h])]
+            out += [
+                (q + "mlp.fc1.weight", dtype, [inter, h]),
+                (q + "mlp.fc1.bias", dtype, [inter]),
+                (q + "mlp.fc2.weight", dtype, [h, inter]),
+                (q + "mlp.fc2.bias", dtype, [h]),
+            ]
         m = "model.multi_modal_projector."
-        projector = [(m + "layer_norm.weight", dtype, [wide]), (m + "layer_norm.bias", dtype, [wide]),
-                     (m + "linear_1.weight", dtype, [t["hidden_size"], wide]), (m + "linear_1.bias", dtype, [t["hidden_size"]]),
-                     (m + "linear_2.weight", dtype, [t["hidden_size"], t["hidden_size"]]), (m + "linear_2.bias", dtype, [t["hidden_size"]])]
+        projector = [
+            (m + "layer_norm.weight", dtype, [wide]),
+            (m + "layer_norm.bias", dtype, [wide]),
+            (m + "linear_1.weight", dtype, [t["hidden_size"], wide]),
+            (m + "linear_1.bias", dtype, [t["hidden_size"]]),
+            (m + "linear_2.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
+            (m + "linear_2.bias", dtype, [t["hidden_size"]]),
+        ]
         language = llama_tensors(t, "model.language_model.", None if c.get("tie_word_embeddings", True) else "lm_head.weight", dtype, qkv_bias=True)
     else:
         e = "vision_model.embeddings."
-        out += [(e + "class_embedding", dtype, [1, 1, h]), (e + "position_embedding", dtype, [1, positions, h]),
-                (e + "patch_embedding.weight", dtype, [h, v["num_channels"], patch, patch]),
-                (e + "patch_embedding.bias", dtype, [h])]
+        out += [
+            (e + "class_embedding", dtype, [1, 1, h]),
+            (e + "position_embedding", dtype, [1, positions, h]),
+            (e + "patch_embedding.weight", dtype, [h, v["num_channels"], patch, patch]),
+            (e + "patch_embedding.bias", dtype, [h]),
+        ]
         for i in range(v["num_hidden_layers"]):
             q = f"vision_model.encoder.layers.{i}."
             out.append((q + "attn.qkv.weight", dtype, [3 * h, h]))
@@ -267,17 +333,28 @@ def internvl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
                 out.append((q + "attn.qkv.bias", dtype, [3 * h]))
             if v["qk_normalization"]:
                 out += [(q + "attn.q_norm.weight", dtype, [h]), (q + "attn.k_norm.weight", dtype, [h])]
-            out += [(q + "attn.proj.weight", dtype, [h, h]), (q + "attn.proj.bias", dtype, [h]),
-                    (q + "ls1", dtype, [h]), (q + "ls2", dtype, [h]),
-                    (q + "mlp.fc1.weight", dtype, [inter, h]), (q + "mlp.fc1.bias", dtype, [inter]),
-                    (q + "mlp.fc2.weight", dtype, [h, inter]), (q + "mlp.fc2.bias", dtype, [h])]
+            out += [
+                (q + "attn.proj.weight", dtype, [h, h]),
+                (q + "attn.proj.bias", dtype, [h]),
+                (q + "ls1", dtype, [h]),
+                (q + "ls2", dtype, [h]),
+                (q + "mlp.fc1.weight", dtype, [inter, h]),
+                (q + "mlp.fc1.bias", dtype, [inter]),
+                (q + "mlp.fc2.weight", dtype, [h, inter]),
+                (q + "mlp.fc2.bias", dtype, [h]),
+            ]
             for norm in ("norm1", "norm2"):
                 out.append((q + f"{norm}.weight", dtype, [h]))
                 if not rms:
                     out.append((q + f"{norm}.bias", dtype, [h]))
-        projector = [("mlp1.0.weight", dtype, [wide]), ("mlp1.0.bias", dtype, [wide]),
-                     ("mlp1.1.weight", dtype, [t["hidden_size"], wide]), ("mlp1.1.bias", dtype, [t["hidden_size"]]),
-                     ("mlp1.3.weight", dtype, [t["hidden_size"], t["hidden_size"]]), ("mlp1.3.bias", dtype, [t["hidden_size"]])]
+        projector = [
+            ("mlp1.0.weight", dtype, [wide]),
+            ("mlp1.0.bias", dtype, [wide]),
+            ("mlp1.1.weight", dtype, [t["hidden_size"], wide]),
+            ("mlp1.1.bias", dtype, [t["hidden_size"]]),
+            ("mlp1.3.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
+            ("mlp1.3.bias", dtype, [t["hidden_size"]]),
+        ]
         if t["model_type"] == "internlm2":
             language = internlm2_tensors(t, "language_model.", dtype)
         else:
@@ -299,8 +376,7 @@ def llava_onevision_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str,
         ("multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
     ]
     language = llama_tensors(t, "language_model.model.", head, dtype, qkv_bias=True)
-    return (language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
-            + [("image_newline", dtype, [t["hidden_size"]])])
+    return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype) + [("image_newline", dtype, [t["hidden_size"]])]
 
 
 def gemma_tensors(c: dict, prefix: str = "model.", dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
@@ -336,8 +412,10 @@ def paligemma_tensors(c: dict, dtype: str) -> list[tuple[str, str, list[int]]]:
     t, v = c["text_config"], c["vision_config"]
     text = {"num_key_value_heads": 1, "head_dim": 256, **t}
     language = gemma_tensors(text, prefix="language_model.model.", dtype=dtype)
-    projector = [("multi_modal_projector.linear.weight", dtype, [v["projection_dim"], v["hidden_size"]]),
-                 ("multi_modal_projector.linear.bias", dtype, [v["projection_dim"]])]
+    projector = [
+        ("multi_modal_projector.linear.weight", dtype, [v["projection_dim"], v["hidden_size"]]),
+        ("multi_modal_projector.linear.bias", dtype, [v["projection_dim"]]),
+    ]
     return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
@@ -349,8 +427,10 @@ def gemma3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     t, v = c["text_config"], c["vision_config"]
     text = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208, **t}
     language = gemma_tensors(text, prefix="language_model.model.", dtype=dtype)
-    projector = [("multi_modal_projector.mm_input_projection_weight", dtype, [v["hidden_size"], t["hidden_size"]]),
-                 ("multi_modal_projector.mm_soft_emb_norm.weight", dtype, [v["hidden_size"]])]
+    projector = [
+        ("multi_modal_projector.mm_input_projection_weight", dtype, [v["hidden_size"], t["hidden_size"]]),
+        ("multi_modal_projector.mm_soft_emb_norm.weight", dtype, [v["hidden_size"]]),
+    ]
     return language + projector + siglip_tensors(v, "vision_tower.vision_model.", dtype)
 
 
@@ -359,10 +439,8 @@ def idefics3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     model.connector.modality_projection.proj (no bias; its input is the pixel-shuffled
     vision hidden size x scale_factor^2), model.text_model.* (Llama, untied) and lm_head."""
     t, v = c["text_config"], c["vision_config"]
-    projector = [("model.connector.modality_projection.proj.weight", dtype,
-                  [t["hidden_size"], v["hidden_size"] * c["scale_factor"] ** 2])]
-    return (siglip_tensors(v, "model.vision_model.", dtype) + projector
-            + llama_tensors(t, prefix="model.text_model.", dtype=dtype))
+    projector = [("model.connector.modality_projection.proj.weight", dtype, [t["hidden_size"], v["hidden_size"] * c["scale_factor"] ** 2])]
+    return siglip_tensors(v, "model.vision_model.", dtype) + projector + llama_tensors(t, prefix="model.text_model.", dtype=dtype)
 
 
 def deepseek_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
@@ -375,19 +453,24 @@ def deepseek_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
     head = "model.vision_model.vision_model.head."
     pooling = [
         (head + "probe", dtype, [1, 1, h]),
-        (head + "attention.in_proj_weight", dtype, [3 * h, h]), (head + "attention.in_proj_bias", dtype, [3 * h]),
-        (head + "attention.out_proj.weight", dtype, [h, h]), (head + "attention.out_proj.bias", dtype, [h]),
-        (head + "layernorm.weight", dtype, [h]), (head + "layernorm.bias", dtype, [h]),
-        (head + "mlp.fc1.weight", dtype, [inter, h]), (head + "mlp.fc1.bias", dtype, [inter]),
-        (head + "mlp.fc2.weight", dtype, [h, inter]), (head + "mlp.fc2.bias", dtype, [h]),
+        (head + "attention.in_proj_weight", dtype, [3 * h, h]),
+        (head + "attention.in_proj_bias", dtype, [3 * h]),
+        (head + "attention.out_proj.weight", dtype, [h, h]),
+        (head + "attention.out_proj.bias", dtype, [h]),
+        (head + "layernorm.weight", dtype, [h]),
+        (head + "layernorm.bias", dtype, [h]),
+        (head + "mlp.fc1.weight", dtype, [inter, h]),
+        (head + "mlp.fc1.bias", dtype, [inter]),
+        (head + "mlp.fc2.weight", dtype, [h, inter]),
+        (head + "mlp.fc2.bias", dtype, [h]),
     ]
     aligner = [
-        ("model.aligner.linear1.weight", dtype, [t["hidden_size"], h]), ("model.aligner.linear1.bias", dtype, [t["hidden_size"]]),
+        ("model.aligner.linear1.weight", dtype, [t["hidden_size"], h]),
+        ("model.aligner.linear1.bias", dtype, [t["hidden_size"]]),
         ("model.aligner.linear2.weight", dtype, [t["hidden_size"], t["hidden_size"]]),
         ("model.aligner.linear2.bias", dtype, [t["hidden_size"]]),
     ]
-    return (siglip_tensors(v, "model.vision_model.vision_model.", dtype) + pooling + aligner
-            + llama_tensors(t, prefix="model.language_model.", dtype=dtype))
+    return siglip_tensors(v, "model.vision_model.vision_model.", dtype) + pooling + aligner + llama_tensors(t, prefix="model.language_model.", dtype=dtype)
 
 
 def mistral3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
@@ -404,8 +487,11 @@ def mistral3_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
         q = f"vision_tower.transformer.layers.{i}."
         out += [(q + "attention_norm.weight", dtype, [h]), (q + "ffn_norm.weight", dtype, [h])]
         out += [(q + f"attention.{n}.weight", dtype, [h, h]) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        out += [(q + "feed_forward.gate_proj.weight", dtype, [inter, h]), (q + "feed_forward.up_proj.weight", dtype, [inter, h]),
-                (q + "feed_forward.down_proj.weight", dtype, [h, inter])]
+        out += [
+            (q + "feed_forward.gate_proj.weight", dtype, [inter, h]),
+            (q + "feed_forward.up_proj.weight", dtype, [inter, h]),
+            (q + "feed_forward.down_proj.weight", dtype, [h, inter]),
+        ]
     out += [
         ("multi_modal_projector.norm.weight", dtype, [h]),
         ("multi_modal_projector.patch_merger.merging_layer.weight", dtype, [h, h * merge * merge]),
@@ -425,8 +511,12 @@ def pixtral_llava_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, 
     t = {"num_attention_heads": 32, **c["text_config"]}
     h, d = v["hidden_size"], t["hidden_size"]
     tower = [x for x in mistral3_tensors({**c, "text_config": t, "vision_config": v}, dtype) if x[0].startswith("vision_tower.")]
-    projector = [("multi_modal_projector.linear_1.weight", dtype, [d, h]), ("multi_modal_projector.linear_1.bias", dtype, [d]),
-                 ("multi_modal_projector.linear_2.weight", dtype, [d, d]), ("multi_modal_projector.linear_2.bias", dtype, [d])]
+    projector = [
+        ("multi_modal_projector.linear_1.weight", dtype, [d, h]),
+        ("multi_modal_projector.linear_1.bias", dtype, [d]),
+        ("multi_modal_projector.linear_2.weight", dtype, [d, d]),
+        ("multi_modal_projector.linear_2.bias", dtype, [d]),
+    ]
     return tower + projector + llama_tensors(t, prefix="language_model.model.", head="language_model.lm_head.weight", dtype=dtype)
 
 
@@ -443,9 +533,13 @@ def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tu
         out += [(p + "attention.wqkv.weight", dtype, [(heads + 2 * nkv) * d, h]), (p + "attention.wo.weight", dtype, [h, heads * d])]
         if bias:
             out += [(p + "attention.wqkv.bias", dtype, [(heads + 2 * nkv) * d]), (p + "attention.wo.bias", dtype, [h])]
-        out += [(p + "feed_forward.w1.weight", dtype, [inter, h]), (p + "feed_forward.w3.weight", dtype, [inter, h]),
-                (p + "feed_forward.w2.weight", dtype, [h, inter]),
-                (p + "attention_norm.weight", dtype, [h]), (p + "ffn_norm.weight", dtype, [h])]
+        out += [
+            (p + "feed_forward.w1.weight", dtype, [inter, h]),
+            (p + "feed_forward.w3.weight", dtype, [inter, h]),
+            (p + "feed_forward.w2.weight", dtype, [h, inter]),
+            (p + "attention_norm.weight", dtype, [h]),
+            (p + "ffn_norm.weight", dtype, [h]),
+        ]
     return out + [(prefix + "model.norm.weight", dtype, [h]), (prefix + "output.weight", dtype, [c["vocab_size"], h])]
 
 
@@ -474,8 +568,7 @@ def gpt_neox_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[i
             (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter]),
             (p + "mlp.dense_4h_to_h.bias", dtype, [h]),
         ]
-    out += [("gpt_neox.final_layer_norm.weight", dtype, [h]), ("gpt_neox.final_layer_norm.bias", dtype, [h]),
-            ("embed_out.weight", dtype, [c["vocab_size"], h])]
+    out += [("gpt_neox.final_layer_norm.weight", dtype, [h]), ("gpt_neox.final_layer_norm.bias", dtype, [h]), ("embed_out.weight", dtype, [c["vocab_size"], h])]
     return out
 
 
@@ -492,10 +585,18 @@ def phi_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]
         out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
         for proj, rows, cols in (("q_proj", nh * hd, h), ("k_proj", nkv * hd, h), ("v_proj", nkv * hd, h), ("dense", h, nh * hd)):
             out += [(p + f"self_attn.{proj}.weight", dtype, [rows, cols]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
-        out += [(p + "mlp.fc1.weight", dtype, [inter, h]), (p + "mlp.fc1.bias", dtype, [inter]),
-                (p + "mlp.fc2.weight", dtype, [h, inter]), (p + "mlp.fc2.bias", dtype, [h])]
-    out += [("model.final_layernorm.weight", dtype, [h]), ("model.final_layernorm.bias", dtype, [h]),
-            ("lm_head.weight", dtype, [c["vocab_size"], h]), ("lm_head.bias", dtype, [c["vocab_size"]])]
+        out += [
+            (p + "mlp.fc1.weight", dtype, [inter, h]),
+            (p + "mlp.fc1.bias", dtype, [inter]),
+            (p + "mlp.fc2.weight", dtype, [h, inter]),
+            (p + "mlp.fc2.bias", dtype, [h]),
+        ]
+    out += [
+        ("model.final_layernorm.weight", dtype, [h]),
+        ("model.final_layernorm.bias", dtype, [h]),
+        ("lm_head.weight", dtype, [c["vocab_size"], h]),
+        ("lm_head.bias", dtype, [c["vocab_size"]]),
+    ]
     return out
 
 
@@ -505,16 +606,24 @@ def opt_tensors(c: dict, prefix: str = "decoder.", dtype: str = "F16") -> list[t
     its 2 offset rows, per layer biased q, k, v and out_proj, self_attn_layer_norm, fc1 / fc2 with
     biases and final_layer_norm, then the decoder's final_layer_norm."""
     h, ffn = c["hidden_size"], c["ffn_dim"]
-    out = [(f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], c["word_embed_proj_dim"]]),
-           (f"{prefix}embed_positions.weight", dtype, [c["max_position_embeddings"] + 2, h])]
+    out = [
+        (f"{prefix}embed_tokens.weight", dtype, [c["vocab_size"], c["word_embed_proj_dim"]]),
+        (f"{prefix}embed_positions.weight", dtype, [c["max_position_embeddings"] + 2, h]),
+    ]
     for i in range(c["num_hidden_layers"]):
         p = f"{prefix}layers.{i}."
         for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
             out += [(p + f"self_attn.{proj}.weight", dtype, [h, h]), (p + f"self_attn.{proj}.bias", dtype, [h])]
-        out += [(p + "self_attn_layer_norm.weight", dtype, [h]), (p + "self_attn_layer_norm.bias", dtype, [h]),
-                (p + "fc1.weight", dtype, [ffn, h]), (p + "fc1.bias", dtype, [ffn]),
-                (p + "fc2.weight", dtype, [h, ffn]), (p + "fc2.bias", dtype, [h]),
-                (p + "final_layer_norm.weight", dtype, [h]), (p + "final_layer_norm.bias", dtype, [h])]
+        out += [
+            (p + "self_attn_layer_norm.weight", dtype, [h]),
+            (p + "self_attn_layer_norm.bias", dtype, [h]),
+            (p + "fc1.weight", dtype, [ffn, h]),
+            (p + "fc1.bias", dtype, [ffn]),
+            (p + "fc2.weight", dtype, [h, ffn]),
+            (p + "fc2.bias", dtype, [h]),
+            (p + "final_layer_norm.weight", dtype, [h]),
+            (p + "final_layer_norm.bias", dtype, [h]),
+        ]
     out += [(f"{prefix}final_layer_norm.weight", dtype, [h]), (f"{prefix}final_layer_norm.bias", dtype, [h])]
     return out
 
@@ -532,33 +641,59 @@ def blip2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]
     size, patch = v.get("image_size", 224), v.get("patch_size", 14)
     qh, qi, enc = q.get("hidden_size", 768), q.get("intermediate_size", 3072), q.get("encoder_hidden_size", 1408)
     freq = q.get("cross_attention_frequency", 2)
-    out = [("vision_model.embeddings.class_embedding", dtype, [1, 1, vh]),
-           ("vision_model.embeddings.position_embedding", dtype, [1, (size // patch) ** 2 + 1, vh]),
-           ("vision_model.embeddings.patch_embedding.weight", dtype, [vh, v.get("num_channels", 3), patch, patch]),
-           ("vision_model.embeddings.patch_embedding.bias", dtype, [vh])]
+    out = [
+        ("vision_model.embeddings.class_embedding", dtype, [1, 1, vh]),
+        ("vision_model.embeddings.position_embedding", dtype, [1, (size // patch) ** 2 + 1, vh]),
+        ("vision_model.embeddings.patch_embedding.weight", dtype, [vh, v.get("num_channels", 3), patch, patch]),
+        ("vision_model.embeddings.patch_embedding.bias", dtype, [vh]),
+    ]
     for i in range(v.get("num_hidden_layers", 39)):
         p = f"vision_model.encoder.layers.{i}."
-        out += [(p + "self_attn.qkv.weight", dtype, [3 * vh, vh]), (p + "self_attn.qkv.bias", dtype, [3 * vh]),
-                (p + "self_attn.projection.weight", dtype, [vh, vh]), (p + "self_attn.projection.bias", dtype, [vh]),
-                (p + "layer_norm1.weight", dtype, [vh]), (p + "layer_norm1.bias", dtype, [vh]),
-                (p + "mlp.fc1.weight", dtype, [vi, vh]), (p + "mlp.fc1.bias", dtype, [vi]),
-                (p + "mlp.fc2.weight", dtype, [vh, vi]), (p + "mlp.fc2.bias", dtype, [vh]),
-                (p + "layer_norm2.weight", dtype, [vh]), (p + "layer_norm2.bias", dtype, [vh])]
-    out += [("vision_model.post_layernorm.weight", dtype, [vh]), ("vision_model.post_layernorm.bias", dtype, [vh]),
-            ("query_tokens", dtype, [1, c["num_query_tokens"], qh]),
-            ("qformer.layernorm.weight", dtype, [qh]), ("qformer.layernorm.bias", dtype, [qh])]
+        out += [
+            (p + "self_attn.qkv.weight", dtype, [3 * vh, vh]),
+            (p + "self_attn.qkv.bias", dtype, [3 * vh]),
+            (p + "self_attn.projection.weight", dtype, [vh, vh]),
+            (p + "self_attn.projection.bias", dtype, [vh]),
+            (p + "layer_norm1.weight", dtype, [vh]),
+            (p + "layer_norm1.bias", dtype, [vh]),
+            (p + "mlp.fc1.weight", dtype, [vi, vh]),
+            (p + "mlp.fc1.bias", dtype, [vi]),
+            (p + "mlp.fc2.weight", dtype, [vh, vi]),
+            (p + "mlp.fc2.bias", dtype, [vh]),
+            (p + "layer_norm2.weight", dtype, [vh]),
+            (p + "layer_norm2.bias", dtype, [vh]),
+        ]
+    out += [
+        ("vision_model.post_layernorm.weight", dtype, [vh]),
+        ("vision_model.post_layernorm.bias", dtype, [vh]),
+        ("query_tokens", dtype, [1, c["num_query_tokens"], qh]),
+        ("qformer.layernorm.weight", dtype, [qh]),
+        ("qformer.layernorm.bias", dtype, [qh]),
+    ]
     for i in range(q.get("num_hidden_layers", 12)):
         p = f"qformer.encoder.layer.{i}."
         blocks = [("attention", qh)] + ([("crossattention", enc)] if i % freq == 0 else [])
         for block, kv in blocks:
-            out += [(p + f"{block}.attention.query.weight", dtype, [qh, qh]), (p + f"{block}.attention.query.bias", dtype, [qh]),
-                    (p + f"{block}.attention.key.weight", dtype, [qh, kv]), (p + f"{block}.attention.key.bias", dtype, [qh]),
-                    (p + f"{block}.attention.value.weight", dtype, [qh, kv]), (p + f"{block}.attention.value.bias", dtype, [qh]),
-                    (p + f"{block}.output.dense.weight", dtype, [qh, qh]), (p + f"{block}.output.dense.bias", dtype, [qh]),
-                    (p + f"{block}.output.LayerNorm.weight", dtype, [qh]), (p + f"{block}.output.LayerNorm.bias", dtype, [qh])]
-        out += [(p + "intermediate_query.dense.weight", dtype, [qi, qh]), (p + "intermediate_query.dense.bias", dtype, [qi]),
-                (p + "output_query.dense.weight", dtype, [qh, qi]), (p + "output_query.dense.bias", dtype, [qh]),
-                (p + "output_query.LayerNorm.weight", dtype, [qh]), (p + "output_query.LayerNorm.bias", dtype, [qh])]
+            out += [
+                (p + f"{block}.attention.query.weight", dtype, [qh, qh]),
+                (p + f"{block}.attention.query.bias", dtype, [qh]),
+                (p + f"{block}.attention.key.weight", dtype, [qh, kv]),
+                (p + f"{block}.attention.key.bias", dtype, [qh]),
+                (p + f"{block}.attention.value.weight", dtype, [qh, kv]),
+                (p + f"{block}.attention.value.bias", dtype, [qh]),
+                (p + f"{block}.output.dense.weight", dtype, [qh, qh]),
+                (p + f"{block}.output.dense.bias", dtype, [qh]),
+                (p + f"{block}.output.LayerNorm.weight", dtype, [qh]),
+                (p + f"{block}.output.LayerNorm.bias", dtype, [qh]),
+            ]
+        out += [
+            (p + "intermediate_query.dense.weight", dtype, [qi, qh]),
+            (p + "intermediate_query.dense.bias", dtype, [qi]),
+            (p + "output_query.dense.weight", dtype, [qh, qi]),
+            (p + "output_query.dense.bias", dtype, [qh]),
+            (p + "output_query.LayerNorm.weight", dtype, [qh]),
+            (p + "output_query.LayerNorm.bias", dtype, [qh]),
+        ]
     th = t["hidden_size"]
     out += [("language_projection.weight", dtype, [th, qh]), ("language_projection.bias", dtype, [th])]
     text = {"max_position_embeddings": 2048, "word_embed_proj_dim": th, **t}
@@ -579,9 +714,12 @@ def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
         p = f"transformer.h.{i}."
         for norm in ("ln_attn", "ln_mlp"):
             out += [(p + f"{norm}.weight", dtype, [h]), (p + f"{norm}.bias", dtype, [h])]
-        out += [(p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
-                (p + "self_attention.dense.weight", dtype, [h, h]),
-                (p + "mlp.dense_h_to_4h.weight", dtype, [inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
+        out += [
+            (p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
+            (p + "self_attention.dense.weight", dtype, [h, h]),
+            (p + "mlp.dense_h_to_4h.weight", dtype, [inter, h]),
+            (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter]),
+        ]
     out += [("transformer.ln_f.weight", dtype, [h]), ("transformer.ln_f.bias", dtype, [h])]
     return out
 
@@ -597,8 +735,12 @@ def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]
         out.append((p + "input_layernorm.weight", dtype, [h]))
         for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
             out += [(p + f"self_attn.{proj}.weight", dtype, [rows, h]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
-        out += [(p + "self_attn.o_proj.weight", dtype, [h, nh * hd]), (p + "post_attention_layernorm.weight", dtype, [h]),
-                (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
+        out += [
+            (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "mlp.gate_up_proj.weight", dtype, [2 * inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+        ]
         if c["model_type"] == "glm4":
             out += [(p + "post_self_attn_layernorm.weight", dtype, [h]), (p + "post_mlp_layernorm.weight", dtype, [h])]
     out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
@@ -614,26 +756,38 @@ def glm4v_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int
     v, t = c["vision_config"], c["text_config"]
     dim, out_dim, inter, ps = v["hidden_size"], v["out_hidden_size"], v["intermediate_size"], v["patch_size"]
     m = v["spatial_merge_size"]
-    out = [("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], ps, ps]),
-           ("model.visual.patch_embed.proj.bias", dtype, [dim]),
-           ("model.visual.post_conv_layernorm.weight", dtype, [dim]),
-           ("model.visual.embeddings.position_embedding.weight", dtype, [(v["image_size"] // ps) ** 2, dim])]
+    out = [
+        ("model.visual.patch_embed.proj.weight", dtype, [dim, v["in_channels"], v["temporal_patch_size"], ps, ps]),
+        ("model.visual.patch_embed.proj.bias", dtype, [dim]),
+        ("model.visual.post_conv_layernorm.weight", dtype, [dim]),
+        ("model.visual.embeddings.position_embedding.weight", dtype, [(v["image_size"] // ps) ** 2, dim]),
+    ]
     for i in range(v["depth"]):
         b = f"model.visual.blocks.{i}."
-        out += [(b + "norm1.weight", dtype, [dim]), (b + "norm2.weight", dtype, [dim]),
-                (b + "attn.qkv.weight", dtype, [3 * dim, dim]), (b + "attn.proj.weight", dtype, [dim, dim]),
-                (b + "mlp.gate_proj.weight", dtype, [out_dim, dim]), (b + "mlp.up_proj.weight", dtype, [out_dim, dim]),
-                (b + "mlp.down_proj.weight", dtype, [dim, out_dim])]
-    out += [("model.visual.post_layernorm.weight", dtype, [dim]),
-            ("model.visual.downsample.weight", dtype, [out_dim, dim, m, m]), ("model.visual.downsample.bias", dtype, [out_dim]),
-            ("model.visual.merger.proj.weight", dtype, [out_dim, out_dim]),
-            ("model.visual.merger.post_projection_norm.weight", dtype, [out_dim]),
-            ("model.visual.merger.post_projection_norm.bias", dtype, [out_dim]),
-            ("model.visual.merger.gate_proj.weight", dtype, [inter, out_dim]),
-            ("model.visual.merger.up_proj.weight", dtype, [inter, out_dim]),
-            ("model.visual.merger.down_proj.weight", dtype, [out_dim, inter])]
-    language = [(n.replace("model.", "model.language_model.", 1), d, s)
-                for n, d, s in glm_tensors({**t, "model_type": "glm4", "head_dim": t["hidden_size"] // t["num_attention_heads"]}, dtype)]
+        out += [
+            (b + "norm1.weight", dtype, [dim]),
+            (b + "norm2.weight", dtype, [dim]),
+            (b + "attn.qkv.weight", dtype, [3 * dim, dim]),
+            (b + "attn.proj.weight", dtype, [dim, dim]),
+            (b + "mlp.gate_proj.weight", dtype, [out_dim, dim]),
+            (b + "mlp.up_proj.weight", dtype, [out_dim, dim]),
+            (b + "mlp.down_proj.weight", dtype, [dim, out_dim]),
+        ]
+    out += [
+        ("model.visual.post_layernorm.weight", dtype, [dim]),
+        ("model.visual.downsample.weight", dtype, [out_dim, dim, m, m]),
+        ("model.visual.downsample.bias", dtype, [out_dim]),
+        ("model.visual.merger.proj.weight", dtype, [out_dim, out_dim]),
+        ("model.visual.merger.post_projection_norm.weight", dtype, [out_dim]),
+        ("model.visual.merger.post_projection_norm.bias", dtype, [out_dim]),
+        ("model.visual.merger.gate_proj.weight", dtype, [inter, out_dim]),
+        ("model.visual.merger.up_proj.weight", dtype, [inter, out_dim]),
+        ("model.visual.merger.down_proj.weight", dtype, [out_dim, inter]),
+    ]
+    language = [
+        (n.replace("model.", "model.language_model.", 1), d, s)
+        for n, d, s in glm_tensors({**t, "model_type": "glm4", "head_dim": t["hidden_size"] // t["num_attention_heads"]}, dtype)
+    ]
     return language + out
 
 
@@ -655,32 +809,58 @@ def minicpmv4_6_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
         out.append((p + "input_layernorm.weight", dtype, [h]))
         if kind == "linear_attention":
             a = p + "linear_attn."
-            out += [(a + "A_log", dtype, [nv]), (a + "conv1d.weight", dtype, [conv, 1, t["linear_conv_kernel_dim"]]),
-                    (a + "dt_bias", dtype, [nv]), (a + "in_proj_a.weight", dtype, [nv, h]),
-                    (a + "in_proj_b.weight", dtype, [nv, h]), (a + "in_proj_qkv.weight", dtype, [conv, h]),
-                    (a + "in_proj_z.weight", dtype, [vd, h]), (a + "norm.weight", dtype, [t["linear_value_head_dim"]]),
-                    (a + "out_proj.weight", dtype, [h, vd])]
+            out += [
+                (a + "A_log", dtype, [nv]),
+                (a + "conv1d.weight", dtype, [conv, 1, t["linear_conv_kernel_dim"]]),
+                (a + "dt_bias", dtype, [nv]),
+                (a + "in_proj_a.weight", dtype, [nv, h]),
+                (a + "in_proj_b.weight", dtype, [nv, h]),
+                (a + "in_proj_qkv.weight", dtype, [conv, h]),
+                (a + "in_proj_z.weight", dtype, [vd, h]),
+                (a + "norm.weight", dtype, [t["linear_value_head_dim"]]),
+                (a + "out_proj.weight", dtype, [h, vd]),
+            ]
         else:
             a = p + "self_attn."
-            out += [(a + "k_norm.weight", dtype, [hd]), (a + "k_proj.weight", dtype, [nkv * hd, h]),
-                    (a + "o_proj.weight", dtype, [h, nh * hd]), (a + "q_norm.weight", dtype, [hd]),
-                    (a + "q_proj.weight", dtype, [2 * nh * hd, h]), (a + "v_proj.weight", dtype, [nkv * hd, h])]
-        out += [(p + "mlp.down_proj.weight", dtype, [h, inter]), (p + "mlp.gate_proj.weight", dtype, [inter, h]),
-                (p + "mlp.up_proj.weight", dtype, [inter, h]), (p + "post_attention_layernorm.weight", dtype, [h])]
+            out += [
+                (a + "k_norm.weight", dtype, [hd]),
+                (a + "k_proj.weight", dtype, [nkv * hd, h]),
+                (a + "o_proj.weight", dtype, [h, nh * hd]),
+                (a + "q_norm.weight", dtype, [hd]),
+                (a + "q_proj.weight", dtype, [2 * nh * hd, h]),
+                (a + "v_proj.weight", dtype, [nkv * hd, h]),
+            ]
+        out += [
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+        ]
     out.append(("model.language_model.norm.weight", dtype, [h]))
     vh, vi = v["hidden_size"], v["intermediate_size"]
     out += siglip_tensors(v, "model.vision_tower.", dtype)
     m = "model.vision_tower.vit_merger."
     for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
         out += [(m + f"self_attn.{proj}.weight", dtype, [vh, vh]), (m + f"self_attn.{proj}.bias", dtype, [vh])]
-    out += [(m + "layer_norm1.weight", dtype, [vh]), (m + "layer_norm1.bias", dtype, [vh]),
-            (m + "pre_norm.weight", dtype, [4 * vh]), (m + "pre_norm.bias", dtype, [4 * vh]),
-            (m + "linear_1.weight", dtype, [4 * vi, 4 * vh]), (m + "linear_1.bias", dtype, [4 * vi]),
-            (m + "linear_2.weight", dtype, [vh, 4 * vi]), (m + "linear_2.bias", dtype, [vh])]
+    out += [
+        (m + "layer_norm1.weight", dtype, [vh]),
+        (m + "layer_norm1.bias", dtype, [vh]),
+        (m + "pre_norm.weight", dtype, [4 * vh]),
+        (m + "pre_norm.bias", dtype, [4 * vh]),
+        (m + "linear_1.weight", dtype, [4 * vi, 4 * vh]),
+        (m + "linear_1.bias", dtype, [4 * vi]),
+        (m + "linear_2.weight", dtype, [vh, 4 * vi]),
+        (m + "linear_2.bias", dtype, [vh]),
+    ]
     g = "model.merger.mlp.0."
-    out += [(g + "pre_norm.weight", dtype, [4 * vh]), (g + "pre_norm.bias", dtype, [4 * vh]),
-            (g + "linear_1.weight", dtype, [4 * vh, 4 * vh]), (g + "linear_1.bias", dtype, [4 * vh]),
-            (g + "linear_2.weight", dtype, [h, 4 * vh]), (g + "linear_2.bias", dtype, [h])]
+    out += [
+        (g + "pre_norm.weight", dtype, [4 * vh]),
+        (g + "pre_norm.bias", dtype, [4 * vh]),
+        (g + "linear_1.weight", dtype, [4 * vh, 4 * vh]),
+        (g + "linear_1.bias", dtype, [4 * vh]),
+        (g + "linear_2.weight", dtype, [h, 4 * vh]),
+        (g + "linear_2.bias", dtype, [h]),
+    ]
     return out
 
 
@@ -694,13 +874,19 @@ def olmo2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]
     out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out += [(p + "self_attn.q_proj.weight", dtype, [nh * hd, h]), (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
-                (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]), (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
-                (p + "self_attn.q_norm.weight", dtype, [nh * hd]), (p + "self_attn.k_norm.weight", dtype, [nkv * hd]),
-                (p + "post_attention_layernorm.weight", dtype, [h]),
-                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
-                (p + "mlp.down_proj.weight", dtype, [h, inter]),
-                (p + "post_feedforward_layernorm.weight", dtype, [h])]
+        out += [
+            (p + "self_attn.q_proj.weight", dtype, [nh * hd, h]),
+            (p + "self_attn.k_proj.weight", dtype, [nkv * hd, h]),
+            (p + "self_attn.v_proj.weight", dtype, [nkv * hd, h]),
+            (p + "self_attn.o_proj.weight", dtype, [h, nh * hd]),
+            (p + "self_attn.q_norm.weight", dtype, [nh * hd]),
+            (p + "self_attn.k_norm.weight", dtype, [nkv * hd]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+            (p + "post_feedforward_layernorm.weight", dtype, [h]),
+        ]
     out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
     return out
 
@@ -721,8 +907,12 @@ def t5_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
             parts = ["SelfAttention"] + (["EncDecAttention"] if stack == "decoder" else [])
             for k, name in enumerate(parts):
                 a = f"{p}{k}.{name}."
-                out += [(a + "q.weight", dtype, [inner, d]), (a + "k.weight", dtype, [inner, d]),
-                        (a + "v.weight", dtype, [inner, d]), (a + "o.weight", dtype, [d, inner])]
+                out += [
+                    (a + "q.weight", dtype, [inner, d]),
+                    (a + "k.weight", dtype, [inner, d]),
+                    (a + "v.weight", dtype, [inner, d]),
+                    (a + "o.weight", dtype, [d, inner]),
+                ]
                 if k == 0 and i == 0:
                     out.append((a + "relative_attention_bias.weight", dtype, [c["relative_attention_num_buckets"], nh]))
                 out.append((f"{p}{k}.layer_norm.weight", dtype, [d]))
@@ -742,16 +932,18 @@ def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     dense_h_to_4h of 2 x ffn_hidden_size rows and dense_4h_to_h; the RoPE inv_freq buffer is saved."""
     h, inter, nh, hd = c["hidden_size"], c["ffn_hidden_size"], c["num_attention_heads"], c["kv_channels"]
     g = c["multi_query_group_num"] if c.get("multi_query_attention") else nh
-    out = [("transformer.embedding.word_embeddings.weight", dtype, [c["padded_vocab_size"], h]),
-           ("transformer.rotary_pos_emb.inv_freq", dtype, [hd // 4])]
+    out = [("transformer.embedding.word_embeddings.weight", dtype, [c["padded_vocab_size"], h]), ("transformer.rotary_pos_emb.inv_freq", dtype, [hd // 4])]
     for i in range(c["num_layers"]):
         p = f"transformer.encoder.layers.{i}."
-        out += [(p + "input_layernorm.weight", dtype, [h]),
-                (p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
-                (p + "self_attention.query_key_value.bias", dtype, [(nh + 2 * g) * hd]),
-                (p + "self_attention.dense.weight", dtype, [h, nh * hd]),
-                (p + "post_attention_layernorm.weight", dtype, [h]),
-                (p + "mlp.dense_h_to_4h.weight", dtype, [2 * inter, h]), (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter])]
+        out += [
+            (p + "input_layernorm.weight", dtype, [h]),
+            (p + "self_attention.query_key_value.weight", dtype, [(nh + 2 * g) * hd, h]),
+            (p + "self_attention.query_key_value.bias", dtype, [(nh + 2 * g) * hd]),
+            (p + "self_attention.dense.weight", dtype, [h, nh * hd]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "mlp.dense_h_to_4h.weight", dtype, [2 * inter, h]),
+            (p + "mlp.dense_4h_to_h.weight", dtype, [h, inter]),
+        ]
     out += [("transformer.encoder.final_layernorm.weight", dtype, [h]), ("transformer.output_layer.weight", dtype, [c["padded_vocab_size"], h])]
     return out
 
@@ -769,9 +961,14 @@ def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list
         out += [(p + "input_layernorm.weight", dtype, [h]), (p + "input_layernorm.bias", dtype, [h])]
         for proj, rows, cols in (("q_proj", nh * hd, h), ("k_proj", nkv * hd, h), ("v_proj", nkv * hd, h), ("o_proj", h, nh * hd)):
             out += [(p + f"self_attn.{proj}.weight", dtype, [rows, cols]), (p + f"self_attn.{proj}.bias", dtype, [rows])]
-        out += [(p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
-                (p + "mlp.c_fc.weight", dtype, [inter, h]), (p + "mlp.c_fc.bias", dtype, [inter]),
-                (p + "mlp.c_proj.weight", dtype, [h, inter]), (p + "mlp.c_proj.bias", dtype, [h])]
+        out += [
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "post_attention_layernorm.bias", dtype, [h]),
+            (p + "mlp.c_fc.weight", dtype, [inter, h]),
+            (p + "mlp.c_fc.bias", dtype, [inter]),
+            (p + "mlp.c_proj.weight", dtype, [h, inter]),
+            (p + "mlp.c_proj.bias", dtype, [h]),
+        ]
     out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h])]
     return out
 
@@ -791,10 +988,14 @@ def stablelm_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[i
             out.append((p + f"self_attn.{proj}.weight", dtype, [rows, h]))
             if c.get("use_qkv_bias"):
                 out.append((p + f"self_attn.{proj}.bias", dtype, [rows]))
-        out += [(p + "self_attn.o_proj.weight", dtype, [h, h]),
-                (p + "post_attention_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.bias", dtype, [h]),
-                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
-                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+        out += [
+            (p + "self_attn.o_proj.weight", dtype, [h, h]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "post_attention_layernorm.bias", dtype, [h]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+        ]
     out += [("model.norm.weight", dtype, [h]), ("model.norm.bias", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
     return out
 
@@ -811,13 +1012,11 @@ def cohere_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out.append((p + "input_layernorm.weight", dtype, [h]))
-        for proj, shape in (("q_proj", [nh * hd, h]), ("k_proj", [nkv * hd, h]), ("v_proj", [nkv * hd, h]),
-                            ("o_proj", [h, nh * hd])):
+        for proj, shape in (("q_proj", [nh * hd, h]), ("k_proj", [nkv * hd, h]), ("v_proj", [nkv * hd, h]), ("o_proj", [h, nh * hd])):
             out.append((p + f"self_attn.{proj}.weight", dtype, shape))
         if c.get("use_qk_norm"):
             out += [(p + "self_attn.q_norm.weight", dtype, [nh, hd]), (p + "self_attn.k_norm.weight", dtype, [nkv, hd])]
-        out += [(p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
-                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+        out += [(p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]), (p + "mlp.down_proj.weight", dtype, [h, inter])]
     out.append(("model.norm.weight", dtype, [h]))
     return out
 
@@ -858,8 +1057,7 @@ def cohere2_vision_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str,
         ("model.multi_modal_projector.linear_2.weight", dtype, [t["hidden_size"], inner // 2]),
         ("model.multi_modal_projector.linear_2.bias", dtype, [t["hidden_size"]]),
     ]
-    language = [("model.language_model." + name.removeprefix("model."), d, shape)
-                for name, d, shape in cohere_tensors(t, dtype)]
+    language = [("model.language_model." + name.removeprefix("model."), d, shape) for name, d, shape in cohere_tensors(t, dtype)]
     return siglip_tensors(v, "model.vision_tower.vision_model.", dtype) + projector + language
 
 
@@ -875,8 +1073,12 @@ def ovis2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int
     qkv, mlp, stride = v.get("qkv_bias", False), v.get("mlp_bias", False), v.get("hidden_stride", 1)
     words = v["vocab_size"] - v.get("num_visual_indicator_tokens", 5)
     e = "model.vision_tower.transformer.embeddings."
-    out = [(e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]), (e + "patch_embedding.bias", dtype, [h]),
-           (e + "position_embedding.weight", dtype, [(size // p) ** 2, h]), (e + "rms_norm.weight", dtype, [h])]
+    out = [
+        (e + "patch_embedding.weight", dtype, [h, v.get("num_channels", 3), p, p]),
+        (e + "patch_embedding.bias", dtype, [h]),
+        (e + "position_embedding.weight", dtype, [(size // p) ** 2, h]),
+        (e + "rms_norm.weight", dtype, [h]),
+    ]
     for i in range(v["num_hidden_layers"]):
         q = f"model.vision_tower.transformer.encoder.layers.{i}."
         for proj in ("k_proj", "v_proj", "q_proj", "out_proj"):
@@ -888,10 +1090,13 @@ def ovis2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int
             if mlp:
                 out.append((q + f"ffn.{proj}.bias", dtype, shape[:1]))
         out += [(q + "rms_norm1.weight", dtype, [h]), (q + "rms_norm2.weight", dtype, [h])]
-    out += [("model.vision_tower.transformer.rms_norm.weight", dtype, [h]),
-            ("model.vision_tower.head_linear.weight", dtype, [words, h * stride * stride]),
-            ("model.vision_tower.head_norm.weight", dtype, [words]), ("model.vision_tower.head_norm.bias", dtype, [words]),
-            ("model.visual_embeddings_table.weight", dtype, [v["vocab_size"], t["hidden_size"]])]
+    out += [
+        ("model.vision_tower.transformer.rms_norm.weight", dtype, [h]),
+        ("model.vision_tower.head_linear.weight", dtype, [words, h * stride * stride]),
+        ("model.vision_tower.head_norm.weight", dtype, [words]),
+        ("model.vision_tower.head_norm.bias", dtype, [words]),
+        ("model.visual_embeddings_table.weight", dtype, [v["vocab_size"], t["hidden_size"]]),
+    ]
     head = None if c.get("tie_word_embeddings", True) else "lm_head.weight"
     return out + llama_tensors(t, prefix="model.language_model.", head=head, dtype=dtype, qkv_bias=True)
 
@@ -906,20 +1111,23 @@ def idefics2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[i
     h, vh, inter = t["hidden_size"], v["hidden_size"], t["intermediate_size"]
     heads, kv, hd = r.get("resampler_n_heads", 16), r.get("num_key_value_heads", 4), r.get("resampler_head_dim", 96)
     m = "model.connector.modality_projection."
-    connector = [(m + "gate_proj.weight", dtype, [inter, vh]), (m + "up_proj.weight", dtype, [inter, vh]),
-                 (m + "down_proj.weight", dtype, [h, inter])]
+    connector = [(m + "gate_proj.weight", dtype, [inter, vh]), (m + "up_proj.weight", dtype, [inter, vh]), (m + "down_proj.weight", dtype, [h, inter])]
     q = "model.connector.perceiver_resampler."
     connector.append((q + "latents", dtype, [r.get("resampler_n_latents", 64), h]))
     for i in range(r.get("resampler_depth", 3)):
         layer = f"{q}layers.{i}."
-        connector += [(layer + "input_latents_norm.weight", dtype, [h]), (layer + "input_context_norm.weight", dtype, [h]),
-                      (layer + "self_attn.q_proj.weight", dtype, [heads * hd, h]),
-                      (layer + "self_attn.k_proj.weight", dtype, [kv * hd, h]),
-                      (layer + "self_attn.v_proj.weight", dtype, [kv * hd, h]),
-                      (layer + "self_attn.o_proj.weight", dtype, [h, heads * hd]),
-                      (layer + "post_attention_layernorm.weight", dtype, [h]),
-                      (layer + "mlp.gate_proj.weight", dtype, [4 * h, h]), (layer + "mlp.up_proj.weight", dtype, [4 * h, h]),
-                      (layer + "mlp.down_proj.weight", dtype, [h, 4 * h])]
+        connector += [
+            (layer + "input_latents_norm.weight", dtype, [h]),
+            (layer + "input_context_norm.weight", dtype, [h]),
+            (layer + "self_attn.q_proj.weight", dtype, [heads * hd, h]),
+            (layer + "self_attn.k_proj.weight", dtype, [kv * hd, h]),
+            (layer + "self_attn.v_proj.weight", dtype, [kv * hd, h]),
+            (layer + "self_attn.o_proj.weight", dtype, [h, heads * hd]),
+            (layer + "post_attention_layernorm.weight", dtype, [h]),
+            (layer + "mlp.gate_proj.weight", dtype, [4 * h, h]),
+            (layer + "mlp.up_proj.weight", dtype, [4 * h, h]),
+            (layer + "mlp.down_proj.weight", dtype, [h, 4 * h]),
+        ]
     connector.append((q + "norm.weight", dtype, [h]))
     return siglip_tensors(v, "model.vision_model.", dtype) + connector + llama_tensors(t, prefix="model.text_model.", dtype=dtype)
 
@@ -942,6 +1150,7 @@ def bnb_4bit_tensors(c: dict) -> list[tuple[str, str, list[int]]]:
 
 
 # --------------------------------------------------------------------------- writing
+
 
 def header_bytes(tensors: list[tuple[str, str, list[int]]]) -> tuple[bytes, int]:
     """(length prefix + JSON header, size of the data section it describes)."""
@@ -967,41 +1176,66 @@ def mllama_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     vh, vi, tiles = v["hidden_size"], v["intermediate_size"], v["max_num_tiles"]
     ratios = len(v["supported_aspect_ratios"]) + 1
     positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
-    out = [("vision_model.class_embedding", dtype, [vh]),
-           ("vision_model.patch_embedding.weight", dtype, [vh, v["num_channels"], v["patch_size"], v["patch_size"]]),
-           ("vision_model.gated_positional_embedding.gate", dtype, [1]),
-           ("vision_model.gated_positional_embedding.embedding", dtype, [positions, vh]),
-           ("vision_model.gated_positional_embedding.tile_embedding.weight", dtype, [ratios, tiles * positions * vh])]
+    out = [
+        ("vision_model.class_embedding", dtype, [vh]),
+        ("vision_model.patch_embedding.weight", dtype, [vh, v["num_channels"], v["patch_size"], v["patch_size"]]),
+        ("vision_model.gated_positional_embedding.gate", dtype, [1]),
+        ("vision_model.gated_positional_embedding.embedding", dtype, [positions, vh]),
+        ("vision_model.gated_positional_embedding.tile_embedding.weight", dtype, [ratios, tiles * positions * vh]),
+    ]
     for side in ("pre", "post"):
-        out += [(f"vision_model.{side}_tile_positional_embedding.gate", dtype, [1]),
-                (f"vision_model.{side}_tile_positional_embedding.embedding.weight", dtype, [ratios, tiles * vh]),
-                (f"vision_model.layernorm_{side}.weight", dtype, [vh]), (f"vision_model.layernorm_{side}.bias", dtype, [vh])]
+        out += [
+            (f"vision_model.{side}_tile_positional_embedding.gate", dtype, [1]),
+            (f"vision_model.{side}_tile_positional_embedding.embedding.weight", dtype, [ratios, tiles * vh]),
+            (f"vision_model.layernorm_{side}.weight", dtype, [vh]),
+            (f"vision_model.layernorm_{side}.bias", dtype, [vh]),
+        ]
     for stack, count in (("transformer", v["num_hidden_layers"]), ("global_transformer", v["num_global_layers"])):
         for i in range(count):
             p = f"vision_model.{stack}.layers.{i}."
             out += [(p + f"self_attn.{proj}.weight", dtype, [vh, vh]) for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
-            out += [(p + "mlp.fc1.weight", dtype, [vi, vh]), (p + "mlp.fc1.bias", dtype, [vi]),
-                    (p + "mlp.fc2.weight", dtype, [vh, vi]), (p + "mlp.fc2.bias", dtype, [vh])]
+            out += [
+                (p + "mlp.fc1.weight", dtype, [vi, vh]),
+                (p + "mlp.fc1.bias", dtype, [vi]),
+                (p + "mlp.fc2.weight", dtype, [vh, vi]),
+                (p + "mlp.fc2.bias", dtype, [vh]),
+            ]
             for norm in ("input_layernorm", "post_attention_layernorm"):
                 out += [(p + f"{norm}.weight", dtype, [vh]), (p + f"{norm}.bias", dtype, [vh])]
             if stack == "global_transformer":
                 out += [(p + "gate_attn", dtype, [1]), (p + "gate_ffn", dtype, [1])]
     h, inter, nh, nkv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
     hd = h // nh
-    out += [("multi_modal_projector.weight", dtype, [h, v["vision_output_dim"]]), ("multi_modal_projector.bias", dtype, [h]),
-            ("language_model.model.embed_tokens.weight", dtype, [t["vocab_size"] + 8, h]),
-            ("language_model.model.norm.weight", dtype, [h]), ("language_model.lm_head.weight", dtype, [t["vocab_size"], h])]
+    out += [
+        ("multi_modal_projector.weight", dtype, [h, v["vision_output_dim"]]),
+        ("multi_modal_projector.bias", dtype, [h]),
+        ("language_model.model.embed_tokens.weight", dtype, [t["vocab_size"] + 8, h]),
+        ("language_model.model.norm.weight", dtype, [h]),
+        ("language_model.lm_head.weight", dtype, [t["vocab_size"], h]),
+    ]
     for i in range(t["num_hidden_layers"]):
         p = f"language_model.model.layers.{i}."
         a = p + ("cross_attn." if i in t["cross_attention_layers"] else "self_attn.")
-        out += [(a + "q_proj.weight", dtype, [nh * hd, h]), (a + "k_proj.weight", dtype, [nkv * hd, h]),
-                (a + "v_proj.weight", dtype, [nkv * hd, h]), (a + "o_proj.weight", dtype, [h, nh * hd])]
+        out += [
+            (a + "q_proj.weight", dtype, [nh * hd, h]),
+            (a + "k_proj.weight", dtype, [nkv * hd, h]),
+            (a + "v_proj.weight", dtype, [nkv * hd, h]),
+            (a + "o_proj.weight", dtype, [h, nh * hd]),
+        ]
         if i in t["cross_attention_layers"]:
-            out += [(a + "q_norm.weight", dtype, [hd]), (a + "k_norm.weight", dtype, [hd]),
-                    (p + "cross_attn_attn_gate", dtype, [1]), (p + "cross_attn_mlp_gate", dtype, [1])]
-        out += [(p + "input_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.weight", dtype, [h]),
-                (p + "mlp.gate_proj.weight", dtype, [inter, h]), (p + "mlp.up_proj.weight", dtype, [inter, h]),
-                (p + "mlp.down_proj.weight", dtype, [h, inter])]
+            out += [
+                (a + "q_norm.weight", dtype, [hd]),
+                (a + "k_norm.weight", dtype, [hd]),
+                (p + "cross_attn_attn_gate", dtype, [1]),
+                (p + "cross_attn_mlp_gate", dtype, [1]),
+            ]
+        out += [
+            (p + "input_layernorm.weight", dtype, [h]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+        ]
     return out
 
 
@@ -1020,24 +1254,37 @@ def deepseek_v2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, li
         p = f"model.layers.{i}."
         a = p + "self_attn."
         if c.get("q_lora_rank"):
-            out += [(a + "q_a_proj.weight", dtype, [c["q_lora_rank"], h]), (a + "q_a_layernorm.weight", dtype, [c["q_lora_rank"]]),
-                    (a + "q_b_proj.weight", dtype, [nh * qk, c["q_lora_rank"]])]
+            out += [
+                (a + "q_a_proj.weight", dtype, [c["q_lora_rank"], h]),
+                (a + "q_a_layernorm.weight", dtype, [c["q_lora_rank"]]),
+                (a + "q_b_proj.weight", dtype, [nh * qk, c["q_lora_rank"]]),
+            ]
         else:
             out.append((a + "q_proj.weight", dtype, [nh * qk, h]))
-        out += [(a + "kv_a_proj_with_mqa.weight", dtype, [kv + rope, h]), (a + "kv_a_layernorm.weight", dtype, [kv]),
-                (a + "kv_b_proj.weight", dtype, [nh * (qk - rope + v), kv]), (a + "o_proj.weight", dtype, [h, nh * v])]
+        out += [
+            (a + "kv_a_proj_with_mqa.weight", dtype, [kv + rope, h]),
+            (a + "kv_a_layernorm.weight", dtype, [kv]),
+            (a + "kv_b_proj.weight", dtype, [nh * (qk - rope + v), kv]),
+            (a + "o_proj.weight", dtype, [h, nh * v]),
+        ]
         m = p + "mlp."
         if i < c["first_k_dense_replace"]:
             out += [(m + "gate_proj.weight", dtype, [inter, h]), (m + "up_proj.weight", dtype, [inter, h]), (m + "down_proj.weight", dtype, [h, inter])]
         else:
             for e in range(c["n_routed_experts"]):
-                out += [(m + f"experts.{e}.gate_proj.weight", dtype, [f, h]), (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
-                        (m + f"experts.{e}.down_proj.weight", dtype, [h, f])]
+                out += [
+                    (m + f"experts.{e}.gate_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.up_proj.weight", dtype, [f, h]),
+                    (m + f"experts.{e}.down_proj.weight", dtype, [h, f]),
+                ]
             if c["model_type"] == "deepseek_v3":  # noaux_tc routing's correction bias, fp32 as DeepSeek-V3's checkpoint
                 out.append((m + "gate.e_score_correction_bias", "F32", [c["n_routed_experts"]]))
-            out += [(m + "gate.weight", dtype, [c["n_routed_experts"], h]),
-                    (m + "shared_experts.gate_proj.weight", dtype, [fs, h]), (m + "shared_experts.up_proj.weight", dtype, [fs, h]),
-                    (m + "shared_experts.down_proj.weight", dtype, [h, fs])]
+            out += [
+                (m + "gate.weight", dtype, [c["n_routed_experts"], h]),
+                (m + "shared_experts.gate_proj.weight", dtype, [fs, h]),
+                (m + "shared_experts.up_proj.weight", dtype, [fs, h]),
+                (m + "shared_experts.down_proj.weight", dtype, [h, fs]),
+            ]
         out += [(p + "input_layernorm.weight", dtype, [h]), (p + "post_attention_layernorm.weight", dtype, [h])]
     out += [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
     return out
@@ -1091,230 +1338,711 @@ def hub_cache(cache: Path, repo: str, fixture: str, commit: str = "0123456789abc
 # --------------------------------------------------------------------------- the fixtures
 
 LLAMA_2_7B = {
-    "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
-    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
-    "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
-    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": True,
+    "_name_or_path": "meta-llama/Llama-2-7b-hf",
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.31.0.dev0",
+    "use_cache": True,
     "vocab_size": 32000,
 }
 LLAMA_3_8B = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
-    "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
-    "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True,
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0",
+    "use_cache": True,
     "vocab_size": 128256,
 }
 LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
-    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
-    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
-    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
     "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
-    "use_cache": True, "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
 }
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 128,
-    "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256,
-    "tie_word_embeddings": False, "torch_dtype": "float16",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "model_type": "llama",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
 }
 MISTRAL_7B_V01 = {
-    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
-    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
-    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
-    "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
-    "use_cache": True, "vocab_size": 32000,
+    "architectures": ["MistralForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.34.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
 }
 MIXTRAL_8X7B_V01 = {
-    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
-    "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
-    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False, "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000,
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
 }
 QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
-    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
-    "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
-    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
-    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
-    "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
-    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
     "vocab_size": 151936,
 }
 # the released config.json files (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen2-57B-A14B); neither writes
 # qkv_bias or mlp_only_layers (Qwen2MoeConfig's defaults: true, [])
 QWEN1_5_MOE_A2_7B = {
-    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
-    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
-    "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
-    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
-    "num_key_value_heads": 16, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True, "use_sliding_window": False,
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 5632,
+    "max_position_embeddings": 8192,
+    "max_window_layers": 21,
+    "model_type": "qwen2_moe",
+    "moe_intermediate_size": 1408,
+    "norm_topk_prob": False,
+    "num_attention_heads": 16,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 16,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 5632,
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0",
+    "use_cache": True,
+    "use_sliding_window": False,
     "vocab_size": 151936,
 }
 # the released config.json files (deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V2), less
 # auto_map (the remote code's class names, which transformers 5 does not read)
 DEEPSEEK_V2_LITE = {
-    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
-    "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
-    "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
-    "model_type": "deepseek_v2", "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
-    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
-    "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 10944,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "norm_topk_prob": False,
+    "num_attention_heads": 16,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "pretraining_tp": 1,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
     "rms_norm_eps": 1e-06,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
-    "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
-    "v_head_dim": 128, "vocab_size": 102400,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 102400,
 }
 DEEPSEEK_V2 = {
-    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.003,
-    "bos_token_id": 100000, "eos_token_id": 100001, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
-    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 12288, "kv_lora_rank": 512,
-    "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1536, "moe_layer_freq": 1,
-    "n_group": 8, "n_routed_experts": 160, "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 128,
-    "num_experts_per_tok": 6, "num_hidden_layers": 60, "num_key_value_heads": 128, "pretraining_tp": 1, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
-    "topk_group": 3, "topk_method": "group_limited_greedy", "torch_dtype": "bfloat16", "transformers_version": "4.39.3",
-    "use_cache": True, "v_head_dim": 128, "vocab_size": 102400,
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.003,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "ep_size": 1,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1536,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 160,
+    "n_shared_experts": 2,
+    "norm_topk_prob": False,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 60,
+    "num_key_value_heads": 128,
+    "pretraining_tp": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 16.0,
+    "scoring_func": "softmax",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 3,
+    "topk_method": "group_limited_greedy",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.39.3",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 102400,
 }
 # moonshotai/Moonlight-16B-A3B's released config.json (model_type deepseek_v3, bf16 weights, no
 # multi-token-prediction layers), less auto_map
 MOONLIGHT_16B_A3B = {
-    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
-    "bos_token_id": 163584, "eos_token_id": 163586, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
-    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 11264, "kv_lora_rank": 512,
-    "max_position_embeddings": 8192, "model_type": "deepseek_v3", "moe_intermediate_size": 1408, "moe_layer_freq": 1,
-    "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 16,
-    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16, "num_nextn_predict_layers": 0,
-    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
-    "rope_theta": 50000.0, "routed_scaling_factor": 2.446, "scoring_func": "sigmoid", "seq_aux": True,
-    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
-    "transformers_version": "4.46.3", "use_cache": True, "v_head_dim": 128, "vocab_size": 163840,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+    "ep_size": 1,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 11264,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 8192,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "norm_topk_prob": True,
+    "num_attention_heads": 16,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "num_nextn_predict_layers": 0,
+    "pretraining_tp": 1,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 50000.0,
+    "routed_scaling_factor": 2.446,
+    "scoring_func": "sigmoid",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.3",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 163840,
 }
 QWEN2_57B_A14B = {
-    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
-    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
-    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2_moe", "moe_intermediate_size": 2560,
-    "norm_topk_prob": False, "num_attention_heads": 28, "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28,
-    "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 20480, "sliding_window": 131072, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False,
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2_moe",
+    "moe_intermediate_size": 2560,
+    "norm_topk_prob": False,
+    "num_attention_heads": 28,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 20480,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1",
+    "use_cache": True,
+    "use_sliding_window": False,
     "vocab_size": 151936,
 }
 QWEN2_5_7B = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
-    "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
-    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
-    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
-    "use_mrope": False, "use_sliding_window": False, "vocab_size": 152064,
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_mrope": False,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
 }
 QWEN2_5_0_5B = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
-    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
-    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
-    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": 151936,
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
 }
 QWEN3_8B = {
-    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
-    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-    "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
-    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
-    "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
 }
 PHI_3_MINI_4K = {
-    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
-    "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
-    "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
-    "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True,
+    "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 32000,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "model_type": "phi3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000,
+    "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "sliding_window": 2047,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.2",
+    "use_cache": True,
     "vocab_size": 32064,
 }
 # google/gemma-2-2b and google/gemma-2-9b, config.json as of the repos' main (revision of
 # 2024-07/08; weights stored in float32, the 2B in 3 shards, the 9B in 8).
 GEMMA_2_2B = {
-    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
-    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
-    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
-    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
-    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
-    "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": True,
+    "architectures": ["Gemma2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "initializer_range": 0.02,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "model_type": "gemma2",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "torch_dtype": "float32",
+    "transformers_version": "4.42.4",
+    "use_cache": True,
     "vocab_size": 256000,
 }
 GEMMA_2_9B = {
-    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
-    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
-    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "initializer_range": 0.02,
-    "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
-    "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
-    "rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
-    "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 256000,
+    "architectures": ["Gemma2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "gemma2",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 42,
+    "num_key_value_heads": 8,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "sliding_window_size": 4096,
+    "torch_dtype": "float32",
+    "transformers_version": "4.42.0.dev0",
+    "use_cache": True,
+    "vocab_size": 256000,
 }
 # google/gemma-2b, config.json as of the repo's main (2024-02; bfloat16, 2 shards). Its
 # hidden_act "gelu" is the tanh approximation: GemmaConfig rewrites it to gelu_pytorch_tanh.
 GEMMA_2B = {
-    "architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": 1,
-    "head_dim": 256, "hidden_act": "gelu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 16384,
-    "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 8, "num_hidden_layers": 18,
-    "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0,
-    "torch_dtype": "bfloat16", "transformers_version": "4.38.0.dev0", "use_cache": True, "vocab_size": 256000,
+    "architectures": ["GemmaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "head_dim": 256,
+    "hidden_act": "gelu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 16384,
+    "max_position_embeddings": 8192,
+    "model_type": "gemma",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 18,
+    "num_key_value_heads": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.38.0.dev0",
+    "use_cache": True,
+    "vocab_size": 256000,
 }
 # google/gemma-3-1b-pt, config.json as of the repo's main (2025-03; one bfloat16 shard).
 GEMMA_3_1B = {
-    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
-    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": None, "head_dim": 256,
-    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912,
-    "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
-    "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
-    "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
-    "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "architectures": ["Gemma3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": None,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152,
+    "initializer_range": 0.02,
+    "intermediate_size": 6912,
+    "max_position_embeddings": 32768,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 1,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0",
+    "use_cache": True,
     "vocab_size": 262144,
 }
 # google/paligemma-3b-pt-224 (2024-05, float32, 3 shards) and google/paligemma2-3b-pt-448
 # (2024-12, bfloat16, 2 shards), config.json as of the repos' main.
 PALIGEMMA_3B_PT_224 = {
-    "architectures": ["PaliGemmaForConditionalGeneration"], "bos_token_id": 2, "eos_token_id": 1, "hidden_size": 2048,
-    "ignore_index": -100, "image_token_index": 257152, "model_type": "paligemma", "pad_token_id": 0, "projection_dim": 2048,
+    "architectures": ["PaliGemmaForConditionalGeneration"],
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "hidden_size": 2048,
+    "ignore_index": -100,
+    "image_token_index": 257152,
+    "model_type": "paligemma",
+    "pad_token_id": 0,
+    "projection_dim": 2048,
     "text_config": {
-        "hidden_size": 2048, "intermediate_size": 16384, "model_type": "gemma", "num_attention_heads": 8, "num_hidden_layers": 18,
-        "num_image_tokens": 256, "num_key_value_heads": 1, "torch_dtype": "float32", "vocab_size": 257216,
+        "hidden_size": 2048,
+        "intermediate_size": 16384,
+        "model_type": "gemma",
+        "num_attention_heads": 8,
+        "num_hidden_layers": 18,
+        "num_image_tokens": 256,
+        "num_key_value_heads": 1,
+        "torch_dtype": "float32",
+        "vocab_size": 257216,
     },
-    "torch_dtype": "float32", "transformers_version": "4.41.0.dev0",
+    "torch_dtype": "float32",
+    "transformers_version": "4.41.0.dev0",
     "vision_config": {
-        "hidden_size": 1152, "intermediate_size": 4304, "model_type": "siglip_vision_model", "num_attention_heads": 16,
-        "num_hidden_layers": 27, "num_image_tokens": 256, "patch_size": 14, "projection_dim": 2048,
-        "projector_hidden_act": "gelu_fast", "vision_use_head": False,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "num_image_tokens": 256,
+        "patch_size": 14,
+        "projection_dim": 2048,
+        "projector_hidden_act": "gelu_fast",
+        "vision_use_head": False,
     },
 }
 PALIGEMMA2_3B_PT_448 = {
-    "architectures": ["PaliGemmaForConditionalGeneration"], "bos_token_id": 2, "eos_token_id": 1, "hidden_size": 2048,
-    "image_token_index": 257152, "model_type": "paligemma", "pad_token_id": 0, "projection_dim": 2304,
+    "architectures": ["PaliGemmaForConditionalGeneration"],
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "hidden_size": 2048,
+    "image_token_index": 257152,
+    "model_type": "paligemma",
+    "pad_token_id": 0,
+    "projection_dim": 2304,
     "text_config": {
-        "attn_logit_softcapping": 50.0, "cache_implementation": "hybrid", "final_logit_softcapping": 30.0, "head_dim": 256,
-        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "intermediate_size": 9216, "model_type": "gemma2",
-        "num_attention_heads": 8, "num_hidden_layers": 26, "num_image_tokens": 1024, "num_key_value_heads": 4,
-        "query_pre_attn_scalar": 256, "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 257216,
+        "attn_logit_softcapping": 50.0,
+        "cache_implementation": "hybrid",
+        "final_logit_softcapping": 30.0,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "model_type": "gemma2",
+        "num_attention_heads": 8,
+        "num_hidden_layers": 26,
+        "num_image_tokens": 1024,
+        "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 257216,
     },
-    "torch_dtype": "bfloat16", "transformers_version": "4.47.0.dev0",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.47.0.dev0",
     "vision_config": {
-        "hidden_size": 1152, "image_size": 448, "intermediate_size": 4304, "model_type": "siglip_vision_model",
-        "num_attention_heads": 16, "num_hidden_layers": 27, "num_image_tokens": 1024, "num_positions": 1024, "patch_size": 14,
-        "projection_dim": 2304, "torch_dtype": "bfloat16", "vision_use_head": False,
+        "hidden_size": 1152,
+        "image_size": 448,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "num_image_tokens": 1024,
+        "num_positions": 1024,
+        "patch_size": 14,
+        "projection_dim": 2304,
+        "torch_dtype": "bfloat16",
+        "vision_use_head": False,
     },
 }
 # google/paligemma2-3b-pt-896 (2024-12, bfloat16, 2 shards): the 448 checkpoint's config with
@@ -1331,24 +2059,45 @@ PALIGEMMA2_3B_PT_896 = {
 # intermediate 15360, 48 layers, 16 heads, 8 key-value heads) are the published values; both
 # checked against the published parameter counts (4,300,079,472 and 12,187,325,040).
 GEMMA_3_4B_IT = {
-    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
-    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "initializer_range": 0.02,
+    "mm_tokens_per_image": 256,
     "model_type": "gemma3",
     "text_config": {
-        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
-        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
     },
-    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0",
     "vision_config": {
-        "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
-        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False,
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
     },
 }
 GEMMA_3_12B_IT = {
     **GEMMA_3_4B_IT,
     "text_config": {
-        "hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text", "num_attention_heads": 16,
-        "num_hidden_layers": 48, "num_key_value_heads": 8, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "hidden_size": 3840,
+        "intermediate_size": 15360,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
         "sliding_window": 1024,
     },
 }
@@ -1358,37 +2107,76 @@ GEMMA_3_12B_IT = {
 GEMMA_3_27B_IT = {
     **GEMMA_3_4B_IT,
     "text_config": {
-        "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
-        "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
-        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+        "head_dim": 128,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 62,
+        "num_key_value_heads": 16,
+        "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
     },
 }
 # HuggingFaceTB/SmolVLM-Instruct (2024-11; model_type idefics3, one bfloat16 shard) and
 # HuggingFaceM4/Idefics3-8B-Llama3 (2024-08; bfloat16, 4 shards), config.json and
 # preprocessor_config.json as of the repos' main (the generation-only keys left out).
 SMOLVLM_INSTRUCT = {
-    "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 49190, "model_type": "idefics3",
+    "architectures": ["Idefics3ForConditionalGeneration"],
+    "image_token_id": 49190,
+    "model_type": "idefics3",
     "scale_factor": 3,
     "text_config": {
-        "_name_or_path": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "architectures": ["VLlama3ForCausalLM"],
-        "hidden_size": 2048, "intermediate_size": 8192, "max_position_embeddings": 16384, "model_type": "llama",
-        "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": 32, "pad_token_id": 2,
-        "rms_norm_eps": 1e-05, "rope_theta": 273768.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "_name_or_path": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+        "architectures": ["VLlama3ForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 16384,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 32,
+        "pad_token_id": 2,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 273768.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
         "vocab_size": 49155,
     },
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.0.dev0",
+    "use_cache": True,
     "vision_config": {
-        "hidden_size": 1152, "image_size": 384, "intermediate_size": 4304, "max_image_size": {"longest_edge": 384},
-        "model_type": "idefics3", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
-        "size": {"longest_edge": 1536}, "tie_word_embeddings": False,
+        "hidden_size": 1152,
+        "image_size": 384,
+        "intermediate_size": 4304,
+        "max_image_size": {"longest_edge": 384},
+        "model_type": "idefics3",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "size": {"longest_edge": 1536},
+        "tie_word_embeddings": False,
     },
     "vocab_size": 49155,
 }
 SMOLVLM_INSTRUCT_PROCESSOR = {
-    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
-    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
-    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "Idefics3Processor",
-    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 384},
+    "processor_class": "Idefics3Processor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1536},
 }
 # HuggingFaceTB/SmolVLM2-500M-Video-Instruct (2025-02; model_type smolvlm, one bfloat16 shard):
 # NB reconstructed, not copied: the keys memory depends on, with the values the published model
@@ -1397,27 +2185,61 @@ SMOLVLM_INSTRUCT_PROCESSOR = {
 # SmolVLM2's video_sampling in preprocessor_config.json. The import and measuring tests need its
 # shapes, not its exact file.
 SMOLVLM2_500M = {
-    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190, "model_type": "smolvlm",
+    "architectures": ["SmolVLMForConditionalGeneration"],
+    "image_token_id": 49190,
+    "model_type": "smolvlm",
     "scale_factor": 4,
     "text_config": {
-        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_act": "silu", "hidden_size": 960,
-        "intermediate_size": 2560, "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 15,
-        "num_hidden_layers": 32, "num_key_value_heads": 5, "pad_token_id": 2, "rms_norm_eps": 1e-05, "rope_theta": 100000,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 49280,
+        "architectures": ["VLlama3ForCausalLM"],
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "max_position_embeddings": 8192,
+        "model_type": "llama",
+        "num_attention_heads": 15,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 5,
+        "pad_token_id": 2,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 100000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 49280,
     },
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0",
+    "use_cache": True,
     "vision_config": {
-        "hidden_size": 768, "image_size": 512, "intermediate_size": 3072, "max_image_size": {"longest_edge": 512},
-        "model_type": "smolvlm_vision", "num_attention_heads": 12, "num_hidden_layers": 12, "patch_size": 16,
-        "size": {"longest_edge": 2048}, "tie_word_embeddings": False,
+        "hidden_size": 768,
+        "image_size": 512,
+        "intermediate_size": 3072,
+        "max_image_size": {"longest_edge": 512},
+        "model_type": "smolvlm_vision",
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "patch_size": 16,
+        "size": {"longest_edge": 2048},
+        "tie_word_embeddings": False,
     },
     "vocab_size": 49280,
 }
 SMOLVLM2_500M_PROCESSOR = {
-    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
-    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SmolVLMImageProcessor",
-    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 512}, "processor_class": "SmolVLMProcessor",
-    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 2048},
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "SmolVLMImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 512},
+    "processor_class": "SmolVLMProcessor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 2048},
     "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 512}},
 }
 # HuggingFaceTB/SmolVLM2-2.2B-Instruct (2025-02; model_type smolvlm, bfloat16): NB reconstructed,
@@ -1426,141 +2248,374 @@ SMOLVLM2_500M_PROCESSOR = {
 # heads and 32 KV heads, intermediate 8192, untied head; SmolVLM2's vocabulary of 49280; images
 # resized to 1536 px) and SmolVLM2's video_sampling in preprocessor_config.json.
 SMOLVLM2_2_2B = {
-    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190, "model_type": "smolvlm",
+    "architectures": ["SmolVLMForConditionalGeneration"],
+    "image_token_id": 49190,
+    "model_type": "smolvlm",
     "scale_factor": 3,
     "text_config": {
-        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
-        "intermediate_size": 8192, "max_position_embeddings": 16384, "model_type": "llama", "num_attention_heads": 32,
-        "num_hidden_layers": 24, "num_key_value_heads": 32, "pad_token_id": 2, "rms_norm_eps": 1e-05,
-        "rope_theta": 273768.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 49280,
+        "architectures": ["VLlama3ForCausalLM"],
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 16384,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 32,
+        "pad_token_id": 2,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 273768.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 49280,
     },
-    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.50.0.dev0", "use_cache": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.50.0.dev0",
+    "use_cache": True,
     "vision_config": {
-        "hidden_size": 1152, "image_size": 384, "intermediate_size": 4304, "max_image_size": {"longest_edge": 384},
-        "model_type": "smolvlm_vision", "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
-        "size": {"longest_edge": 1536}, "tie_word_embeddings": False,
+        "hidden_size": 1152,
+        "image_size": 384,
+        "intermediate_size": 4304,
+        "max_image_size": {"longest_edge": 384},
+        "model_type": "smolvlm_vision",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "size": {"longest_edge": 1536},
+        "tie_word_embeddings": False,
     },
     "vocab_size": 49280,
 }
 SMOLVLM2_2_2B_PROCESSOR = {
-    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
-    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SmolVLMImageProcessor",
-    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384}, "processor_class": "SmolVLMProcessor",
-    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536},
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "SmolVLMImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 384},
+    "processor_class": "SmolVLMProcessor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1536},
     "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 384}},
 }
 IDEFICS3_8B = {
-    "architectures": ["Idefics3ForConditionalGeneration"], "image_token_id": 128257, "model_type": "idefics3",
+    "architectures": ["Idefics3ForConditionalGeneration"],
+    "image_token_id": 128257,
+    "model_type": "idefics3",
     "scale_factor": 2,
     "text_config": {
-        "_name_or_path": "meta-llama/Meta-Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000,
-        "eos_token_id": [128001, 128008, 128009], "hidden_size": 4096, "intermediate_size": 14336,
-        "max_position_embeddings": 131072, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0,
-        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
-        "torch_dtype": "bfloat16", "vocab_size": 128259,
+        "_name_or_path": "meta-llama/Meta-Llama-3.1-8B-Instruct",
+        "architectures": ["LlamaForCausalLM"],
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 128259,
     },
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0",
+    "use_cache": True,
     "vision_config": {
-        "hidden_size": 1152, "image_size": 364, "intermediate_size": 4304, "model_type": "idefics3",
-        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+        "hidden_size": 1152,
+        "image_size": 364,
+        "intermediate_size": 4304,
+        "model_type": "idefics3",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
     },
 }
 IDEFICS3_8B_PROCESSOR = {
-    "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True, "do_rescale": True,
-    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
-    "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 364}, "processor_class": "Idefics3Processor",
-    "resample": 1, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1456},
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 364},
+    "processor_class": "Idefics3Processor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1456},
 }
 INTERNLM2_5_7B_CHAT = {
-    "architectures": ["InternLM2ForCausalLM"], "attn_implementation": "eager",
-    "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config", "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
-                 "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"},
-    "bias": False, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "internlm2", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 2.0, "type": "dynamic"}, "rope_theta": 1000000, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.41.0", "use_cache": True, "vocab_size": 92544,
+    "architectures": ["InternLM2ForCausalLM"],
+    "attn_implementation": "eager",
+    "auto_map": {
+        "AutoConfig": "configuration_internlm2.InternLM2Config",
+        "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
+        "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM",
+    },
+    "bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "internlm2",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pad_token_id": 2,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 2.0, "type": "dynamic"},
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.41.0",
+    "use_cache": True,
+    "vocab_size": 92544,
 }
 # EleutherAI/pythia-1.4b, config.json as of the repo's main (fp16 weights, one model.safetensors).
 PYTHIA_1_4B = {
-    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
-    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05,
-    "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 16, "num_hidden_layers": 24,
-    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
-    "transformers_version": "4.24.0", "use_cache": True, "use_parallel_residual": True, "vocab_size": 50304,
+    "architectures": ["GPTNeoXForCausalLM"],
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "hidden_act": "gelu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048,
+    "model_type": "gpt_neox",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 24,
+    "rotary_emb_base": 10000,
+    "rotary_pct": 0.25,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.24.0",
+    "use_cache": True,
+    "use_parallel_residual": True,
+    "vocab_size": 50304,
 }
 # microsoft/phi-2 and microsoft/phi-1_5, config.json as of the repos' main (the transformers-native
 # "phi" layout since transformers 4.37; fp16 weights, phi-2 in 2 shards).
 PHI_2 = {
-    "_name_or_path": "microsoft/phi-2", "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0,
-    "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560,
-    "initializer_range": 0.02, "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
-    "model_type": "phi", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
-    "partial_rotary_factor": 0.4, "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.37.0", "use_cache": True,
+    "_name_or_path": "microsoft/phi-2",
+    "architectures": ["PhiForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 50256,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 50256,
+    "hidden_act": "gelu_new",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 10240,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048,
+    "model_type": "phi",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "partial_rotary_factor": 0.4,
+    "qk_layernorm": False,
+    "resid_pdrop": 0.1,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.37.0",
+    "use_cache": True,
     "vocab_size": 51200,
 }
 PHI_1_5 = {
-    "_name_or_path": "microsoft/phi-1_5", "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0,
-    "bos_token_id": None, "embd_pdrop": 0.0, "eos_token_id": None, "hidden_act": "gelu_new", "hidden_size": 2048,
-    "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
-    "model_type": "phi", "num_attention_heads": 32, "num_hidden_layers": 24, "num_key_value_heads": None,
-    "partial_rotary_factor": 0.5, "qk_layernorm": False, "resid_pdrop": 0.0, "rope_scaling": None, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.37.0", "use_cache": True,
+    "_name_or_path": "microsoft/phi-1_5",
+    "architectures": ["PhiForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": None,
+    "embd_pdrop": 0.0,
+    "eos_token_id": None,
+    "hidden_act": "gelu_new",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048,
+    "model_type": "phi",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": None,
+    "partial_rotary_factor": 0.5,
+    "qk_layernorm": False,
+    "resid_pdrop": 0.0,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.37.0",
+    "use_cache": True,
     "vocab_size": 51200,
 }
 # tiiuae/falcon-40b, config.json as of the repo's main (transformers-native "falcon", bf16 weights in 9 shards).
 FALCON_40B = {
-    "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
-    "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
-    "hidden_size": 8192, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
-    "new_decoder_architecture": True, "num_attention_heads": 128, "num_hidden_layers": 60, "num_kv_heads": 8,
-    "parallel_attn": True, "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True,
+    "alibi": False,
+    "apply_residual_connection_post_layernorm": False,
+    "architectures": ["FalconForCausalLM"],
+    "attention_dropout": 0.0,
+    "bias": False,
+    "bos_token_id": 11,
+    "eos_token_id": 11,
+    "hidden_dropout": 0.0,
+    "hidden_size": 8192,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "model_type": "falcon",
+    "new_decoder_architecture": True,
+    "num_attention_heads": 128,
+    "num_hidden_layers": 60,
+    "num_kv_heads": 8,
+    "parallel_attn": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.27.4",
+    "use_cache": True,
     "vocab_size": 65024,
 }
 # THUDM/glm-4-9b-chat-hf and THUDM/GLM-4-9B-0414, config.json as of the repos' main
 # (transformers-native "glm" and "glm4"; bf16 weights in 4 shards).
 GLM_4_9B_CHAT_HF = {
-    "architectures": ["GlmForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
-    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 131072, "model_type": "glm",
-    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
-    "partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.46.0", "use_cache": True, "vocab_size": 151552,
+    "architectures": ["GlmForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 13696,
+    "max_position_embeddings": 131072,
+    "model_type": "glm",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 2,
+    "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1.5625e-07,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.0",
+    "use_cache": True,
+    "vocab_size": 151552,
 }
 GLM_4_9B_0414 = {
-    "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
-    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 32768, "model_type": "glm4",
-    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
-    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.51.3", "use_cache": True, "vocab_size": 151552,
+    "architectures": ["Glm4ForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 13696,
+    "max_position_embeddings": 32768,
+    "model_type": "glm4",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 2,
+    "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.3",
+    "use_cache": True,
+    "vocab_size": 151552,
 }
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
 CHATGLM3_6B = {
-    "_name_or_path": "THUDM/chatglm3-6b", "model_type": "chatglm", "architectures": ["ChatGLMModel"],
-    "add_bias_linear": False, "add_qkv_bias": True, "apply_query_key_layer_scaling": True,
-    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0, "attention_softmax_in_fp32": True,
-    "bias_dropout_fusion": True, "ffn_hidden_size": 13696, "fp32_residual_connection": False, "hidden_dropout": 0.0,
-    "hidden_size": 4096, "kv_channels": 128, "layernorm_epsilon": 1e-05, "multi_query_attention": True,
-    "multi_query_group_num": 2, "num_attention_heads": 32, "num_layers": 28, "original_rope": True,
-    "padded_vocab_size": 65024, "post_layer_norm": True, "rmsnorm": True, "seq_length": 8192, "use_cache": True,
-    "torch_dtype": "float16", "transformers_version": "4.30.2", "tie_word_embeddings": False, "eos_token_id": 2,
+    "_name_or_path": "THUDM/chatglm3-6b",
+    "model_type": "chatglm",
+    "architectures": ["ChatGLMModel"],
+    "add_bias_linear": False,
+    "add_qkv_bias": True,
+    "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False,
+    "attention_dropout": 0.0,
+    "attention_softmax_in_fp32": True,
+    "bias_dropout_fusion": True,
+    "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False,
+    "hidden_dropout": 0.0,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "layernorm_epsilon": 1e-05,
+    "multi_query_attention": True,
+    "multi_query_group_num": 2,
+    "num_attention_heads": 32,
+    "num_layers": 28,
+    "original_rope": True,
+    "padded_vocab_size": 65024,
+    "post_layer_norm": True,
+    "rmsnorm": True,
+    "seq_length": 8192,
+    "use_cache": True,
+    "torch_dtype": "float16",
+    "transformers_version": "4.30.2",
+    "tie_word_embeddings": False,
+    "eos_token_id": 2,
     "pad_token_id": 0,
 }
 GLM_4_9B_CHAT = {
-    "_name_or_path": "THUDM/glm-4-9b-chat", "model_type": "chatglm", "architectures": ["ChatGLMModel"],
-    "add_bias_linear": False, "add_qkv_bias": True, "apply_query_key_layer_scaling": True,
-    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0, "attention_softmax_in_fp32": True,
-    "attn_implementation": "sdpa", "bias_dropout_fusion": True, "ffn_hidden_size": 13696,
-    "fp32_residual_connection": False, "hidden_dropout": 0.0, "hidden_size": 4096, "kv_channels": 128,
-    "layernorm_epsilon": 1.5625e-07, "multi_query_attention": True, "multi_query_group_num": 2,
-    "num_attention_heads": 32, "num_hidden_layers": 40, "num_layers": 40, "rope_ratio": 500, "original_rope": True,
-    "padded_vocab_size": 151552, "post_layer_norm": True, "rmsnorm": True, "seq_length": 131072, "use_cache": True,
-    "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "tie_word_embeddings": False,
-    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
+    "_name_or_path": "THUDM/glm-4-9b-chat",
+    "model_type": "chatglm",
+    "architectures": ["ChatGLMModel"],
+    "add_bias_linear": False,
+    "add_qkv_bias": True,
+    "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False,
+    "attention_dropout": 0.0,
+    "attention_softmax_in_fp32": True,
+    "attn_implementation": "sdpa",
+    "bias_dropout_fusion": True,
+    "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False,
+    "hidden_dropout": 0.0,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "layernorm_epsilon": 1.5625e-07,
+    "multi_query_attention": True,
+    "multi_query_group_num": 2,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_layers": 40,
+    "rope_ratio": 500,
+    "original_rope": True,
+    "padded_vocab_size": 151552,
+    "post_layer_norm": True,
+    "rmsnorm": True,
+    "seq_length": 131072,
+    "use_cache": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.4",
+    "tie_word_embeddings": False,
+    "eos_token_id": [151329, 151336, 151338],
+    "pad_token_id": 151329,
 }
 # deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
 # deepseek-ai/deepseek-vl-1.3b-chat; one bfloat16 shard). NB reconstructed, not copied: the keys
@@ -1569,23 +2624,50 @@ GLM_4_9B_CHAT = {
 # attn_pool; the aligner's two linears 1024 -> 2048 -> 2048; DeepSeek-LLM-1.3B: 24 layers of
 # 2048, 16 heads, MLP 5632, vocabulary 102400, lm_head untied). 1,975,235,584 parameters.
 DEEPSEEK_VL_1_3B_CHAT = {
-    "architectures": ["DeepseekVLForConditionalGeneration"], "image_token_id": 100015, "model_type": "deepseek_vl",
+    "architectures": ["DeepseekVLForConditionalGeneration"],
+    "image_token_id": 100015,
+    "model_type": "deepseek_vl",
     "text_config": {
-        "bos_token_id": 100000, "eos_token_id": 100001, "hidden_size": 2048, "intermediate_size": 5632,
-        "max_position_embeddings": 16384, "model_type": "llama", "num_attention_heads": 16, "num_hidden_layers": 24,
-        "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "vocab_size": 102400,
+        "bos_token_id": 100000,
+        "eos_token_id": 100001,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "max_position_embeddings": 16384,
+        "model_type": "llama",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 16,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 102400,
     },
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.56.0.dev0",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.56.0.dev0",
     "vision_config": {
-        "hidden_size": 1024, "image_size": 384, "intermediate_size": 4096, "model_type": "siglip_vision_model",
-        "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 16,
+        "hidden_size": 1024,
+        "image_size": 384,
+        "intermediate_size": 4096,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 16,
     },
 }
 DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
-    "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
-    "image_processor_type": "DeepseekVLImageProcessorFast", "image_std": [0.5, 0.5, 0.5], "min_size": 14,
-    "processor_class": "DeepseekVLProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "DeepseekVLImageProcessorFast",
+    "image_std": [0.5, 0.5, 0.5],
+    "min_size": 14,
+    "processor_class": "DeepseekVLProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
     "size": {"height": 384, "width": 384},
 }
 # google/flan-t5-base, -large, -xl (fp32 weights; -xl in 2 shards) and google-t5/t5-base (the
@@ -1593,71 +2675,176 @@ DEEPSEEK_VL_1_3B_CHAT_PROCESSOR = {
 # released config.json's values as published, checked against the published parameter counts
 # (flan-t5-base 247_577_856, t5-base 222_903_552).
 _FLAN_T5 = {
-    "architectures": ["T5ForConditionalGeneration"], "d_kv": 64, "decoder_start_token_id": 0, "dense_act_fn": "gelu_new",
-    "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0,
-    "is_encoder_decoder": True, "is_gated_act": True, "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,
-    "output_past": True, "pad_token_id": 0, "relative_attention_max_distance": 128, "relative_attention_num_buckets": 32,
-    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.23.1", "use_cache": True,
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_kv": 64,
+    "decoder_start_token_id": 0,
+    "dense_act_fn": "gelu_new",
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu",
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "is_gated_act": True,
+    "layer_norm_epsilon": 1e-06,
+    "model_type": "t5",
+    "n_positions": 512,
+    "output_past": True,
+    "pad_token_id": 0,
+    "relative_attention_max_distance": 128,
+    "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.23.1",
+    "use_cache": True,
     "vocab_size": 32128,
 }
 FLAN_T5_BASE = {**_FLAN_T5, "d_ff": 2048, "d_model": 768, "num_decoder_layers": 12, "num_heads": 12, "num_layers": 12}
 FLAN_T5_LARGE = {**_FLAN_T5, "d_ff": 2816, "d_model": 1024, "num_decoder_layers": 24, "num_heads": 16, "num_layers": 24}
 FLAN_T5_XL = {**_FLAN_T5, "d_ff": 5120, "d_model": 2048, "num_decoder_layers": 24, "num_heads": 32, "num_layers": 24}
 T5_BASE = {
-    "architectures": ["T5ForConditionalGeneration"], "d_ff": 3072, "d_kv": 64, "d_model": 768, "decoder_start_token_id": 0,
-    "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": True,
-    "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 12, "num_layers": 12,
-    "output_past": True, "pad_token_id": 0, "relative_attention_num_buckets": 32, "vocab_size": 32128,
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_ff": 3072,
+    "d_kv": 64,
+    "d_model": 768,
+    "decoder_start_token_id": 0,
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06,
+    "model_type": "t5",
+    "n_positions": 512,
+    "num_heads": 12,
+    "num_layers": 12,
+    "output_past": True,
+    "pad_token_id": 0,
+    "relative_attention_num_buckets": 32,
+    "vocab_size": 32128,
 }
 # allenai/OLMo-2-0425-1B (fp32 weights, one model.safetensors). NB reconstructed, not copied: the
 # released config.json's values as published, checked against the published parameter count.
 # facebook/opt-1.3b and facebook/opt-6.7b, config.json as of the repos' main (fp16 weights; the
 # checkpoints were saved from OPTModel, their names start at decoder.; opt-6.7b in 2 shards).
 OPT_1_3B = {
-    "_name_or_path": "facebook/opt-1.3b", "activation_dropout": 0.0, "activation_function": "relu",
-    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True,
-    "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 8192, "hidden_size": 2048, "init_std": 0.02, "layerdrop": 0.0,
-    "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32, "num_hidden_layers": 24,
-    "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.21.0.dev0",
-    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 2048,
+    "_name_or_path": "facebook/opt-1.3b",
+    "activation_dropout": 0.0,
+    "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "do_layer_norm_before": True,
+    "dropout": 0.1,
+    "eos_token_id": 2,
+    "ffn_dim": 8192,
+    "hidden_size": 2048,
+    "init_std": 0.02,
+    "layerdrop": 0.0,
+    "max_position_embeddings": 2048,
+    "model_type": "opt",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 24,
+    "pad_token_id": 1,
+    "prefix": "</s>",
+    "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0",
+    "use_cache": True,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 2048,
 }
 OPT_6_7B = {
-    "_name_or_path": "facebook/opt-6.7b", "_remove_final_layer_norm": False, "activation_dropout": 0.0,
-    "activation_function": "relu", "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
-    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 16384, "hidden_size": 4096,
-    "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16",
-    "transformers_version": "4.21.0.dev0", "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 4096,
+    "_name_or_path": "facebook/opt-6.7b",
+    "_remove_final_layer_norm": False,
+    "activation_dropout": 0.0,
+    "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "do_layer_norm_before": True,
+    "dropout": 0.1,
+    "eos_token_id": 2,
+    "ffn_dim": 16384,
+    "hidden_size": 4096,
+    "init_std": 0.02,
+    "layerdrop": 0.0,
+    "max_position_embeddings": 2048,
+    "model_type": "opt",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "pad_token_id": 1,
+    "prefix": "</s>",
+    "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0",
+    "use_cache": True,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 4096,
 }
 # Salesforce/blip2-opt-2.7b, config.json and preprocessor_config.json as of the repo's main
 # (transformers 4.47's layout with image_token_index and num_query_tokens; fp32 weights in 2 shards,
 # with language_model.lm_head.weight stored beside the decoder's token table it is tied to).
 BLIP2_OPT_2_7B = {
-    "architectures": ["Blip2ForConditionalGeneration"], "image_text_hidden_size": 256, "image_token_index": 50265,
-    "initializer_factor": 1.0, "initializer_range": 0.02, "model_type": "blip-2", "num_query_tokens": 32,
+    "architectures": ["Blip2ForConditionalGeneration"],
+    "image_text_hidden_size": 256,
+    "image_token_index": 50265,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "model_type": "blip-2",
+    "num_query_tokens": 32,
     "qformer_config": {"classifier_dropout": None, "model_type": "blip_2_qformer"},
     "text_config": {
-        "_name_or_path": "facebook/opt-2.7b", "activation_dropout": 0.0, "architectures": ["OPTForCausalLM"],
-        "eos_token_id": 50118, "ffn_dim": 10240, "hidden_size": 2560, "model_type": "opt", "num_attention_heads": 32,
-        "num_hidden_layers": 32, "prefix": "</s>", "torch_dtype": "float16", "vocab_size": 50304,
+        "_name_or_path": "facebook/opt-2.7b",
+        "activation_dropout": 0.0,
+        "architectures": ["OPTForCausalLM"],
+        "eos_token_id": 50118,
+        "ffn_dim": 10240,
+        "hidden_size": 2560,
+        "model_type": "opt",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "prefix": "</s>",
+        "torch_dtype": "float16",
+        "vocab_size": 50304,
         "word_embed_proj_dim": 2560,
     },
-    "torch_dtype": "float32", "transformers_version": "4.47.0.dev0", "use_decoder_only_language_model": True,
-    "vision_config": {"dropout": 0.0, "initializer_factor": 1.0, "model_type": "blip_2_vision_model", "num_channels": 3,
-                      "projection_dim": 512},
+    "torch_dtype": "float32",
+    "transformers_version": "4.47.0.dev0",
+    "use_decoder_only_language_model": True,
+    "vision_config": {"dropout": 0.0, "initializer_factor": 1.0, "model_type": "blip_2_vision_model", "num_channels": 3, "projection_dim": 512},
 }
 BLIP2_PROCESSOR = {
-    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "BlipImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711], "processor_class": "Blip2Processor", "resample": 3,
-    "rescale_factor": 0.00392156862745098, "size": {"height": 224, "width": 224},
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "BlipImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "processor_class": "Blip2Processor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 224, "width": 224},
 }
 OLMO_2_0425_1B = {
-    "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
-    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
-    "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 16, "num_hidden_layers": 16,
-    "num_key_value_heads": 16, "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 500000,
-    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.48.0", "use_cache": True,
+    "architectures": ["Olmo2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "eos_token_id": 100257,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "model_type": "olmo2",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 16,
+    "pad_token_id": 100277,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 500000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.48.0",
+    "use_cache": True,
     "vocab_size": 100352,
 }
 # bigcode/starcoder2-3b (fp32 weights in 2 shards; the head tied to the embeddings,
@@ -1665,36 +2852,94 @@ OLMO_2_0425_1B = {
 # config.json's values as published, checked against the published parameter count; the three
 # dropouts (0.1 each) are the least certain.
 STARCODER2_3B = {
-    "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1, "residual_dropout": 0.1, "embedding_dropout": 0.1,
-    "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072,
-    "initializer_range": 0.018042, "intermediate_size": 12288, "max_position_embeddings": 16384, "mlp_type": "default",
-    "model_type": "starcoder2", "norm_epsilon": 1e-05, "norm_type": "layer_norm", "num_attention_heads": 24,
-    "num_hidden_layers": 30, "num_key_value_heads": 2, "rope_theta": 999999.4420358813, "sliding_window": 4096,
-    "torch_dtype": "float32", "transformers_version": "4.37.0.dev0", "use_bias": True, "use_cache": True,
+    "architectures": ["Starcoder2ForCausalLM"],
+    "attention_dropout": 0.1,
+    "residual_dropout": 0.1,
+    "embedding_dropout": 0.1,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_size": 3072,
+    "initializer_range": 0.018042,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 16384,
+    "mlp_type": "default",
+    "model_type": "starcoder2",
+    "norm_epsilon": 1e-05,
+    "norm_type": "layer_norm",
+    "num_attention_heads": 24,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 2,
+    "rope_theta": 999999.4420358813,
+    "sliding_window": 4096,
+    "torch_dtype": "float32",
+    "transformers_version": "4.37.0.dev0",
+    "use_bias": True,
+    "use_cache": True,
     "vocab_size": 49152,
 }
 # stabilityai/stablelm-2-1_6b (fp16 weights, one model.safetensors). NB reconstructed, not copied:
 # the released config.json's values as published, checked against the published parameter count.
 STABLELM_2_1_6B = {
-    "architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257, "eos_token_id": 100257,
-    "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
-    "layer_norm_eps": 1e-05, "max_position_embeddings": 4096, "model_type": "stablelm", "num_attention_heads": 32,
-    "num_hidden_layers": 24, "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "qk_layernorm": False,
-    "rope_scaling": None, "rope_theta": 10000, "tie_word_embeddings": False, "torch_dtype": "float16",
-    "transformers_version": "4.38.0", "use_cache": True, "use_parallel_residual": False, "use_qkv_bias": True,
+    "architectures": ["StableLmForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 100257,
+    "eos_token_id": 100257,
+    "hidden_act": "silu",
+    "hidden_dropout": 0.0,
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 5632,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 4096,
+    "model_type": "stablelm",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 32,
+    "partial_rotary_factor": 0.25,
+    "qk_layernorm": False,
+    "rope_scaling": None,
+    "rope_theta": 10000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.38.0",
+    "use_cache": True,
+    "use_parallel_residual": False,
+    "use_qkv_bias": True,
     "vocab_size": 100352,
 }
 # ibm-granite/granite-3.0-2b-base (bf16 weights in 2 shards; the head tied to embed_tokens). NB
 # reconstructed, not copied: the released config.json's values as published, checked against the
 # published parameter count; attention_dropout 0.1 is the least certain.
 GRANITE_3_0_2B = {
-    "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.1,
-    "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
-    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "logits_scaling": 8.0,
-    "max_position_embeddings": 4096, "mlp_bias": False, "model_type": "granite", "num_attention_heads": 32,
-    "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-05,
-    "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-    "transformers_version": "4.46.0.dev0", "use_cache": True, "vocab_size": 49155,
+    "architectures": ["GraniteForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.1,
+    "attention_multiplier": 0.015625,
+    "bos_token_id": 0,
+    "embedding_multiplier": 12.0,
+    "eos_token_id": 0,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "logits_scaling": 8.0,
+    "max_position_embeddings": 4096,
+    "mlp_bias": False,
+    "model_type": "granite",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 8,
+    "pad_token_id": 0,
+    "residual_multiplier": 0.22,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.0.dev0",
+    "use_cache": True,
+    "vocab_size": 49155,
 }
 # mistralai/Mistral-Small-3.1-24B-Instruct-2503, config.json as published (2025-03; the
 # 2506 release, Mistral-Small-3.2-24B-Instruct, has the same sizes). Pixtral tower: 24 layers of
@@ -1702,28 +2947,65 @@ GRANITE_3_0_2B = {
 # 40 layers of 5120, 32 heads of 128 with 8 key-value heads, MLP 32768, vocabulary 131072,
 # lm_head untied. 24,011,361,280 parameters.
 MISTRAL_SMALL_3_1_24B = {
-    "architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10, "model_type": "mistral3",
-    "multimodal_projector_bias": False, "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "image_token_index": 10,
+    "model_type": "mistral3",
+    "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
     "text_config": {
-        "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
-        "intermediate_size": 32768, "max_position_embeddings": 131072, "model_type": "mistral", "num_attention_heads": 32,
-        "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
-        "sliding_window": None, "use_cache": True, "vocab_size": 131072,
+        "attention_dropout": 0.0,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 32768,
+        "max_position_embeddings": 131072,
+        "model_type": "mistral",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "use_cache": True,
+        "vocab_size": 131072,
     },
-    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0",
     "vision_config": {
-        "attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu", "hidden_size": 1024, "image_size": 1540,
-        "initializer_range": 0.02, "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
-        "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0,
+        "attention_dropout": 0.0,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "image_size": 1540,
+        "initializer_range": 0.02,
+        "intermediate_size": 4096,
+        "model_type": "pixtral",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "rope_theta": 10000.0,
     },
     "vision_feature_layer": -1,
 }
 MISTRAL_SMALL_3_1_24B_PROCESSOR = {
-    "crop_size": None, "data_format": "channels_first", "do_center_crop": None, "do_convert_rgb": True,
-    "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_processor_type": "PixtralImageProcessor", "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "patch_size": {"height": 14, "width": 14}, "processor_class": "PixtralProcessor", "resample": 3,
-    "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540},
+    "crop_size": None,
+    "data_format": "channels_first",
+    "do_center_crop": None,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "PixtralImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "patch_size": {"height": 14, "width": 14},
+    "processor_class": "PixtralProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 1540},
 }
 # mistral-community/pixtral-12b, the llava-form conversion of Pixtral-12B-2409 (bf16, six shards).
 # NB reconstructed, not copied: the released config.json's values as published (2024-09,
@@ -1732,52 +3014,119 @@ MISTRAL_SMALL_3_1_24B_PROCESSOR = {
 # biases on), checked against the published 12.7B parameters: 12,682,739,712 (tower 403,489,792,
 # projector 31,467,520, Mistral-Nemo 12,247,782,400 with lm_head untied).
 PIXTRAL_12B = {
-    "architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_seq_length": 1,
-    "image_token_index": 10, "model_type": "llava", "projector_hidden_act": "gelu",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "ignore_index": -100,
+    "image_seq_length": 1,
+    "image_token_index": 10,
+    "model_type": "llava",
+    "projector_hidden_act": "gelu",
     "text_config": {
-        "hidden_size": 5120, "head_dim": 128, "intermediate_size": 14336, "is_composition": True,
-        "max_position_embeddings": 1024000, "model_type": "mistral", "num_hidden_layers": 40,
-        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": None,
+        "hidden_size": 5120,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "is_composition": True,
+        "max_position_embeddings": 1024000,
+        "model_type": "mistral",
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
         "vocab_size": 131072,
     },
-    "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
     "vision_config": {
-        "head_dim": 64, "hidden_act": "silu", "image_size": 1024, "is_composition": True, "model_type": "pixtral",
-        "patch_size": 16, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "image_size": 1024,
+        "is_composition": True,
+        "model_type": "pixtral",
+        "patch_size": 16,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
     },
-    "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+    "vision_feature_layer": -1,
+    "vision_feature_select_strategy": "full",
 }
 PIXTRAL_12B_PROCESSOR = {
-    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "PixtralImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": {"height": 16, "width": 16},
-    "processor_class": "PixtralProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "PixtralImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "patch_size": {"height": 16, "width": 16},
+    "processor_class": "PixtralProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
     "size": {"longest_edge": 1024},
 }
 # CohereForAI/aya-expanse-8b (fp16 weights, four shards). NB reconstructed, not copied: the released
 # config.json's values as published, checked against the published 8.03B parameters and partial
 # copies in other projects.
 AYA_EXPANSE_8B = {
-    "architectures": ["CohereForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
-    "eos_token_id": 255001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-    "intermediate_size": 14336, "layer_norm_eps": 1e-05, "logit_scale": 0.125, "max_position_embeddings": 8192,
-    "model_type": "cohere", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-    "pad_token_id": 0, "rope_theta": 10000, "torch_dtype": "float16", "transformers_version": "4.44.0",
-    "use_cache": True, "use_qk_norm": False, "vocab_size": 256000,
+    "architectures": ["CohereForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 5,
+    "eos_token_id": 255001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "layer_norm_eps": 1e-05,
+    "logit_scale": 0.125,
+    "max_position_embeddings": 8192,
+    "model_type": "cohere",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pad_token_id": 0,
+    "rope_theta": 10000,
+    "torch_dtype": "float16",
+    "transformers_version": "4.44.0",
+    "use_cache": True,
+    "use_qk_norm": False,
+    "vocab_size": 256000,
 }
 # CohereForAI/c4ai-command-r7b-12-2024 (bf16 weights, four shards; Cohere2ForCausalLM builds the
 # same tensors as CohereForCausalLM without q/k norms). NB reconstructed, not copied: the released
 # config.json's values as published, checked against the published parameter count.
 COMMAND_R7B_12_2024 = {
-    "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
-    "cache_implementation": "hybrid", "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu",
-    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "layer_norm_eps": 1e-05,
-    "logit_scale": 0.25, "max_position_embeddings": 8192, "model_type": "cohere2", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "order_of_interleaved_layers": "local_attn_first",
-    "pad_token_id": 0, "position_embedding_type": "rope_gptj", "rope_scaling": None, "rope_theta": 50000,
-    "rotary_pct": 1.0, "sliding_window": 4096, "sliding_window_pattern": 4, "torch_dtype": "bfloat16",
-    "transformers_version": "4.48.0.dev0", "use_cache": True, "use_embedding_sharder": True,
-    "use_gated_activation": True, "vocab_size": 256000,
+    "architectures": ["Cohere2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 5,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 255001,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "layer_norm_eps": 1e-05,
+    "logit_scale": 0.25,
+    "max_position_embeddings": 8192,
+    "model_type": "cohere2",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "order_of_interleaved_layers": "local_attn_first",
+    "pad_token_id": 0,
+    "position_embedding_type": "rope_gptj",
+    "rope_scaling": None,
+    "rope_theta": 50000,
+    "rotary_pct": 1.0,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 4,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.48.0.dev0",
+    "use_cache": True,
+    "use_embedding_sharder": True,
+    "use_gated_activation": True,
+    "vocab_size": 256000,
 }
 # CohereForAI/aya-vision-8b (2025-03; model_type aya_vision, float16, four shards). NB reconstructed,
 # not copied: the released config.json's values as published (SigLIP2 so400m/14 stored as
@@ -1787,30 +3136,70 @@ COMMAND_R7B_12_2024 = {
 # AyaVisionForConditionalGeneration builds them, the head tied), and GotOcr2ImageProcessor's
 # crop-to-patches settings in preprocessor_config.json (364 px tiles, 1 to 12 plus a thumbnail).
 AYA_VISION_8B = {
-    "adapter_layer_norm_eps": 1e-06, "alignment_intermediate_size": 28672,
-    "architectures": ["AyaVisionForConditionalGeneration"], "downsample_factor": 2, "image_token_index": 255036,
+    "adapter_layer_norm_eps": 1e-06,
+    "alignment_intermediate_size": 28672,
+    "architectures": ["AyaVisionForConditionalGeneration"],
+    "downsample_factor": 2,
+    "image_token_index": 255036,
     "model_type": "aya_vision",
     "text_config": {
-        "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
-        "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-        "intermediate_size": 14336, "layer_norm_eps": 1e-05, "logit_scale": 0.125, "max_position_embeddings": 16384,
-        "model_type": "cohere2", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-        "pad_token_id": 0, "rope_theta": 50000, "sliding_window": 4096, "sliding_window_pattern": 4,
-        "torch_dtype": "float16", "use_cache": True, "vocab_size": 256000,
+        "architectures": ["Cohere2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 5,
+        "eos_token_id": 255001,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "layer_norm_eps": 1e-05,
+        "logit_scale": 0.125,
+        "max_position_embeddings": 16384,
+        "model_type": "cohere2",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pad_token_id": 0,
+        "rope_theta": 50000,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 4,
+        "torch_dtype": "float16",
+        "use_cache": True,
+        "vocab_size": 256000,
     },
-    "torch_dtype": "float16", "transformers_version": "4.50.0.dev0",
+    "torch_dtype": "float16",
+    "transformers_version": "4.50.0.dev0",
     "vision_config": {
-        "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 364, "intermediate_size": 4304,
-        "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16,
-        "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "image_size": 364,
+        "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
     },
-    "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+    "vision_feature_layer": -1,
+    "vision_feature_select_strategy": "full",
 }
 AYA_VISION_8B_PROCESSOR = {
-    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "GotOcr2ImageProcessor", "image_std": [0.5, 0.5, 0.5],
-    "max_patches": 12, "min_patches": 1, "processor_class": "AyaVisionProcessor", "resample": 3,
-    "rescale_factor": 0.00392156862745098, "size": {"height": 364, "width": 364},
+    "crop_to_patches": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "GotOcr2ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_patches": 12,
+    "min_patches": 1,
+    "processor_class": "AyaVisionProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 364, "width": 364},
 }
 # CohereLabs/command-a-vision-07-2025 (2025-07; model_type cohere2_vision, bfloat16; the hub's
 # checkpoint has many more shards, four here). NB reconstructed, not copied: the released
@@ -1823,29 +3212,69 @@ AYA_VISION_8B_PROCESSOR = {
 # Cohere2VisionImageProcessor's preprocessor_config.json (512 px tiles, crop_to_patches, at most
 # 12 plus a thumbnail).
 COMMAND_A_VISION_07_2025 = {
-    "alignment_intermediate_size": 36864, "architectures": ["Cohere2VisionForConditionalGeneration"],
-    "downsample_factor": 2, "image_token_id": 255036, "model_type": "cohere2_vision",
+    "alignment_intermediate_size": 36864,
+    "architectures": ["Cohere2VisionForConditionalGeneration"],
+    "downsample_factor": 2,
+    "image_token_id": 255036,
+    "model_type": "cohere2_vision",
     "text_config": {
-        "architectures": ["Cohere2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 5,
-        "eos_token_id": 255001, "head_dim": 128, "hidden_act": "silu", "hidden_size": 12288,
-        "initializer_range": 0.02, "intermediate_size": 36864, "layer_norm_eps": 1e-05, "logit_scale": 0.25,
-        "max_position_embeddings": 32768, "model_type": "cohere2", "num_attention_heads": 96,
-        "num_hidden_layers": 64, "num_key_value_heads": 8, "pad_token_id": 0, "rope_theta": 50000,
-        "sliding_window": 4096, "sliding_window_pattern": 4, "torch_dtype": "bfloat16", "use_cache": True,
+        "architectures": ["Cohere2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 5,
+        "eos_token_id": 255001,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 12288,
+        "initializer_range": 0.02,
+        "intermediate_size": 36864,
+        "layer_norm_eps": 1e-05,
+        "logit_scale": 0.25,
+        "max_position_embeddings": 32768,
+        "model_type": "cohere2",
+        "num_attention_heads": 96,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "pad_token_id": 0,
+        "rope_theta": 50000,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 4,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
         "vocab_size": 256000,
     },
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0",
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.55.0.dev0",
     "vision_config": {
-        "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 512, "intermediate_size": 4304,
-        "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16,
-        "num_channels": 3, "num_hidden_layers": 27, "patch_size": 16, "vision_use_head": False,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "image_size": 512,
+        "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 27,
+        "patch_size": 16,
+        "vision_use_head": False,
     },
 }
 COMMAND_A_VISION_07_2025_PROCESSOR = {
-    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Cohere2VisionImageProcessorFast",
-    "image_std": [0.5, 0.5, 0.5], "max_patches": 12, "min_patches": 1, "patch_size": 16,
-    "processor_class": "Cohere2VisionProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
+    "crop_to_patches": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Cohere2VisionImageProcessorFast",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_patches": 12,
+    "min_patches": 1,
+    "patch_size": 16,
+    "processor_class": "Cohere2VisionProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
     "size": {"height": 512, "width": 512},
 }
 # HuggingFaceM4/idefics2-8b-base (2024-04; model_type idefics2, float32, seven shards). NB
@@ -1856,28 +3285,62 @@ COMMAND_A_VISION_07_2025_PROCESSOR = {
 # builds them); preprocessor_config.json as published for the base model (shortest edge 378, longest
 # 980, no image splitting, which only the instruction-tuned idefics2-8b turns on).
 IDEFICS2_8B_BASE = {
-    "architectures": ["Idefics2ForConditionalGeneration"], "image_token_id": 32001, "model_type": "idefics2",
+    "architectures": ["Idefics2ForConditionalGeneration"],
+    "image_token_id": 32001,
+    "model_type": "idefics2",
     "perceiver_config": {
-        "hidden_act": "silu", "model_type": "idefics2", "num_key_value_heads": 4, "resampler_depth": 3,
-        "resampler_head_dim": 96, "resampler_n_heads": 16, "resampler_n_latents": 64,
+        "hidden_act": "silu",
+        "model_type": "idefics2",
+        "num_key_value_heads": 4,
+        "resampler_depth": 3,
+        "resampler_head_dim": 96,
+        "resampler_n_heads": 16,
+        "resampler_n_latents": 64,
     },
     "text_config": {
-        "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-        "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
-        "num_key_value_heads": 8, "pad_token_id": 0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
-        "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 32003,
+        "architectures": ["MistralForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "model_type": "mistral",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 32003,
     },
-    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.40.0.dev0", "use_cache": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.40.0.dev0",
+    "use_cache": True,
     "vision_config": {
-        "hidden_size": 1152, "image_size": 980, "intermediate_size": 4304, "model_type": "idefics2",
-        "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+        "hidden_size": 1152,
+        "image_size": 980,
+        "intermediate_size": 4304,
+        "model_type": "idefics2",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
     },
 }
 IDEFICS2_PROCESSOR = {
-    "do_convert_rgb": True, "do_image_splitting": False, "do_normalize": True, "do_pad": True, "do_rescale": True,
-    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics2ImageProcessor",
-    "image_std": [0.5, 0.5, 0.5], "processor_class": "Idefics2Processor", "resample": 2,
-    "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 980, "shortest_edge": 378},
+    "do_convert_rgb": True,
+    "do_image_splitting": False,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Idefics2ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Idefics2Processor",
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 980, "shortest_edge": 378},
 }
 # thisisiron/Ovis2-2B-hf and -1B-hf (2025-08; model_type ovis2, bfloat16; the transformers
 # conversions of AIDC-AI/Ovis2-2B and -1B, which Ovis2Config's docstring names). NB reconstructed,
@@ -1889,38 +3352,89 @@ IDEFICS2_PROCESSOR = {
 # 1.13B (1,131,283,318); preprocessor_config.json as the conversion script writes it (448 px tiles,
 # crop_to_patches with the covering-area grid, at most 12 plus a thumbnail).
 OVIS2_VISION = {
-    "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 1024, "hidden_stride": 2, "image_size": 448,
-    "initializer_range": 0.02, "intermediate_size": 2816, "mlp_bias": False, "model_type": "ovis2_vision",
-    "num_attention_heads": 8, "num_channels": 3, "num_hidden_layers": 24, "num_visual_indicator_tokens": 5,
-    "patch_size": 14, "qkv_bias": False, "rms_norm_eps": 1e-05, "tokenize_function": "softmax", "vocab_size": 65536,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "hidden_stride": 2,
+    "image_size": 448,
+    "initializer_range": 0.02,
+    "intermediate_size": 2816,
+    "mlp_bias": False,
+    "model_type": "ovis2_vision",
+    "num_attention_heads": 8,
+    "num_channels": 3,
+    "num_hidden_layers": 24,
+    "num_visual_indicator_tokens": 5,
+    "patch_size": 14,
+    "qkv_bias": False,
+    "rms_norm_eps": 1e-05,
+    "tokenize_function": "softmax",
+    "vocab_size": 65536,
 }
 OVIS2_2B_HF = {
-    "architectures": ["Ovis2ForConditionalGeneration"], "hidden_size": 1536, "image_token_id": 151665,
+    "architectures": ["Ovis2ForConditionalGeneration"],
+    "hidden_size": 1536,
+    "image_token_id": 151665,
     "model_type": "ovis2",
     "text_config": {
-        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
-        "hidden_act": "silu", "hidden_size": 1536, "initializer_range": 0.02, "intermediate_size": 8960,
-        "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 12,
-        "num_hidden_layers": 28, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
-        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "hidden_act": "silu",
+        "hidden_size": 1536,
+        "initializer_range": 0.02,
+        "intermediate_size": 8960,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 21,
+        "model_type": "qwen2",
+        "num_attention_heads": 12,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
     },
-    "torch_dtype": "bfloat16", "transformers_version": "4.56.0.dev0", "vision_config": OVIS2_VISION,
-    "visual_indicator_token_ids": [151666, 151667, 151668, 151669, 151670], "vocab_size": 151936,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.56.0.dev0",
+    "vision_config": OVIS2_VISION,
+    "visual_indicator_token_ids": [151666, 151667, 151668, 151669, 151670],
+    "vocab_size": 151936,
 }
 OVIS2_1B_HF = {
-    **OVIS2_2B_HF, "hidden_size": 896,
+    **OVIS2_2B_HF,
+    "hidden_size": 896,
     "text_config": {
-        **OVIS2_2B_HF["text_config"], "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
-        "num_hidden_layers": 24, "num_key_value_heads": 2,
+        **OVIS2_2B_HF["text_config"],
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
     },
 }
 OVIS2_PROCESSOR = {
-    "crop_to_patches": True, "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "Ovis2ImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711], "max_patches": 12, "min_patches": 1,
-    "processor_class": "Ovis2Processor", "resample": 3, "rescale_factor": 0.00392156862745098,
-    "size": {"height": 448, "width": 448}, "use_covering_area_grid": True,
+    "crop_to_patches": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "Ovis2ImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "max_patches": 12,
+    "min_patches": 1,
+    "processor_class": "Ovis2Processor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 448, "width": 448},
+    "use_covering_area_grid": True,
 }
 # zai-org/GLM-4.1V-9B-Thinking (2025-07; bfloat16, four shards). NB reconstructed, not copied: the
 # released config.json's values as published (vision hidden 1536, depth 24, 12 heads, out_hidden_size
@@ -1930,35 +3444,77 @@ OVIS2_PROCESSOR = {
 # parameters (10,292,777,472 as Glm4vForConditionalGeneration builds them, tensor for tensor); the processor bounds are
 # Glm4vImageProcessor's (min 112 x 112, max 14 x 14 x 2 x 2 x 2 x 6144 pixels).
 _GLM_4_1V_TEXT = {
-    "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": [151329, 151336, 151338, 151348],
-    "hidden_act": "silu", "hidden_size": 4096, "image_token_id": None, "initializer_range": 0.02,
-    "intermediate_size": 13696, "max_position_embeddings": 65536, "model_type": "glm4v_text",
-    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
-    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338, 151348],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "image_token_id": None,
+    "initializer_range": 0.02,
+    "intermediate_size": 13696,
+    "max_position_embeddings": 65536,
+    "model_type": "glm4v_text",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 2,
+    "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-05,
     "rope_scaling": {"mrope_section": [8, 12, 12], "rope_type": "default", "type": "default"},
-    "rope_theta": 10000.0, "torch_dtype": "bfloat16", "use_cache": True, "video_token_id": None,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "video_token_id": None,
     "vocab_size": 151552,
 }
 GLM_4_1V_9B_THINKING = {
-    "architectures": ["Glm4vForConditionalGeneration"], "model_type": "glm4v",
-    "image_end_token_id": 151340, "image_start_token_id": 151339, "image_token_id": 151343,
-    "video_end_token_id": 151342, "video_start_token_id": 151341, "video_token_id": 151344,
-    "text_config": _GLM_4_1V_TEXT, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "architectures": ["Glm4vForConditionalGeneration"],
+    "model_type": "glm4v",
+    "image_end_token_id": 151340,
+    "image_start_token_id": 151339,
+    "image_token_id": 151343,
+    "video_end_token_id": 151342,
+    "video_start_token_id": 151341,
+    "video_token_id": 151344,
+    "text_config": _GLM_4_1V_TEXT,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
     "transformers_version": "4.53.0.dev0",
     "vision_config": {
-        "attention_bias": False, "attention_dropout": 0.0, "depth": 24, "hidden_act": "silu",
-        "hidden_dropout_prob": 0.0, "hidden_size": 1536, "image_size": 336, "in_channels": 3,
-        "initializer_range": 0.02, "intermediate_size": 13696, "model_type": "glm4v", "num_heads": 12,
-        "out_hidden_size": 4096, "patch_size": 14, "rms_norm_eps": 1e-05, "spatial_merge_size": 2,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "depth": 24,
+        "hidden_act": "silu",
+        "hidden_dropout_prob": 0.0,
+        "hidden_size": 1536,
+        "image_size": 336,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 13696,
+        "model_type": "glm4v",
+        "num_heads": 12,
+        "out_hidden_size": 4096,
+        "patch_size": 14,
+        "rms_norm_eps": 1e-05,
+        "spatial_merge_size": 2,
         "temporal_patch_size": 2,
     },
 }
 GLM_4_1V_9B_THINKING_PROCESSOR = {
-    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "Glm4vImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711], "merge_size": 2, "patch_size": 14,
-    "processor_class": "Glm4vProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
-    "size": {"longest_edge": 9633792, "shortest_edge": 12544}, "temporal_patch_size": 2,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "Glm4vImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "merge_size": 2,
+    "patch_size": 14,
+    "processor_class": "Glm4vProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 9633792, "shortest_edge": 12544},
+    "temporal_patch_size": 2,
 }
 # openbmb/MiniCPM-V-4.6 (2026-04; bfloat16, one model.safetensors, transformers 5.7.0): the released
 # config.json and preprocessor_config.json, values as published; 1,300,428,016 parameters (the hub's
@@ -1966,57 +3522,124 @@ GLM_4_1V_9B_THINKING_PROCESSOR = {
 # lm_head tied to the embeddings).
 _MINICPM_V_4_6_LAYERS = ["linear_attention"] * 3 + ["full_attention"]
 MINICPM_V_4_6 = {
-    "architectures": ["MiniCPMV4_6ForConditionalGeneration"], "bos_token_id": None, "drop_vision_last_layer": False,
-    "eos_token_id": 248044, "image_size": 1120, "model_type": "minicpmv4_6", "pad_token_id": None,
-    "tie_word_embeddings": True, "transformers_version": "5.7.0", "use_cache": True,
+    "architectures": ["MiniCPMV4_6ForConditionalGeneration"],
+    "bos_token_id": None,
+    "drop_vision_last_layer": False,
+    "eos_token_id": 248044,
+    "image_size": 1120,
+    "model_type": "minicpmv4_6",
+    "pad_token_id": None,
+    "tie_word_embeddings": True,
+    "transformers_version": "5.7.0",
+    "use_cache": True,
     "vision_config": {
-        "attention_dropout": 0.0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 980,
-        "intermediate_size": 4304, "layer_norm_eps": 1e-06, "model_type": "minicpmv4_6_vision",
-        "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 27, "patch_size": 14,
+        "attention_dropout": 0.0,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "image_size": 980,
+        "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06,
+        "model_type": "minicpmv4_6_vision",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
     },
     "text_config": {
-        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "full_attention_interval": 4,
-        "head_dim": 256, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
-        "intermediate_size": 3584, "layer_types": _MINICPM_V_4_6_LAYERS * 6, "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
-        "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144,
-        "mlp_only_layers": [], "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
-        "num_attention_heads": 8, "num_hidden_layers": 24, "num_key_value_heads": 2, "partial_rotary_factor": 0.25,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "initializer_range": 0.02,
+        "intermediate_size": 3584,
+        "layer_types": _MINICPM_V_4_6_LAYERS * 6,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "linear_value_head_dim": 128,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.25,
         "rms_norm_eps": 1e-06,
         "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
-        "vocab_size": 248094, "model_type": "qwen3_5_text", "tie_word_embeddings": True,
+        "vocab_size": 248094,
+        "model_type": "qwen3_5_text",
+        "tie_word_embeddings": True,
     },
-    "insert_layer_id": 6, "image_token_id": 248056, "video_token_id": 248057,
+    "insert_layer_id": 6,
+    "image_token_id": 248056,
+    "video_token_id": 248057,
 }
 MINICPM_V_4_6_PROCESSOR = {
-    "image_processor_type": "MiniCPMV4_6ImageProcessor", "processor_class": "MiniCPMV4_6Processor",
-    "max_slice_nums": 9, "scale_resolution": 448, "patch_size": 14, "use_image_id": True, "slice_mode": True,
-    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "MiniCPMV4_6ImageProcessor",
+    "processor_class": "MiniCPMV4_6Processor",
+    "max_slice_nums": 9,
+    "scale_resolution": 448,
+    "patch_size": 14,
+    "use_image_id": True,
+    "slice_mode": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
 }
 # meta-llama/Llama-3.2-11B-Vision-Instruct (2024-09; bfloat16, five shards, transformers 4.45.0.dev0): the
 # released config.json (the keys that differ from the config classes' defaults are all written, values
 # as published) and preprocessor_config.json; 10,670,220,835 parameters (the model card's and the hub's
 # safetensors count, BF16), which MllamaForConditionalGeneration builds tensor for tensor.
 _MLLAMA_VISION = {
-    "attention_heads": 16, "hidden_act": "gelu", "hidden_size": 1280, "image_size": 560,
-    "intermediate_layers_indices": [3, 7, 15, 23, 30], "intermediate_size": 5120, "max_num_tiles": 4,
-    "model_type": "mllama_vision_model", "norm_eps": 1e-05, "num_channels": 3, "num_global_layers": 8,
-    "num_hidden_layers": 32, "patch_size": 14,
+    "attention_heads": 16,
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "image_size": 560,
+    "intermediate_layers_indices": [3, 7, 15, 23, 30],
+    "intermediate_size": 5120,
+    "max_num_tiles": 4,
+    "model_type": "mllama_vision_model",
+    "norm_eps": 1e-05,
+    "num_channels": 3,
+    "num_global_layers": 8,
+    "num_hidden_layers": 32,
+    "patch_size": 14,
     "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
-    "torch_dtype": "bfloat16", "vision_output_dim": 7680,
+    "torch_dtype": "bfloat16",
+    "vision_output_dim": 7680,
 }
 LLAMA_3_2_11B_VISION_INSTRUCT = {
-    "architectures": ["MllamaForConditionalGeneration"], "image_token_index": 128256, "model_type": "mllama",
-    "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "architectures": ["MllamaForConditionalGeneration"],
+    "image_token_index": 128256,
+    "model_type": "mllama",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
     "text_config": {
-        "bos_token_id": 128000, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38], "dropout": 0,
-        "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-        "intermediate_size": 14336, "max_position_embeddings": 131072, "model_type": "mllama_text_model",
-        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 128004,
+        "bos_token_id": 128000,
+        "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38],
+        "dropout": 0,
+        "eos_token_id": [128001, 128008, 128009],
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "model_type": "mllama_text_model",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "pad_token_id": 128004,
         "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
         "vocab_size": 128256,
     },
     "vision_config": _MLLAMA_VISION,
@@ -2027,14 +3650,29 @@ LLAMA_3_2_11B_VISION_INSTRUCT = {
 # from those published sizes, not copied from the hub's config.json.
 LLAMA_3_2_90B_VISION_INSTRUCT = {
     **LLAMA_3_2_11B_VISION_INSTRUCT,
-    "text_config": {**LLAMA_3_2_11B_VISION_INSTRUCT["text_config"], "cross_attention_layers": list(range(3, 100, 5)),
-                    "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 100},
+    "text_config": {
+        **LLAMA_3_2_11B_VISION_INSTRUCT["text_config"],
+        "cross_attention_layers": list(range(3, 100, 5)),
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 100,
+    },
 }
 LLAMA_3_2_VISION_PROCESSOR = {
-    "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "MllamaImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711], "max_image_tiles": 4, "processor_class": "MllamaProcessor",
-    "resample": 2, "rescale_factor": 0.00392156862745098, "size": {"height": 560, "width": 560},
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "MllamaImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "max_image_tiles": 4,
+    "processor_class": "MllamaProcessor",
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 560, "width": 560},
 }
 TINY_BNB = {**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 
@@ -2053,39 +3691,40 @@ def write_qwen3_vl(name: str, folder: str, shards: int) -> None:
 
 def write_pixtral_12b() -> None:
     """mistral-community/pixtral-12b alone (`python tests/hubfixtures.py pixtral-12b`)."""
-    write_checkpoint(FIXTURES / "pixtral-12b", PIXTRAL_12B, pixtral_llava_tensors(PIXTRAL_12B), shards=6,
-                     processor=PIXTRAL_12B_PROCESSOR)
+    write_checkpoint(FIXTURES / "pixtral-12b", PIXTRAL_12B, pixtral_llava_tensors(PIXTRAL_12B), shards=6, processor=PIXTRAL_12B_PROCESSOR)
 
 
 def write_glm4v() -> None:
     """zai-org/GLM-4.1V-9B-Thinking alone (`python tests/hubfixtures.py glm4v`)."""
-    write_checkpoint(FIXTURES / "GLM-4.1V-9B-Thinking", GLM_4_1V_9B_THINKING, glm4v_tensors(GLM_4_1V_9B_THINKING),
-                     shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR)
+    write_checkpoint(
+        FIXTURES / "GLM-4.1V-9B-Thinking", GLM_4_1V_9B_THINKING, glm4v_tensors(GLM_4_1V_9B_THINKING), shards=4, processor=GLM_4_1V_9B_THINKING_PROCESSOR
+    )
 
 
 def write_smolvlm2_2_2b() -> None:
     """HuggingFaceTB/SmolVLM2-2.2B-Instruct alone (`python tests/hubfixtures.py smolvlm2-2.2b`)."""
-    write_checkpoint(FIXTURES / "SmolVLM2-2.2B-Instruct", SMOLVLM2_2_2B, idefics3_tensors(SMOLVLM2_2_2B),
-                     processor=SMOLVLM2_2_2B_PROCESSOR)
+    write_checkpoint(FIXTURES / "SmolVLM2-2.2B-Instruct", SMOLVLM2_2_2B, idefics3_tensors(SMOLVLM2_2_2B), processor=SMOLVLM2_2_2B_PROCESSOR)
 
 
 def write_aya_vision_8b() -> None:
     """CohereForAI/aya-vision-8b alone (`python tests/hubfixtures.py aya-vision-8b`)."""
-    write_checkpoint(FIXTURES / "aya-vision-8b", AYA_VISION_8B, aya_vision_tensors(AYA_VISION_8B), shards=4,
-                     processor=AYA_VISION_8B_PROCESSOR)
+    write_checkpoint(FIXTURES / "aya-vision-8b", AYA_VISION_8B, aya_vision_tensors(AYA_VISION_8B), shards=4, processor=AYA_VISION_8B_PROCESSOR)
 
 
 def write_command_a_vision() -> None:
     """CohereLabs/command-a-vision-07-2025 alone (`python tests/hubfixtures.py command-a-vision`)."""
-    write_checkpoint(FIXTURES / "command-a-vision-07-2025", COMMAND_A_VISION_07_2025,
-                     cohere2_vision_tensors(COMMAND_A_VISION_07_2025), shards=4,
-                     processor=COMMAND_A_VISION_07_2025_PROCESSOR)
+    write_checkpoint(
+        FIXTURES / "command-a-vision-07-2025",
+        COMMAND_A_VISION_07_2025,
+        cohere2_vision_tensors(COMMAND_A_VISION_07_2025),
+        shards=4,
+        processor=COMMAND_A_VISION_07_2025_PROCESSOR,
+    )
 
 
 def write_minicpmv4_6() -> None:
     """openbmb/MiniCPM-V-4.6 alone (`python tests/hubfixtures.py minicpmv4_6`)."""
-    write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6),
-                     processor=MINICPM_V_4_6_PROCESSOR)
+    write_checkpoint(FIXTURES / "MiniCPM-V-4.6", MINICPM_V_4_6, minicpmv4_6_tensors(MINICPM_V_4_6), processor=MINICPM_V_4_6_PROCESSOR)
 
 
 def write_t5() -> None:
@@ -2111,16 +3750,25 @@ def write_opt() -> None:
 
 def write_blip2() -> None:
     """Salesforce/blip2-opt-2.7b alone (`python tests/hubfixtures.py blip2`)."""
-    write_checkpoint(FIXTURES / "blip2-opt-2.7b", BLIP2_OPT_2_7B, blip2_tensors(BLIP2_OPT_2_7B), shards=2,
-                     processor=BLIP2_PROCESSOR)
+    write_checkpoint(FIXTURES / "blip2-opt-2.7b", BLIP2_OPT_2_7B, blip2_tensors(BLIP2_OPT_2_7B), shards=2, processor=BLIP2_PROCESSOR)
 
 
 def write_mllama() -> None:
     """meta-llama/Llama-3.2-11B-Vision-Instruct and -90B-Vision-Instruct alone (`python tests/hubfixtures.py mllama`)."""
-    write_checkpoint(FIXTURES / "Llama-3.2-11B-Vision-Instruct", LLAMA_3_2_11B_VISION_INSTRUCT,
-                     mllama_tensors(LLAMA_3_2_11B_VISION_INSTRUCT), shards=5, processor=LLAMA_3_2_VISION_PROCESSOR)
-    write_checkpoint(FIXTURES / "Llama-3.2-90B-Vision-Instruct", LLAMA_3_2_90B_VISION_INSTRUCT,
-                     mllama_tensors(LLAMA_3_2_90B_VISION_INSTRUCT), shards=37, processor=LLAMA_3_2_VISION_PROCESSOR)
+    write_checkpoint(
+        FIXTURES / "Llama-3.2-11B-Vision-Instruct",
+        LLAMA_3_2_11B_VISION_INSTRUCT,
+        mllama_tensors(LLAMA_3_2_11B_VISION_INSTRUCT),
+        shards=5,
+        processor=LLAMA_3_2_VISION_PROCESSOR,
+    )
+    write_checkpoint(
+        FIXTURES / "Llama-3.2-90B-Vision-Instruct",
+        LLAMA_3_2_90B_VISION_INSTRUCT,
+        mllama_tensors(LLAMA_3_2_90B_VISION_INSTRUCT),
+        shards=37,
+        processor=LLAMA_3_2_VISION_PROCESSOR,
+    )
 
 
 def write_ovis2() -> None:
@@ -2131,8 +3779,7 @@ def write_ovis2() -> None:
 
 def write_idefics2() -> None:
     """HuggingFaceM4/idefics2-8b-base alone (`python tests/hubfixtures.py idefics2`)."""
-    write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7,
-                     processor=IDEFICS2_PROCESSOR)
+    write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7, processor=IDEFICS2_PROCESSOR)
 
 
 def write_all() -> None:
@@ -2148,7 +3795,9 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Mistral-7B-v0.1", MISTRAL_7B_V01, llama_tensors(MISTRAL_7B_V01, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "Mixtral-8x7B-v0.1", MIXTRAL_8X7B_V01, llama_tensors(MIXTRAL_8X7B_V01, dtype="BF16", moe="mixtral"), shards=19)
     write_checkpoint(FIXTURES / "Qwen3-30B-A3B", QWEN3_30B_A3B, llama_tensors(QWEN3_30B_A3B, dtype="BF16", qk_norm=True, moe="qwen3_moe"), shards=16)
-    write_checkpoint(FIXTURES / "Qwen1.5-MoE-A2.7B", QWEN1_5_MOE_A2_7B, llama_tensors(QWEN1_5_MOE_A2_7B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=8)
+    write_checkpoint(
+        FIXTURES / "Qwen1.5-MoE-A2.7B", QWEN1_5_MOE_A2_7B, llama_tensors(QWEN1_5_MOE_A2_7B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=8
+    )
     write_deepseek_v2()
     write_checkpoint(FIXTURES / "Qwen2-57B-A14B", QWEN2_57B_A14B, llama_tensors(QWEN2_57B_A14B, dtype="BF16", qkv_bias=True, moe="qwen2_moe"), shards=30)
     write_checkpoint(FIXTURES / "Qwen2.5-7B", QWEN2_5_7B, llama_tensors(QWEN2_5_7B, dtype="BF16", qkv_bias=True), shards=4)
@@ -2165,17 +3814,20 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "gemma-3-4b-it", GEMMA_3_4B_IT, gemma3_tensors(GEMMA_3_4B_IT), shards=2)
     write_checkpoint(FIXTURES / "gemma-3-12b-it", GEMMA_3_12B_IT, gemma3_tensors(GEMMA_3_12B_IT), shards=5)
     write_checkpoint(FIXTURES / "gemma-3-27b-it", GEMMA_3_27B_IT, gemma3_tensors(GEMMA_3_27B_IT), shards=12)
-    write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT),
-                     processor=SMOLVLM_INSTRUCT_PROCESSOR)
-    write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M),
-                     processor=SMOLVLM2_500M_PROCESSOR)
+    write_checkpoint(FIXTURES / "SmolVLM-Instruct", SMOLVLM_INSTRUCT, idefics3_tensors(SMOLVLM_INSTRUCT), processor=SMOLVLM_INSTRUCT_PROCESSOR)
+    write_checkpoint(FIXTURES / "SmolVLM2-500M-Video-Instruct", SMOLVLM2_500M, idefics3_tensors(SMOLVLM2_500M), processor=SMOLVLM2_500M_PROCESSOR)
     write_smolvlm2_2_2b()
-    write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4,
-                     processor=IDEFICS3_8B_PROCESSOR)
-    write_checkpoint(FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT),
-                     processor=DEEPSEEK_VL_1_3B_CHAT_PROCESSOR)
-    write_checkpoint(FIXTURES / "Mistral-Small-3.1-24B-Instruct-2503", MISTRAL_SMALL_3_1_24B,
-                     mistral3_tensors(MISTRAL_SMALL_3_1_24B), shards=10, processor=MISTRAL_SMALL_3_1_24B_PROCESSOR)
+    write_checkpoint(FIXTURES / "Idefics3-8B-Llama3", IDEFICS3_8B, idefics3_tensors(IDEFICS3_8B), shards=4, processor=IDEFICS3_8B_PROCESSOR)
+    write_checkpoint(
+        FIXTURES / "deepseek-vl-1.3b-chat", DEEPSEEK_VL_1_3B_CHAT, deepseek_vl_tensors(DEEPSEEK_VL_1_3B_CHAT), processor=DEEPSEEK_VL_1_3B_CHAT_PROCESSOR
+    )
+    write_checkpoint(
+        FIXTURES / "Mistral-Small-3.1-24B-Instruct-2503",
+        MISTRAL_SMALL_3_1_24B,
+        mistral3_tensors(MISTRAL_SMALL_3_1_24B),
+        shards=10,
+        processor=MISTRAL_SMALL_3_1_24B_PROCESSOR,
+    )
     write_pixtral_12b()
     write_glm4v()
     write_minicpmv4_6()
@@ -2198,8 +3850,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "stablelm-2-1_6b", STABLELM_2_1_6B, stablelm_tensors(STABLELM_2_1_6B))
     write_checkpoint(FIXTURES / "granite-3.0-2b-base", GRANITE_3_0_2B, llama_tensors(GRANITE_3_0_2B, head=None, dtype="BF16"), shards=2)
     write_checkpoint(FIXTURES / "aya-expanse-8b", AYA_EXPANSE_8B, cohere_tensors(AYA_EXPANSE_8B), shards=4)
-    write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024,
-                     cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
+    write_checkpoint(FIXTURES / "c4ai-command-r7b-12-2024", COMMAND_R7B_12_2024, cohere_tensors(COMMAND_R7B_12_2024, "BF16"), shards=4)
     write_aya_vision_8b()
     write_command_a_vision()
     write_ovis2()
@@ -2214,8 +3865,10 @@ def write_all() -> None:
     hf = ROOT / "specs" / "llava_next_video" / "hf" / "llava-next-video-7b"
     config = json.loads((hf / "config.json").read_text())
     write_checkpoint(FIXTURES / "LLaVA-NeXT-Video-7B-hf", config, llava_next_tensors(config, "BF16"), shards=3)
-    for name, folder, shards in (("llava-onevision-qwen2-0.5b-ov-hf", "llava-onevision-qwen2-0.5b-ov", 1),
-                                 ("llava-onevision-qwen2-7b-ov-hf", "llava-onevision-qwen2-7b-ov", 4)):
+    for name, folder, shards in (
+        ("llava-onevision-qwen2-0.5b-ov-hf", "llava-onevision-qwen2-0.5b-ov", 1),
+        ("llava-onevision-qwen2-7b-ov-hf", "llava-onevision-qwen2-7b-ov", 4),
+    ):
         hf = ROOT / "specs" / "llava_onevision" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
         processor = json.loads((hf / "preprocessor_config.json").read_text())
@@ -2227,9 +3880,13 @@ def write_all() -> None:
         write_checkpoint(FIXTURES / name, config, qwen2_vl_tensors(config), shards=5, processor=processor)
     for name, folder, shards in (("Qwen3-VL-2B-Instruct", "qwen3-vl-2b-instruct", 1), ("Qwen3-VL-8B-Instruct", "qwen3-vl-8b-instruct", 4)):
         write_qwen3_vl(name, folder, shards)
-    for name, folder in (("InternVL3-8B", "internvl3-8b"), ("InternVL3-8B-hf", "internvl3-8b-hf"),
-                         ("InternVL3-38B", "internvl3-38b"), ("InternVL3-38B-hf", "internvl3-38b-hf"),
-                         ("InternVL2_5-8B", "internvl2_5-8b")):
+    for name, folder in (
+        ("InternVL3-8B", "internvl3-8b"),
+        ("InternVL3-8B-hf", "internvl3-8b-hf"),
+        ("InternVL3-38B", "internvl3-38b"),
+        ("InternVL3-38B-hf", "internvl3-38b-hf"),
+        ("InternVL2_5-8B", "internvl2_5-8b"),
+    ):
         hf = ROOT / "specs" / "internvl" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
         pre = hf / "preprocessor_config.json"

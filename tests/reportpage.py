@@ -151,9 +151,19 @@ def keyed_values(page: Page, data: dict) -> dict[str, list]:
 def required_keys(data: dict) -> set[str]:
     """The figures the page must show for this estimate."""
     keys = {
-        "experiment", "model", "file", "peak.allocated", "peak.reserved", "peak.device", "seed_sum",
-        "peak.first_step.allocated", "peak.first_step.phase", "peak.first_step.layer",
-        "peak.steady_state.allocated", "peak.steady_state.phase", "peak.steady_state.layer",
+        "experiment",
+        "model",
+        "file",
+        "peak.allocated",
+        "peak.reserved",
+        "peak.device",
+        "seed_sum",
+        "peak.first_step.allocated",
+        "peak.first_step.phase",
+        "peak.first_step.layer",
+        "peak.steady_state.allocated",
+        "peak.steady_state.phase",
+        "peak.steady_state.layer",
     }
     for module, cats in data["peak"]["steady_state"]["breakdown"].items():
         keys |= {f"peak.steady_state.breakdown.{module}.{c}" for c in cats}
@@ -198,8 +208,8 @@ def png_rgb(path) -> numpy.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     pos, idat = 8, []
     while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
             assert depth == 8 and color in (2, 6) and interlace == 0, (depth, color, interlace)
@@ -242,5 +252,5 @@ def count_colour(pixels, hex_colour: str) -> int:
     """How many pixels are exactly `#rrggbb`."""
     import numpy as np
 
-    rgb = [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+    rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
     return int(np.all(pixels == np.array(rgb, dtype=np.uint8), axis=-1).sum())

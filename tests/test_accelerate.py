@@ -21,8 +21,7 @@ def _read(name, modules=("language",)):
 
 def test_fsdp2_config():
     r = _read("fsdp2.yaml")
-    assert r.overrides == {"dp": 8, "precision": "bf16-mixed", "gradient_checkpointing": ["language"],
-                           "fsdp": {"reshard_after_forward": False}, "zero": 0}
+    assert r.overrides == {"dp": 8, "precision": "bf16-mixed", "gradient_checkpointing": ["language"], "fsdp": {"reshard_after_forward": False}, "zero": 0}
     notes = "\n".join(r.notes)
     assert "fsdp_transformer_layer_cls_to_wrap Qwen2DecoderLayer: the units are taken as the model's decoder" in notes
     assert "not used (no effect on memory): compute_environment, debug, downcast_bf16" in notes
@@ -30,10 +29,21 @@ def test_fsdp2_config():
 
 
 def test_fsdp2_config_estimates_as_the_flags(capsys):
-    from_file = _report(parser().parse_args(["estimate", QWEN, "--micro-batch", "4", "--seq-len", "1024",
-                                             "--images-per-sample", "0", "--accelerate-config", f"{ACC}/fsdp2.yaml"]))
-    from_flags = estimate(QWEN, micro_batch=4, seq_len=1024, images_per_sample=0, dp=8, precision="bf16-mixed",
-                          gradient_checkpointing=["language"], fsdp={"reshard_after_forward": False})
+    from_file = _report(
+        parser().parse_args(
+            ["estimate", QWEN, "--micro-batch", "4", "--seq-len", "1024", "--images-per-sample", "0", "--accelerate-config", f"{ACC}/fsdp2.yaml"]
+        )
+    )
+    from_flags = estimate(
+        QWEN,
+        micro_batch=4,
+        seq_len=1024,
+        images_per_sample=0,
+        dp=8,
+        precision="bf16-mixed",
+        gradient_checkpointing=["language"],
+        fsdp={"reshard_after_forward": False},
+    )
     assert from_file.allocated == from_flags.allocated
     assert from_file.setup.fsdp == from_flags.setup.fsdp
 
@@ -53,8 +63,7 @@ def test_deepspeed_config_file_is_read_as_deepspeed_reads_it():
     assert r.overrides["deepspeed"]["reduce_bucket_size"] == "auto"
     assert r.overrides["deepspeed"]["sub_group_size"] == 1_000_000_000  # the JSON's own keys, as its reader reads them
     assert any("stage3_gather_16bit_weights_on_model_save" in n for n in r.notes)  # and its notes
-    report = _report(parser().parse_args(["estimate", LLAVA, "--micro-batch", "16", "--seq-len", "2048",
-                                          "--accelerate-config", f"{ACC}/deepspeed-file.yaml"]))
+    report = _report(parser().parse_args(["estimate", LLAVA, "--micro-batch", "16", "--seq-len", "2048", "--accelerate-config", f"{ACC}/deepspeed-file.yaml"]))
     assert (report.setup.zero, report.setup.dp, report.setup.deepspeed.reduce_bucket) == (3, 8, 4096 * 4096)
 
 
@@ -93,18 +102,27 @@ def test_unknown_keys_are_listed_not_dropped(tmp_path):
     assert "fsdp_config is not used: distributed_type is MULTI_GPU" in notes
 
 
-@pytest.mark.parametrize("text, message", [
-    ("distributed_type: FSDP\nnum_processes: eight\n", "E804 $.num_processes: expected a positive number of processes, got 'eight'"),
-    ("distributed_type: PIPELINE\n", "E804 $.distributed_type: unknown distributed_type 'PIPELINE'"),
-    ("distributed_type: XLA\n", "E805 $.distributed_type: distributed_type XLA is not modelled"),
-    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: true\n",
-     "E805 $.fsdp_config.fsdp_offload_params: FSDP2 CPU offload (CPUOffloadPolicy) is not modelled yet"),
-    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_param_device: cpu\n",
-     "E807 $.deepspeed_config.offload_param_device: parameter offload without optimizer offload"),
-    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  offload_param_device: cpu\n  offload_optimizer_device: cpu\n",
-     "E802 $.deepspeed_config.offload_param_device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature"),
-    ("mixed_precision: fp8\n", "E805 $.mixed_precision: mixed_precision 'fp8' is not modelled"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("distributed_type: FSDP\nnum_processes: eight\n", "E804 $.num_processes: expected a positive number of processes, got 'eight'"),
+        ("distributed_type: PIPELINE\n", "E804 $.distributed_type: unknown distributed_type 'PIPELINE'"),
+        ("distributed_type: XLA\n", "E805 $.distributed_type: distributed_type XLA is not modelled"),
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: true\n",
+            "E805 $.fsdp_config.fsdp_offload_params: FSDP2 CPU offload (CPUOffloadPolicy) is not modelled yet",
+        ),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_param_device: cpu\n",
+            "E807 $.deepspeed_config.offload_param_device: parameter offload without optimizer offload",
+        ),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  offload_param_device: cpu\n  offload_optimizer_device: cpu\n",
+            "E802 $.deepspeed_config.offload_param_device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature",
+        ),
+        ("mixed_precision: fp8\n", "E805 $.mixed_precision: mixed_precision 'fp8' is not modelled"),
+    ],
+)
 def test_bad_values(tmp_path, text, message):
     path = tmp_path / "a.yaml"
     path.write_text(text)
@@ -123,8 +141,29 @@ def test_launch_script_reads_its_config_file(capsys):
 
 
 def test_flags_win_over_the_file(capsys):
-    assert main(["estimate", QWEN, "--micro-batch", "4", "--seq-len", "1024", "--images-per-sample", "0",
-                 "--accelerate-config", f"{ACC}/fsdp2.yaml", "--dp", "2", "--fsdp-reduce-dtype", "bf16", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                QWEN,
+                "--micro-batch",
+                "4",
+                "--seq-len",
+                "1024",
+                "--images-per-sample",
+                "0",
+                "--accelerate-config",
+                f"{ACC}/fsdp2.yaml",
+                "--dp",
+                "2",
+                "--fsdp-reduce-dtype",
+                "bf16",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     import json
 
     data = json.loads(capsys.readouterr().out)

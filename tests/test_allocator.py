@@ -7,7 +7,13 @@ that compiler/memory/allocator.py restates. Needs no torch.
 import pytest
 
 from compiler.memory.allocator import (
-    AllocConfError, Allocator, AllocatorConfig, MIB, allocation_size, replay, round_size,
+    AllocConfError,
+    Allocator,
+    AllocatorConfig,
+    MIB,
+    allocation_size,
+    replay,
+    round_size,
 )
 
 DEFAULT = AllocatorConfig()
@@ -139,16 +145,19 @@ def test_empty_cache_gives_back_only_whole_free_segments():
     assert (a.reserved, a.peak_reserved) == (20 * MIB, 60 * MIB)
 
 
-@pytest.mark.parametrize("text, key, words", [
-    ("max_split_size:128", "max_split_size", "did you mean 'max_split_size_mb'"),
-    ("max_split_size_mb:16", "max_split_size_mb", "must be > 20"),
-    ("max_split_size_mb:lots", "max_split_size_mb", "not an integer"),
-    ("garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0.0 and 1.0"),
-    ("expandable_segments:true", "expandable_segments", "True or False"),
-    ("roundup_power2_divisions:3", "roundup_power2_divisions", "not a power of 2"),
-    ("roundup_power2_divisions:[256:1,300:2]", "roundup_power2_divisions", "300 MiB is not a power of 2"),
-    ("expandable_segments", "expandable_segments", "has no value"),
-])
+@pytest.mark.parametrize(
+    "text, key, words",
+    [
+        ("max_split_size:128", "max_split_size", "did you mean 'max_split_size_mb'"),
+        ("max_split_size_mb:16", "max_split_size_mb", "must be > 20"),
+        ("max_split_size_mb:lots", "max_split_size_mb", "not an integer"),
+        ("garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0.0 and 1.0"),
+        ("expandable_segments:true", "expandable_segments", "True or False"),
+        ("roundup_power2_divisions:3", "roundup_power2_divisions", "not a power of 2"),
+        ("roundup_power2_divisions:[256:1,300:2]", "roundup_power2_divisions", "300 MiB is not a power of 2"),
+        ("expandable_segments", "expandable_segments", "has no value"),
+    ],
+)
 def test_bad_settings_are_refused_by_name(text, key, words):
     with pytest.raises(AllocConfError) as error:
         AllocatorConfig.parse(text)

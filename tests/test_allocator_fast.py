@@ -12,12 +12,20 @@ from compiler.memory.allocator import MIB
 
 import allocator_reference as ref  # noqa: E402  (tests/ is on sys.path under pytest's rootdir conftest)
 
-CONFS = ["", "max_split_size_mb:64", "expandable_segments:True", "roundup_power2_divisions:4",
-         "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9", "max_split_size_mb:32,roundup_power2_divisions:[256:2,>:8]"]
+CONFS = [
+    "",
+    "max_split_size_mb:64",
+    "expandable_segments:True",
+    "roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9",
+    "max_split_size_mb:32,roundup_power2_divisions:[256:2,>:8]",
+]
 
 
 def _state(a):
-    pools = [(tuple(p.entries() if hasattr(p, "entries") else p.order), sorted((b.ptr, b.size, b.allocated) for b in p.free.values())) for p in (a._small, a._large)]
+    pools = [
+        (tuple(p.entries() if hasattr(p, "entries") else p.order), sorted((b.ptr, b.size, b.allocated) for b in p.free.values())) for p in (a._small, a._large)
+    ]
     return (a.allocated, a.reserved, a.peak_allocated, a.peak_reserved, a.mallocs, pools)
 
 
@@ -27,7 +35,7 @@ def _sizes(rng):
         return rng.randint(1, 1 << 20)
     if kind < 0.8:
         return rng.randint(1 << 20, 64 * MIB)
-    return rng.choice([512, 2 * MIB, 10 * MIB, 20 * MIB, 3 * 1024 ** 3 // 7])
+    return rng.choice([512, 2 * MIB, 10 * MIB, 20 * MIB, 3 * 1024**3 // 7])
 
 
 def _run(seed: int, conf: str, capacity):
@@ -88,7 +96,7 @@ def test_replay_same_as_reference():
     for conf in CONFS:
         config_a = fast.AllocatorConfig.parse(conf) if conf else fast.AllocatorConfig()
         config_b = ref.AllocatorConfig.parse(conf) if conf else ref.AllocatorConfig()
-        for capacity in (None, 8 * 1024 ** 3, 40 * 1024 ** 3):
+        for capacity in (None, 8 * 1024**3, 40 * 1024**3):
             x, y = fast.replay(events, config_a, capacity), ref.replay(events, config_b, capacity)
             assert (x.peak_allocated, x.peak_reserved) == (y.peak_allocated, y.peak_reserved)
             assert (x.oom is None) == (y.oom is None)

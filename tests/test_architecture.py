@@ -18,8 +18,10 @@ PACKAGE = ROOT / "compiler"
 STAGES = (
     ("load", ("compiler.pipeline.load", "compiler.pipeline.json_path", "compiler.pipeline.strict_yaml")),
     ("validate", ("compiler.pipeline.validate",)),
-    ("resolve", ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary", "compiler.pipeline.gpus", "compiler.pipeline.zero_config",
-                 "compiler.pipeline.placement")),
+    (
+        "resolve",
+        ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary", "compiler.pipeline.gpus", "compiler.pipeline.zero_config", "compiler.pipeline.placement"),
+    ),
     ("peft", ("compiler.pipeline.peft",)),
     ("expand", ("compiler.pipeline.expand",)),
     ("admit", ("compiler.pipeline.admit",)),
@@ -29,8 +31,15 @@ STAGES = (
 )
 # What every stage may read besides the stages before it: diagnostics, data paths, the cache
 # of checked inputs, the memory models and the formula registry (and its shipped libraries).
-BELOW = ("compiler.errors", "compiler.paths", "compiler.checked", "compiler.memory", "compiler.library.formula",
-         "compiler.library.expr_python", "compiler.library.shipped")
+BELOW = (
+    "compiler.errors",
+    "compiler.paths",
+    "compiler.checked",
+    "compiler.memory",
+    "compiler.library.formula",
+    "compiler.library.expr_python",
+    "compiler.library.shipped",
+)
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
 
@@ -62,7 +71,7 @@ def imports(module: str) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             base = ".".join(base + ([node.module] if node.module else []))
             names = [f"{base}.{a.name}" for a in node.names]  # NB: a submodule, else a name of `base`
         else:
@@ -144,11 +153,16 @@ def test_a_circle_is_found():
 
 
 def test_a_stage_reaching_up_is_found():
-    graph = {"compiler.pipeline.resolve": {"compiler.pipeline.expand", "compiler.api", "compiler.errors"},
-             "compiler.pipeline.walks.zero3": {"compiler.pipeline.expand", "compiler.pipeline.render"},
-             "compiler.api": {"compiler.pipeline.render"}}
-    assert reaching_up(graph) == ["compiler.pipeline.resolve -> compiler.api", "compiler.pipeline.resolve -> compiler.pipeline.expand",
-                                  "compiler.pipeline.walks.zero3 -> compiler.pipeline.render"]
+    graph = {
+        "compiler.pipeline.resolve": {"compiler.pipeline.expand", "compiler.api", "compiler.errors"},
+        "compiler.pipeline.walks.zero3": {"compiler.pipeline.expand", "compiler.pipeline.render"},
+        "compiler.api": {"compiler.pipeline.render"},
+    }
+    assert reaching_up(graph) == [
+        "compiler.pipeline.resolve -> compiler.api",
+        "compiler.pipeline.resolve -> compiler.pipeline.expand",
+        "compiler.pipeline.walks.zero3 -> compiler.pipeline.render",
+    ]
 
 
 def test_no_import_circle():
@@ -167,6 +181,9 @@ def test_every_pipeline_module_has_a_stage():
 def test_modules_and_functions_are_short(module):
     source = MODULES[module].read_text(encoding="utf-8")
     assert source.count("\n") <= MAX_MODULE_LINES, f"{module}: {source.count(chr(10))} lines"
-    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert long == [], module

@@ -37,8 +37,20 @@ def processor_tiles(height: int, width: int) -> int:
     return columns * rows + (1 if columns * rows > 1 else 0)
 
 
-SIZES = [(364, 364), (728, 728), (768, 1024), (1024, 768), (364, 728), (1080, 1920), (4000, 300), (300, 4000),
-         (500, 510), (1200, 900), (2000, 2000), (640, 1536)]
+SIZES = [
+    (364, 364),
+    (728, 728),
+    (768, 1024),
+    (1024, 768),
+    (364, 728),
+    (1080, 1920),
+    (4000, 300),
+    (300, 4000),
+    (500, 510),
+    (1200, 900),
+    (2000, 2000),
+    (640, 1536),
+]
 
 
 def test_imports_as_aya_vision_with_the_published_count():
@@ -52,15 +64,14 @@ def test_imports_as_aya_vision_with_the_published_count():
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(FIX)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_the_search_itself():
-    assert processor_tiles(364, 364) == 1      # one tile, no thumbnail
-    assert processor_tiles(728, 728) == 5      # 2 x 2 + the thumbnail
-    assert processor_tiles(1024, 768) == 13    # 3 x 4 + the thumbnail
-    assert processor_tiles(364, 728) == 3      # 2 x 1 + the thumbnail
+    assert processor_tiles(364, 364) == 1  # one tile, no thumbnail
+    assert processor_tiles(728, 728) == 5  # 2 x 2 + the thumbnail
+    assert processor_tiles(1024, 768) == 13  # 3 x 4 + the thumbnail
+    assert processor_tiles(364, 728) == 3  # 2 x 1 + the thumbnail
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -105,25 +116,28 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = aya_vision.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = aya_vision.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in aya_vision.module_groups(model).items()}
+    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in aya_vision.module_groups(model).items()}
     assert counts == COUNTS
     for size in SIZES:
         assert aya_vision.tiles_per_image(config, list(size)) == processor_tiles(*size)
-    batch = aya_vision.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1,
-                                           "image_size": [728, 728]}, torch.bfloat16)
+    batch = aya_vision.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1, "image_size": [728, 728]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (10, 3, TILE, TILE)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [5 * PER_TILE] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    (None, "vision_feature_layer", -2, "vision_feature_layer"),
-    (None, "vision_feature_select_strategy", "default", "strategy full"),
-    (None, "downsample_factor", 3, "downsample_factor"),
-    ("vision_config", "vision_use_head", True, "pooling head"),
-    ("text_config", "model_type", "cohere", "Cohere2"),
-    ("text_config", "hidden_act", "gelu", "SwiGLU"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        (None, "vision_feature_layer", -2, "vision_feature_layer"),
+        (None, "vision_feature_select_strategy", "default", "strategy full"),
+        (None, "downsample_factor", 3, "downsample_factor"),
+        ("vision_config", "vision_use_head", True, "pooling head"),
+        ("text_config", "model_type", "cohere", "Cohere2"),
+        ("text_config", "hidden_act", "gelu", "SwiGLU"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value

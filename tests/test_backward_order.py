@@ -26,13 +26,15 @@ QWEN2 = ROOT / "specs" / "qwen2" / "qwen2.5-0.5b.yaml"
 
 # Records of a multimodal model whose vision tower trains: the order decides their backward.
 TRAINED_TOWER = sorted(
-    p.name for p in TRACES.glob("*.json")
-    if (e := json.loads(p.read_text())["experiment"]).get("images_per_sample") and "vision" in e.get("trainable", ())
+    p.name for p in TRACES.glob("*.json") if (e := json.loads(p.read_text())["experiment"]).get("images_per_sample") and "vision" in e.get("trainable", ())
 )
 # Pure bf16 or fp32 SGD: no optimizer step above the backward, which is the step's peak
 # (Qwen3-VL-2B's qwen3-vl.yaml and qwen3-vl-eager.yaml records are all SGD)
-SGD = sorted(p.name for p in TRACES.glob("*.json")
-             if p.name.startswith(("paligemma-sgd_", "idefics3-sgd_", "llava-1.5-sgd_", "qwen2-vl-sgd_", "qwen3-vl_2b_", "gemma3-sgd_")))
+SGD = sorted(
+    p.name
+    for p in TRACES.glob("*.json")
+    if p.name.startswith(("paligemma-sgd_", "idefics3-sgd_", "llava-1.5-sgd_", "qwen2-vl-sgd_", "qwen3-vl_2b_", "gemma3-sgd_"))
+)
 # What the phase comparison allows above a trace: the gate's MAPE, 0.5 %
 OVER = 0.005
 
@@ -122,8 +124,15 @@ def test_qwen25vl_sgd_peak_holds_the_windowed_blocks_rng_state():
 KNOWN_UNDER = {"autocast-llava_7b_full_b4_s1024_gc-off.json"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="autocast, tower trained, b 4: backward 9,559,552 B under the trace"))
-                                  if n in KNOWN_UNDER else n for n in TRAINED_TOWER])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="autocast, tower trained, b 4: backward 9,559,552 B under the trace"))
+        if n in KNOWN_UNDER
+        else n
+        for n in TRAINED_TOWER
+    ],
+)
 def test_backward_phase_against_the_trace(name):
     """The estimate's backward never below the traced backward phase, at most 0.5 % above.
     Walking the modules in reverse spec order put PaliGemma's tied-embedding backward before
@@ -143,7 +152,7 @@ def test_token_embeddings_backward_against_the_trace(name):
     first layer). In reverse spec order SmolVLM's estimate there was 213 MiB under the trace
     with checkpointing, LLaVA-1.5-7B's 1,115 MiB."""
     record, report = _load(name)
-    (module, measured), = _steady(record)["phases"]["backward"]["modules"].items()
+    ((module, measured),) = _steady(record)["phases"]["backward"]["modules"].items()
     assert module.endswith("embed_tokens")
     path = _embed_path(report)
     at = [total for phase, p, total in report.estimate.timeline if phase == "backward" and p == path]

@@ -44,8 +44,7 @@ def test_imports_as_blip_2_with_the_published_count():
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(FIX)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_builder_counts_and_batch_equal_the_spec():
@@ -57,11 +56,9 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = blip_2.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = blip_2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in blip_2.module_groups(model).items()}
+    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in blip_2.module_groups(model).items()}
     assert counts == COUNTS
-    batch = blip_2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 256, "images_per_sample": 1},
-                              torch.bfloat16)
+    batch = blip_2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 256, "images_per_sample": 1}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2, 3, 224, 224)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [QUERIES] * 2
 
@@ -71,24 +68,27 @@ def test_image_positions_and_the_towers_autograd():
     frozen tower saves nothing, unless peft's input-grad hook (LoRA with checkpointing) makes its
     embeddings' output a leaf that requires grad: then every layer saves what its input gradient
     needs, and the embeddings' output is kept [2, 257, 1408]."""
-    plain = {r.path: r for r in api.estimate(str(SPEC), micro_batch=2, seq_len=256, images_per_sample=1,
-                                               lora={"r": 16}).rows}
+    plain = {r.path: r for r in api.estimate(str(SPEC), micro_batch=2, seq_len=256, images_per_sample=1, lora={"r": 16}).rows}
     assert plain["language.image_merge[0]"].count == 1
     assert sum(r.activations or 0 for p, r in plain.items() if p.startswith("vision.")) == 0
-    hooked = {r.path: r for r in api.estimate(str(SPEC), micro_batch=2, seq_len=256, images_per_sample=1,
-                                                lora={"r": 16}, gradient_checkpointing=["language"]).rows}
+    hooked = {
+        r.path: r for r in api.estimate(str(SPEC), micro_batch=2, seq_len=256, images_per_sample=1, lora={"r": 16}, gradient_checkpointing=["language"]).rows
+    }
     assert hooked["vision.embeddings_kept[0]"].activations == 2 * 257 * 1408 * 2
     assert hooked["vision.layers[0:39].mlp.activation_fn"].activations == 2 * 257 * 6144 * 2  # gelu saves fc1's output
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("text_config", "model_type", "t5", "Flan-T5"),
-    (None, "use_decoder_only_language_model", False, "Flan-T5"),
-    ("qformer_config", "cross_attention_frequency", 1, "cross_attention_frequency"),
-    ("qformer_config", "use_qformer_text_input", True, "text feed-forward"),
-    ("vision_config", "hidden_act", "quick_gelu", "exact GELU"),
-    ("text_config", "do_layer_norm_before", False, "LayerNorm first"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("text_config", "model_type", "t5", "Flan-T5"),
+        (None, "use_decoder_only_language_model", False, "Flan-T5"),
+        ("qformer_config", "cross_attention_frequency", 1, "cross_attention_frequency"),
+        ("qformer_config", "use_qformer_text_input", True, "text feed-forward"),
+        ("vision_config", "hidden_act", "quick_gelu", "exact GELU"),
+        ("text_config", "do_layer_norm_before", False, "LayerNorm first"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value

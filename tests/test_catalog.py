@@ -42,8 +42,11 @@ def test_a_path_that_exists_is_never_a_short_name(tmp_path, monkeypatch):
 
 
 def test_an_ambiguous_short_name_is_refused(monkeypatch):
-    twice = catalog.entries() + tuple(e.__class__(e.name, e.kind, e.path.with_name("copy.yaml"), e.model, e.parameters, e.modules, e.summary)
-                                      for e in catalog.entries() if e.name == "llava-1.5-7b")
+    twice = catalog.entries() + tuple(
+        e.__class__(e.name, e.kind, e.path.with_name("copy.yaml"), e.model, e.parameters, e.modules, e.summary)
+        for e in catalog.entries()
+        if e.name == "llava-1.5-7b"
+    )
     monkeypatch.setattr(catalog, "entries", lambda: twice)
     with pytest.raises(MemspecError, match="E111|names 2 bundled files"):
         catalog.find("llava-1.5-7b")

@@ -205,8 +205,10 @@ def test_progress_shows_on_a_terminal(tmp_path):
     import pty
 
     env = {**os.environ, "MEMSPEC_CACHE": str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
-    code = ("import sys; from compiler.commands import progress; progress.QUIET_SECONDS = 0; "
-            "from compiler.cli import main; sys.exit(main(['check', 'specs/experiments']))")
+    code = (
+        "import sys; from compiler.commands import progress; progress.QUIET_SECONDS = 0; "
+        "from compiler.cli import main; sys.exit(main(['check', 'specs/experiments']))"
+    )
     leader, follower = pty.openpty()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=follower, timeout=300)
     os.close(follower)
@@ -264,8 +266,18 @@ def test_validate_key_reaches_every_formula_an_estimate_loads(cache):
         assert loaded <= reached, (spec_path, loaded - reached)
     llava = json.dumps({"experiment": {"model": "specs/llava/llava-1.5-7b.yaml"}}).encode()
     reached = set(validation._reads(llava, inputs)[2::2])
-    assert {"clip_vision_tower", "mlp_projector", "llama_causal_lm", "llama_decoder_layer", "linear", "lora_linear", "dora_linear",
-            "linear_4bit", "linear_8bit", "modules_to_save"} <= reached
+    assert {
+        "clip_vision_tower",
+        "mlp_projector",
+        "llama_causal_lm",
+        "llama_decoder_layer",
+        "linear",
+        "lora_linear",
+        "dora_linear",
+        "linear_4bit",
+        "linear_8bit",
+        "modules_to_save",
+    } <= reached
     assert "gemma_attention" not in reached and "t5_stack" not in reached
 
 

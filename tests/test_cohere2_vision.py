@@ -35,8 +35,7 @@ def processor_tiles(height: int, width: int, tile: int = TILE, max_patches: int 
     """Cohere2VisionImageProcessor.get_number_of_image_patches restated with numpy as
     get_optimal_tiled_canvas computes it (the grids sorted by tile count, the scales as float64
     arrays, argmax / argmin taking the first), plus the thumbnail when more than one tile."""
-    grids = sorted([(c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
-                    if c * r <= max_patches], key=lambda g: g[0] * g[1])
+    grids = sorted([(c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1) if c * r <= max_patches], key=lambda g: g[0] * g[1])
     scales = np.min(np.array(grids) * tile / np.stack([width, height]), axis=-1, keepdims=True)
     if np.all(scales < 1):
         best = grids[np.argmax(scales)]
@@ -46,8 +45,22 @@ def processor_tiles(height: int, width: int, tile: int = TILE, max_patches: int 
     return 1 + blocks if max_patches > 1 and blocks > 1 else 1
 
 
-SIZES = [(512, 512), (1024, 1024), (768, 1024), (1024, 768), (512, 1024), (1080, 1920), (4000, 300), (300, 4000),
-         (500, 510), (1200, 900), (2000, 2000), (640, 1536), (2048, 2048), (100, 100)]
+SIZES = [
+    (512, 512),
+    (1024, 1024),
+    (768, 1024),
+    (1024, 768),
+    (512, 1024),
+    (1080, 1920),
+    (4000, 300),
+    (300, 4000),
+    (500, 510),
+    (1200, 900),
+    (2000, 2000),
+    (640, 1536),
+    (2048, 2048),
+    (100, 100),
+]
 
 
 def test_imports_as_cohere2_vision_with_the_published_count():
@@ -61,16 +74,15 @@ def test_imports_as_cohere2_vision_with_the_published_count():
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(FIX)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_the_search_itself():
-    assert processor_tiles(512, 512) == 1      # one tile, no thumbnail
-    assert processor_tiles(1024, 1024) == 5    # 2 x 2 + the thumbnail
-    assert processor_tiles(768, 1024) == 5     # the smallest upscale: 2 x 2 (scale 4/3) + the thumbnail
-    assert processor_tiles(2048, 2048) == 10   # every grid shrinks it: the first of scale 0.75, 3 x 3
-    assert processor_tiles(100, 100) == 1      # 1 x 1 needs the smallest upscale
+    assert processor_tiles(512, 512) == 1  # one tile, no thumbnail
+    assert processor_tiles(1024, 1024) == 5  # 2 x 2 + the thumbnail
+    assert processor_tiles(768, 1024) == 5  # the smallest upscale: 2 x 2 (scale 4/3) + the thumbnail
+    assert processor_tiles(2048, 2048) == 10  # every grid shrinks it: the first of scale 0.75, 3 x 3
+    assert processor_tiles(100, 100) == 1  # 1 x 1 needs the smallest upscale
 
 
 def test_canvas_tiles_is_the_processors_search():
@@ -127,24 +139,29 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = cohere2_vision.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = cohere2_vision.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in cohere2_vision.module_groups(model).items()}
+    counts = {
+        name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in cohere2_vision.module_groups(model).items()
+    }
     assert counts == COUNTS
     for size in SIZES:
         assert cohere2_vision.tiles_per_image(config, list(size)) == processor_tiles(*size)
-    batch = cohere2_vision.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048,
-                                               "images_per_sample": 1, "image_size": [1024, 1024]}, torch.bfloat16)
+    batch = cohere2_vision.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [1024, 1024]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (10, 3, TILE, TILE)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [5 * PER_TILE] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    (None, "downsample_factor", 3, "downsample_factor"),
-    ("vision_config", "vision_use_head", True, "pooling head"),
-    ("vision_config", "model_type", "clip_vision_model", "SigLIP"),
-    ("text_config", "model_type", "cohere", "Cohere2"),
-    ("text_config", "hidden_act", "gelu", "SwiGLU"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        (None, "downsample_factor", 3, "downsample_factor"),
+        ("vision_config", "vision_use_head", True, "pooling head"),
+        ("vision_config", "model_type", "clip_vision_model", "SigLIP"),
+        ("text_config", "model_type", "cohere", "Cohere2"),
+        ("text_config", "hidden_act", "gelu", "SwiGLU"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value
@@ -154,12 +171,15 @@ def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("crop_to_patches", False, "crop_to_patches false"),
-    ("size", {"height": 384, "width": 384}, "tiles of another size"),
-    ("max_patches", 100, "1 to 64"),
-    ("patch_size", 14, "image tokens per tile"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("crop_to_patches", False, "crop_to_patches false"),
+        ("size", {"height": 384, "width": 384}, "tiles of another size"),
+        ("max_patches", 100, "1 to 64"),
+        ("patch_size", 14, "image tokens per tile"),
+    ],
+)
 def test_other_processor_settings_are_refused(tmp_path, key, value, words):
     folder = tmp_path / "variant"
     shutil.copytree(FIX, folder)

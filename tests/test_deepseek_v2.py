@@ -2,6 +2,7 @@
 parameter counts are what transformers builds from the same config.json (meta device), the
 layer table's attention and MoE terms, and peft's handling of the MLP names, which the LoRA
 records avoid (specs/matrices/deepseek-v2-lite-lora.yaml)."""
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,7 @@ ATTENTION = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
 def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
     written = api.load_spec(ROOT / spec)
     imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
     assert sum(m.parameters for m in written.modules) == parameters
 
 
@@ -45,8 +45,9 @@ def _meta_model(config: dict):
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(built)]._from_config(built)
 
 
-@pytest.mark.parametrize("config, parameters", [(hf.DEEPSEEK_V2_LITE, 15_706_484_224), (hf.DEEPSEEK_V2, 235_741_434_880),
-                                                (hf.MOONLIGHT_16B_A3B, 15_960_108_544)])
+@pytest.mark.parametrize(
+    "config, parameters", [(hf.DEEPSEEK_V2_LITE, 15_706_484_224), (hf.DEEPSEEK_V2, 235_741_434_880), (hf.MOONLIGHT_16B_A3B, 15_960_108_544)]
+)
 def test_parameters_are_what_transformers_builds(config, parameters):
     model = _meta_model(config)
     assert sum(p.numel() for p in model.parameters()) == parameters
@@ -57,8 +58,7 @@ def test_attention_and_moe_terms():
     kernel saves q and k of 192 per head, v and the output of 128, the k_nope half of kv_b_proj's
     output (v's storage), and the complex rotary table once; the router saves the weight's fp32
     copy, the probabilities and the indices; the experts are grouped_experts with fp32 routing."""
-    est = api.estimate(LITE, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[],
-                       lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
+    est = api.estimate(LITE, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[], lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
     rows = {r.path: r for r in est.rows}
     t = 2048
     q = t * 16 * 192 * 2
@@ -74,8 +74,7 @@ def test_attention_and_moe_terms():
     # perm, token_idx, inv_perm, fp32 routing weights, offsets, gate_up, act, expert_out
     assert experts.activations == 3 * pairs * 8 + pairs * 4 + 64 * 4 + pairs * 1408 * 2 * 3 + pairs * 2048 * 2
     # eager: q, k, a contiguous copy of v, fp32 and bf16 probabilities; kv_b_proj's output dies
-    est = api.estimate(LITE, micro_batch=2, seq_len=1024, attention="eager", trainable=[],
-                       lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
+    est = api.estimate(LITE, micro_batch=2, seq_len=1024, attention="eager", trainable=[], lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
     rows = {r.path: r for r in est.rows}
     assert rows["language.moe_layers[0:26].self_attn.core"].activations == 2 * q + v + 2 * 16 * 1024 * 1024 * (4 + 2)
     assert rows["language.moe_layers[0:26].self_attn.expand"].activations is None  # "-": freqs_cis, charged by layer 0
@@ -113,9 +112,22 @@ def test_peft_moves_mlp_targets_to_the_stacked_experts():
     peft = pytest.importorskip("peft")
     from transformers import AutoConfig, DeepseekV2ForCausalLM
 
-    config = {**hf.DEEPSEEK_V2_LITE, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-              "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128}
+    config = {
+        **hf.DEEPSEEK_V2_LITE,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 128,
+    }
     with torch.device("meta"):
         model = DeepseekV2ForCausalLM._from_config(AutoConfig.for_model(**config))
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"]))
@@ -145,8 +157,7 @@ def test_deepseek_v3_sigmoid_routing_terms():
     divisor and clone, and keeps its correction bias as a buffer; the rotary saves cos and sin
     [1, s, 64] in bf16 once."""
     spec = str(ROOT / "specs/deepseek_v3/moonlight-16b-a3b.yaml")
-    est = api.estimate(spec, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[],
-                       lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
+    est = api.estimate(spec, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[], lora={"r": 16, "alpha": 32, "target_modules": ATTENTION})
     rows = {r.path: r for r in est.rows}
     t = 2048
     gate = rows["language.moe_layers[0:26].moe.gate"]

@@ -37,10 +37,11 @@ def test_head_parameters_are_counted_but_get_no_gradient():
     overwrites its pooled output with the aligner's. bf16-mixed with 16-bit weights is
     DeepSpeed's flat fp32 partition, which holds the master weight and both moments of every
     parameter that requires grad, reached or not (12 bytes each)."""
-    report = api.estimate(str(SPEC), micro_batch=1, seq_len=1024, images_per_sample=1,
-                          trainable=["vision", "projector", "language"], precision="bf16-mixed", dp=1, zero=0)
+    report = api.estimate(
+        str(SPEC), micro_batch=1, seq_len=1024, images_per_sample=1, trainable=["vision", "projector", "language"], precision="bf16-mixed", dp=1, zero=0
+    )
     head = [r for r in report.rows if r.path.startswith("vision.head[0]")]
-    assert sum(r.parameters for r in head) == 12_595_200 * 2          # bf16 weights
+    assert sum(r.parameters for r in head) == 12_595_200 * 2  # bf16 weights
     assert sum(r.gradients for r in head) == 0
     assert sum(r.optimizer_states for r in head) == 12_595_200 * 12
     assert _row(report, "vision.post_layernorm").gradients == 2 * 1024 * 2
@@ -63,12 +64,10 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = deepseek_vl.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = deepseek_vl.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters())
-              for name, mods in deepseek_vl.module_groups(model).items()}
+    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in deepseek_vl.module_groups(model).items()}
     assert counts == importer.import_spec(str(FIX)).header_parameters
     assert not config.tie_word_embeddings
-    batch = deepseek_vl.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1},
-                                   torch.bfloat16)
+    batch = deepseek_vl.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2, 3, 384, 384)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [576, 576]
     assert (batch["labels"][:, :576] == -100).all()

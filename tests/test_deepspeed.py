@@ -58,9 +58,7 @@ def test_auto_needs_the_hidden_size(tmp_path, monkeypatch):
 
     spec = open("specs/llava/llava-1.5-7b.yaml").read().replace("hidden_size: 4096", "")
     (tmp_path / "spec.yaml").write_text(spec.replace("config: hf/llava-1.5-7b/config.json", "config: config.json"))
-    (tmp_path / "exp.yaml").write_text(
-        "experiment: x\nmodel: spec.yaml\nmicro_batch: 1\nseq_len: 1024\nparallel: {dp: 8, zero: 2, reduce_bucket_size: auto}\n"
-    )
+    (tmp_path / "exp.yaml").write_text("experiment: x\nmodel: spec.yaml\nmicro_batch: 1\nseq_len: 1024\nparallel: {dp: 8, zero: 2, reduce_bucket_size: auto}\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MemspecError) as err:
         estimate("exp.yaml")

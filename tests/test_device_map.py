@@ -100,14 +100,17 @@ def test_an_explicit_map_places_what_it_names():
     assert paths["language.layers[0]"] == 1 and paths["language.embed_tokens"] == 0 and paths["language.loss"] == 0
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"device_map": "autoo", "max_memory": ["1GiB"]}, "device_map 'autoo' is no placement"),
-    ({"device_map": "auto"}, "without max_memory"),
-    ({"device_map": "auto", "max_memory": ["20 GiB", "twenty"]}, "is not a size"),
-    ({"device_map": {"model.layers": 2}, "max_memory": ["1GiB", "1GiB"]}, "GPU 2 is beyond the 2 GPU(s)"),
-    ({"device_map": {"model.layers": "cpu"}}, "offloading to host memory or disk is not modelled"),
-    ({"device_map": "auto", "max_memory": ["1GiB"], "dp": 2}, "runs in one process"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"device_map": "autoo", "max_memory": ["1GiB"]}, "device_map 'autoo' is no placement"),
+        ({"device_map": "auto"}, "without max_memory"),
+        ({"device_map": "auto", "max_memory": ["20 GiB", "twenty"]}, "is not a size"),
+        ({"device_map": {"model.layers": 2}, "max_memory": ["1GiB", "1GiB"]}, "GPU 2 is beyond the 2 GPU(s)"),
+        ({"device_map": {"model.layers": "cpu"}}, "offloading to host memory or disk is not modelled"),
+        ({"device_map": "auto", "max_memory": ["1GiB"], "dp": 2}, "runs in one process"),
+    ],
+)
 def test_bad_values_are_refused(overrides, message):
     with pytest.raises((MemspecError, UsageError)) as error:
         _setup("specs/qwen2/qwen2.5-0.5b.yaml", **overrides)
@@ -119,7 +122,8 @@ def test_an_unknown_module_is_refused_at_its_line(tmp_path):
     experiment = tmp_path / "split.yaml"
     experiment.write_text(
         f"experiment: split\nmodel: {ROOT / 'specs/qwen2/qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 1024\n"
-        "device_map:\n  model.embed_tokens: 0\n  model.layer: 1\n  lm_head: 0\nmax_memory: [2GiB, 2GiB]\n")
+        "device_map:\n  model.embed_tokens: 0\n  model.layer: 1\n  lm_head: 0\nmax_memory: [2GiB, 2GiB]\n"
+    )
     with pytest.raises(MemspecError) as error:
         spec, setup = api.load_inputs(experiment, {})
         api.run(spec, setup)

@@ -53,8 +53,9 @@ BUFFER = 1_048_576
 
 
 def _git(repo: Path, *argv: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=memspec", "-c", "user.email=memspec@example.org", *argv], cwd=repo,
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=memspec", "-c", "user.email=memspec@example.org", *argv], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _change_formula(repo: Path) -> None:

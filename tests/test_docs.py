@@ -49,8 +49,14 @@ COMMANDS = [(p.relative_to(ROOT).as_posix(), c) for p in PAGES for c in _command
 
 def test_the_guides_have_commands():
     pages = {p for p, _ in COMMANDS}
-    for name in ("docs/estimate-from-a-hub-id.md", "docs/check-in-a-spec.md", "docs/write-a-formula.md",
-                 "docs/review-a-formula-change.md", "docs/validate-against-your-measurements.md", "README.md"):
+    for name in (
+        "docs/estimate-from-a-hub-id.md",
+        "docs/check-in-a-spec.md",
+        "docs/write-a-formula.md",
+        "docs/review-a-formula-change.md",
+        "docs/validate-against-your-measurements.md",
+        "README.md",
+    ):
         assert name in pages, name
 
 

@@ -93,7 +93,7 @@ def test_page_runs_as_written(page, tmp_path):
             (work / what).parent.mkdir(parents=True, exist_ok=True)
             (work / what).write_text(text)
             continue
-        out = subprocess.run(["bash", "-c", MEMSPEC + what[len("memspec"):]], cwd=work, env=env, capture_output=True, text=True)
+        out = subprocess.run(["bash", "-c", MEMSPEC + what[len("memspec") :]], cwd=work, env=env, capture_output=True, text=True)
         said = re.search(r"#.*\bexit (\d+)", what)
         allowed = (0, int(said.group(1))) if said else (0,)
         assert out.returncode in allowed, f"{page.name}: {what}\nexit {out.returncode}\n{out.stderr[-3000:]}"

@@ -6,12 +6,8 @@ from compiler.errors import Diagnostic, MemspecError, UsageError, did_you_mean
 
 
 def test_render_with_path_and_help():
-    d = Diagnostic("E203", "specs/x.yaml", 14, 9, "$.modules.language.layers",
-                   "unknown key 'hiden'", "did you mean 'hidden'?")
-    assert d.render() == (
-        "specs/x.yaml:14:9: E203 $.modules.language.layers: unknown key 'hiden'\n"
-        "help: did you mean 'hidden'?"
-    )
+    d = Diagnostic("E203", "specs/x.yaml", 14, 9, "$.modules.language.layers", "unknown key 'hiden'", "did you mean 'hidden'?")
+    assert d.render() == ("specs/x.yaml:14:9: E203 $.modules.language.layers: unknown key 'hiden'\nhelp: did you mean 'hidden'?")
 
 
 def test_render_without_help_or_path():

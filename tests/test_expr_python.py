@@ -79,14 +79,17 @@ def test_python_agrees_with_jinja_on_random_scopes():
     assert checked > 5000
 
 
-@pytest.mark.parametrize("source, scope", [
-    ("a // b", {"a": 1, "b": 0}),
-    ("a ** b", {"a": 10, "b": 10 ** 6}),
-    ("ceil_div(a, b)", {"a": 5}),
-    ("a / b", {"a": 6, "b": 4}),
-    ("a if c else max(a, 3) - -a", {"a": 2, "c": False}),
-    ("1 < a <= 3 and not c or a in [1]", {"a": 2, "c": True}),
-])
+@pytest.mark.parametrize(
+    "source, scope",
+    [
+        ("a // b", {"a": 1, "b": 0}),
+        ("a ** b", {"a": 10, "b": 10**6}),
+        ("ceil_div(a, b)", {"a": 5}),
+        ("a / b", {"a": 6, "b": 4}),
+        ("a if c else max(a, 3) - -a", {"a": 2, "c": False}),
+        ("1 < a <= 3 and not c or a in [1]", {"a": 2, "c": True}),
+    ],
+)
 def test_edge_cases_match(source, scope):
     from compiler.library import formula
 

@@ -82,9 +82,19 @@ def test_longest_sequence_holds_the_images_at_the_experiment_size():
     """Qwen2-VL-7B at 1344 x 1344: (1344 / 28)^2 = 48^2 = 2304 image tokens, more than the
     spec's default image brings; the sequence search starts above them instead of failing."""
     gpu = gpu_catalog()[0]["h100-80gb"]
-    spec, setup = load_inputs("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", {
-        "micro_batch": 1, "seq_len": 4096, "image_size": [1344, 1344], "trainable": ["language"],
-        "gradient_checkpointing": ["language"], "dp": 8, "zero": 3, "gpu": "h100-80gb"})
+    spec, setup = load_inputs(
+        "specs/qwen2_vl/qwen2-vl-7b-instruct.yaml",
+        {
+            "micro_batch": 1,
+            "seq_len": 4096,
+            "image_size": [1344, 1344],
+            "trainable": ["language"],
+            "gradient_checkpointing": ["language"],
+            "dp": 8,
+            "zero": 3,
+            "gpu": "h100-80gb",
+        },
+    )
     f = fit(spec, setup, gpu, margin=parse_margin("5%"))
     assert f.seq_len.value is not None and f.seq_len.value > 2304
     assert _device(spec, setup, seq_len=f.seq_len.value) == f.seq_len.device <= f.budget
@@ -111,8 +121,12 @@ def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     7.5 % without checkpointing."""
     data = _fit_json(capsys, TINY, "--gpu", "h100-80gb")
     # 4 % of 85,520,809,984 B = 3,420,832,399.36 B, rounded up: 3,420,832,400 B kept free
-    assert data["margin"] == {"percent": 4.0, "bytes": 3_420_832_400, "source": "specs/gpus.yaml device.margin_pct.checkpointed",
-                              "summary": "the worst under-estimate measured on a GPU for a checkpointed step"}
+    assert data["margin"] == {
+        "percent": 4.0,
+        "bytes": 3_420_832_400,
+        "source": "specs/gpus.yaml device.margin_pct.checkpointed",
+        "summary": "the worst under-estimate measured on a GPU for a checkpointed step",
+    }
     assert data["budget"] == H100 - 3_420_832_400 == 82_099_977_584
     assert data["fits_as_given"] is True and data["levers"] == [] and data["levers_at"] is None  # nothing to change
     # 7.5 % of 85,520,809,984 B = 6,414,060,748.8 B, rounded up: 6,414,060,749 B
@@ -122,9 +136,10 @@ def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     from compiler.cli import main
 
     assert main(["fit", TINY, "--gpu", "h100-80gb"]) == 0
-    assert ("budget    76.46 GiB for the device figure (nvidia-smi), margin 4 % = 3.19 GiB kept free "
-            "(specs/gpus.yaml device.margin_pct.checkpointed: the worst under-estimate measured on a GPU for a checkpointed step)"
-            ) in capsys.readouterr().out
+    assert (
+        "budget    76.46 GiB for the device figure (nvidia-smi), margin 4 % = 3.19 GiB kept free "
+        "(specs/gpus.yaml device.margin_pct.checkpointed: the worst under-estimate measured on a GPU for a checkpointed step)"
+    ) in capsys.readouterr().out
 
 
 def test_margin_zero_and_absolute_margins(capsys):
@@ -170,8 +185,13 @@ def test_nothing_fits_lists_the_levers_at_micro_batch_1():
     f = fit(spec, setup, gpu, resolve=resolve)
     assert f.micro_batch.value is None and not f.fits
     # cheapest first; no ZeRO stage at dp 1 (nothing to shard across)
-    assert [x.lever for x in f.levers] == ["gradient checkpointing, every module", "LoRA r16, default targets",
-                                           "QLoRA, 4-bit nf4 weights", "optimizer and parameters to CPU", "more GPUs"]
+    assert [x.lever for x in f.levers] == [
+        "gradient checkpointing, every module",
+        "LoRA r16, default targets",
+        "QLoRA, 4-bit nf4 weights",
+        "optimizer and parameters to CPU",
+        "more GPUs",
+    ]
     _check_levers(spec, f, resolve, at=1)
     assert f.levers[0].change == "--gradient-checkpointing vision,projector,language" and not f.levers[0].fits
     more = f.levers[-1]
@@ -197,12 +217,15 @@ def test_a_smaller_micro_batch_fits_the_levers_keep_the_one_given(capsys):
     assert data["levers"] == [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers]
 
 
-@pytest.mark.parametrize("experiment, ran, ran_out", [
-    # tests/measured/gpu/llava-1.5-7b-pretrain_unsharded_b3{6,7,8}.json: 36 and 37 ran, 38 ran out of memory
-    ("specs/experiments/llava-1.5-7b-pretrain.yaml", 37, 38),
-    # tests/measured/gpu/llava-1.5-7b-lora_unsharded_b{29,30,31}.json: all three ran
-    ("specs/experiments/llava-1.5-7b-lora.yaml", 31, None),
-])
+@pytest.mark.parametrize(
+    "experiment, ran, ran_out",
+    [
+        # tests/measured/gpu/llava-1.5-7b-pretrain_unsharded_b3{6,7,8}.json: 36 and 37 ran, 38 ran out of memory
+        ("specs/experiments/llava-1.5-7b-pretrain.yaml", 37, 38),
+        # tests/measured/gpu/llava-1.5-7b-lora_unsharded_b{29,30,31}.json: all three ran
+        ("specs/experiments/llava-1.5-7b-lora.yaml", 31, None),
+    ],
+)
 def test_fit_on_the_measured_boundary_answers_a_micro_batch_that_ran(experiment, ran, ran_out):
     """fit's largest micro-batch on one H100 (no sharding), with the catalog's margin for a
     checkpointed step, against the runs on the H100: never one that ran out of memory, never

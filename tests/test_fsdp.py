@@ -113,16 +113,37 @@ def test_fsdp_and_zero_exclude_each_other(capsys):
 
 def test_experiment_with_both_is_an_error_in_the_file(tmp_path):
     exp = tmp_path / "x.yaml"
-    exp.write_text(f"experiment: x\nmodel: {__import__('pathlib').Path(QWEN).resolve()}\nmicro_batch: 1\nseq_len: 256\n"
-                   "images_per_sample: 0\nparallel: {dp: 8, zero: 3, fsdp: {}}\n")
+    exp.write_text(
+        f"experiment: x\nmodel: {__import__('pathlib').Path(QWEN).resolve()}\nmicro_batch: 1\nseq_len: 256\n"
+        "images_per_sample: 0\nparallel: {dp: 8, zero: 3, fsdp: {}}\n"
+    )
     with pytest.raises(MemspecError) as err:
         estimate(str(exp))
     assert "E310 $.parallel: fsdp and zero 3 both shard the model" in err.value.render()
 
 
 def test_cli_flags_and_json(capsys):
-    assert main(["estimate", QWEN, "--micro-batch", "4", "--seq-len", "1024", "--images-per-sample", "0", "--dp", "8",
-                 "--fsdp-reshard-after-forward", "false", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                QWEN,
+                "--micro-batch",
+                "4",
+                "--seq-len",
+                "1024",
+                "--images-per-sample",
+                "0",
+                "--dp",
+                "8",
+                "--fsdp-reshard-after-forward",
+                "false",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     import json
 
     data = json.loads(capsys.readouterr().out)

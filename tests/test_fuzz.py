@@ -27,14 +27,20 @@ EXPERIMENT = ROOT / "specs" / "experiments" / "llava-1.5-7b-finetune.yaml"
 HUB = ROOT / "tests" / "fixtures" / "hub" / "Qwen2.5-0.5B"
 KEYS = sorted(json.loads((ROOT / "schemas" / "experiment.schema.json").read_text())["properties"])
 
-FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
-scalars = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.sampled_from([0, 1, -1, 2 ** 63, 10 ** 30])
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-           | st.sampled_from(["auto", "bf16", "zero3", "language", "none", "", "h100-80gb", "eager", "cpu", "nvme"]))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                      max_leaves=8)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([0, 1, -1, 2**63, 10**30])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from(["auto", "bf16", "zero3", "language", "none", "", "h100-80gb", "eager", "cpu", "nvme"])
+)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:
@@ -75,21 +81,30 @@ def test_experiment_text(text, workdir, capsys):
     _run(["estimate", str(path)], capsys)
 
 
-zero = st.fixed_dictionaries({}, optional={
-    "stage": values | st.sampled_from([0, 1, 2, 3]),
-    "reduce_bucket_size": values | st.sampled_from(["auto", 5e8]),
-    "stage3_prefetch_bucket_size": values,
-    "offload_optimizer": st.dictionaries(st.sampled_from(["device", "pin_memory"]), values | st.sampled_from(["cpu", "nvme", "none"]), max_size=2),
-    "offload_param": st.dictionaries(st.sampled_from(["device", "pin_memory"]), values | st.sampled_from(["cpu", "nvme", "none"]), max_size=2),
-    "overlap_comm": values,
-})
-deepspeed = st.fixed_dictionaries({}, optional={
-    "zero_optimization": zero | values,
-    "bf16": st.dictionaries(st.just("enabled"), values | st.booleans(), max_size=1),
-    "fp16": st.dictionaries(st.just("enabled"), values | st.booleans(), max_size=1),
-    "train_micro_batch_size_per_gpu": values | st.integers(1, 64),
-    "communication_data_type": values,
-}) | values
+zero = st.fixed_dictionaries(
+    {},
+    optional={
+        "stage": values | st.sampled_from([0, 1, 2, 3]),
+        "reduce_bucket_size": values | st.sampled_from(["auto", 5e8]),
+        "stage3_prefetch_bucket_size": values,
+        "offload_optimizer": st.dictionaries(st.sampled_from(["device", "pin_memory"]), values | st.sampled_from(["cpu", "nvme", "none"]), max_size=2),
+        "offload_param": st.dictionaries(st.sampled_from(["device", "pin_memory"]), values | st.sampled_from(["cpu", "nvme", "none"]), max_size=2),
+        "overlap_comm": values,
+    },
+)
+deepspeed = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "zero_optimization": zero | values,
+            "bf16": st.dictionaries(st.just("enabled"), values | st.booleans(), max_size=1),
+            "fp16": st.dictionaries(st.just("enabled"), values | st.booleans(), max_size=1),
+            "train_micro_batch_size_per_gpu": values | st.integers(1, 64),
+            "communication_data_type": values,
+        },
+    )
+    | values
+)
 
 
 @FUZZ
@@ -101,9 +116,27 @@ def test_deepspeed_configs(config, trailing, workdir, capsys):
     _only(workdir, {"ds.json"})
 
 
-shell = st.lists(st.sampled_from(list("abc-_=. /$`'\"\\;|&<>()*{}\n") + [
-    "--deepspeed", "--bf16", "deepspeed", "torchrun", "train.py", "$(touch pwned)", "`touch pwned`", "; touch pwned",
-    "--per_device_train_batch_size", " 4", "--model_name_or_path", "ds.json", "\\\n"]), max_size=24).map("".join)
+shell = st.lists(
+    st.sampled_from(
+        list("abc-_=. /$`'\"\\;|&<>()*{}\n")
+        + [
+            "--deepspeed",
+            "--bf16",
+            "deepspeed",
+            "torchrun",
+            "train.py",
+            "$(touch pwned)",
+            "`touch pwned`",
+            "; touch pwned",
+            "--per_device_train_batch_size",
+            " 4",
+            "--model_name_or_path",
+            "ds.json",
+            "\\\n",
+        ]
+    ),
+    max_size=24,
+).map("".join)
 
 
 @FUZZ
@@ -115,11 +148,36 @@ def test_launch_scripts_are_read_never_run(script, workdir, capsys):
     _only(workdir, {"train.sh"})  # `touch pwned` never ran
 
 
-atoms = st.sampled_from(["dim", "tokens", "batch", "seq", "bytes.act", "x_bytes", "grad_flows", "0", "1", "-1", "2", "10",
-                         "10 ** 10", "2 ** 64", "True", "'s'", "ceil_div(dim, 0)", "min(dim)", "max()"])
-expressions = st.recursive(atoms, lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "//", "%", "**", " if ", " and "]), inner)
-                           .map(lambda t: f"({t[0]}{t[1]}{t[2]})" if t[1] != " if " else f"({t[0]} if {t[2]} else 0)"),
-                           max_leaves=6)
+atoms = st.sampled_from(
+    [
+        "dim",
+        "tokens",
+        "batch",
+        "seq",
+        "bytes.act",
+        "x_bytes",
+        "grad_flows",
+        "0",
+        "1",
+        "-1",
+        "2",
+        "10",
+        "10 ** 10",
+        "2 ** 64",
+        "True",
+        "'s'",
+        "ceil_div(dim, 0)",
+        "min(dim)",
+        "max()",
+    ]
+)
+expressions = st.recursive(
+    atoms,
+    lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "//", "%", "**", " if ", " and "]), inner).map(
+        lambda t: f"({t[0]}{t[1]}{t[2]})" if t[1] != " if " else f"({t[0]} if {t[2]} else 0)"
+    ),
+    max_leaves=6,
+)
 
 
 @FUZZ
@@ -128,24 +186,31 @@ def test_formula_expressions(expression, workdir, capsys):
     """A formula's transient with any arithmetic, powers that would not fit in memory
     included, checked against its examples: a diagnostic, never a hang or a traceback."""
     text = (ROOT / "formulas" / "gelu.yaml").read_text().replace('forward: "x_bytes"', f"forward: {json.dumps(expression)}")
-    text = text.replace("      activations: 75_497_472          # 9216 * 4096 * 2",
-                        "      activations: 75_497_472          # 9216 * 4096 * 2\n      transient_forward: 1")
+    text = text.replace(
+        "      activations: 75_497_472          # 9216 * 4096 * 2", "      activations: 75_497_472          # 9216 * 4096 * 2\n      transient_forward: 1"
+    )
     (workdir / "gelu.yaml").write_text(text)
     _run(["check", str(workdir / "gelu.yaml")], capsys)
 
 
 headers = st.one_of(
     st.binary(max_size=64),
-    st.dictionaries(st.text(max_size=12), st.fixed_dictionaries({
-        "dtype": st.sampled_from(["BF16", "F32", "I8", "F8_E4M3", "XX", ""]) | st.text(max_size=4),
-        "shape": st.lists(st.integers(-5, 2 ** 62), max_size=4) | values,
-        "data_offsets": st.lists(st.integers(-5, 2 ** 62), max_size=3) | values,
-    }), max_size=3).map(lambda d: json.dumps(d).encode()),
+    st.dictionaries(
+        st.text(max_size=12),
+        st.fixed_dictionaries(
+            {
+                "dtype": st.sampled_from(["BF16", "F32", "I8", "F8_E4M3", "XX", ""]) | st.text(max_size=4),
+                "shape": st.lists(st.integers(-5, 2**62), max_size=4) | values,
+                "data_offsets": st.lists(st.integers(-5, 2**62), max_size=3) | values,
+            }
+        ),
+        max_size=3,
+    ).map(lambda d: json.dumps(d).encode()),
 )
 
 
 @FUZZ
-@given(header=headers, declared=st.sampled_from([None, 0, 7, 2 ** 40, 2 ** 64 - 1]), tail=st.binary(max_size=16))
+@given(header=headers, declared=st.sampled_from([None, 0, 7, 2**40, 2**64 - 1]), tail=st.binary(max_size=16))
 def test_safetensors_headers(header, declared, tail, workdir, capsys):
     folder = workdir / "model"
     folder.mkdir(exist_ok=True)
@@ -159,20 +224,30 @@ def test_safetensors_headers(header, declared, tail, workdir, capsys):
     _only(workdir, {"model", "spec.yaml"})
 
 
-accelerate = st.fixed_dictionaries({}, optional={
-    "distributed_type": st.sampled_from(["NO", "MULTI_GPU", "DEEPSPEED", "FSDP", "TPU", "deepspeed"]) | values,
-    "mixed_precision": st.sampled_from(["no", "bf16", "fp16", "fp8"]) | values,
-    "num_processes": st.integers(-2, 2 ** 40) | values,
-    "num_machines": st.integers(0, 4) | values,
-    "deepspeed_config": st.fixed_dictionaries({}, optional={
-        "zero_stage": st.integers(-1, 4) | values,
-        "offload_optimizer_device": st.sampled_from(["cpu", "nvme", "none"]) | values,
-        "deepspeed_config_file": st.sampled_from(["ds.json", "/missing.json", "../../etc/passwd"]) | values,
-        "gradient_accumulation_steps": values,
-    }) | values,
-    "fsdp_config": st.dictionaries(st.sampled_from(["fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "x"]),
-                                   values, max_size=3) | values,
-}) | values
+accelerate = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "distributed_type": st.sampled_from(["NO", "MULTI_GPU", "DEEPSPEED", "FSDP", "TPU", "deepspeed"]) | values,
+            "mixed_precision": st.sampled_from(["no", "bf16", "fp16", "fp8"]) | values,
+            "num_processes": st.integers(-2, 2**40) | values,
+            "num_machines": st.integers(0, 4) | values,
+            "deepspeed_config": st.fixed_dictionaries(
+                {},
+                optional={
+                    "zero_stage": st.integers(-1, 4) | values,
+                    "offload_optimizer_device": st.sampled_from(["cpu", "nvme", "none"]) | values,
+                    "deepspeed_config_file": st.sampled_from(["ds.json", "/missing.json", "../../etc/passwd"]) | values,
+                    "gradient_accumulation_steps": values,
+                },
+            )
+            | values,
+            "fsdp_config": st.dictionaries(st.sampled_from(["fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "x"]), values, max_size=3)
+            | values,
+        },
+    )
+    | values
+)
 
 
 @FUZZ
@@ -188,8 +263,7 @@ CONFIG = json.loads((HUB / "config.json").read_text())
 
 
 @FUZZ
-@given(changes=st.dictionaries(st.sampled_from(sorted(CONFIG) + ["model_type", "text_config", "vision_config"]),
-                               values | st.integers(-1, 2 ** 40), max_size=3))
+@given(changes=st.dictionaries(st.sampled_from(sorted(CONFIG) + ["model_type", "text_config", "vision_config"]), values | st.integers(-1, 2**40), max_size=3))
 def test_config_json(changes, workdir, capsys):
     """config.json with any value where a number, a name or a sub-config is expected, imported
     with the real (header-only) safetensors of the model."""
@@ -209,9 +283,10 @@ SPEC_DATA = yaml.safe_load(SPEC.read_text())
 
 
 @FUZZ
-@given(path=st.lists(st.sampled_from(["modules", "language", "inputs", "type", "layers", "hidden", "vocab", "heads", "model", "x"]),
-                     min_size=1, max_size=4),
-       value=values | st.integers(-1, 2 ** 40))
+@given(
+    path=st.lists(st.sampled_from(["modules", "language", "inputs", "type", "layers", "hidden", "vocab", "heads", "model", "x"]), min_size=1, max_size=4),
+    value=values | st.integers(-1, 2**40),
+)
 def test_model_specs(path, value, workdir, capsys):
     """A bundled model spec with one value put anywhere along a path of its keys."""
     data = json.loads(json.dumps(SPEC_DATA))
@@ -246,10 +321,11 @@ def test_hub_ids_and_names_offline(name, workdir, capsys, monkeypatch):
 # The worst cases seen, kept whatever hypothesis draws: each ends in a diagnostic.
 WORST = {
     # billion laughs: nine levels of ten aliases would expand to 10**9 strings
-    "yaml-alias-bomb.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "experiment: *i\n",
+    "yaml-alias-bomb.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    + "experiment: *i\n",
     "deep-nesting.yaml": "experiment: " + "[" * 5000 + "]" * 5000 + "\n",
-    "huge-integer.yaml": f"experiment: x\nmodel: {SPEC}\nmicro_batch: {10 ** 4000}\nseq_len: 128\n",
+    "huge-integer.yaml": f"experiment: x\nmodel: {SPEC}\nmicro_batch: {10**4000}\nseq_len: 128\n",
     "binary.yaml": "\x00\xff\xfe" * 100,
 }
 

@@ -31,7 +31,7 @@ def _dims(report, path: str) -> dict[str, int]:
 def test_the_tower_reads_4096_patches_and_the_text_256_tokens_per_image():
     report = api.estimate(str(SPEC), micro_batch=2, seq_len=2048, images_per_sample=1)
     assert _dims(report, "vision.patch_embedding")["b"] == 2
-    assert _dims(report, "vision.patch_embedding")["s"] == 4096          # (896 / 14)^2
+    assert _dims(report, "vision.patch_embedding")["s"] == 4096  # (896 / 14)^2
     assert _dims(report, "language.image_merge[0]")["image_tokens"] == 256  # pooled 64 x 64 -> 16 x 16
     assert api.image_tokens_per_sample(report.nodes) == 256
 
@@ -67,7 +67,7 @@ def test_the_builders_batch_marks_the_image_block_as_transformers_reads_it():
     batch = gemma3.make_batch(config, exp, torch.bfloat16)
     assert batch["pixel_values"].shape == (2, 3, 896, 896)
     ids = get_block_sequence_ids_for_mask(batch["token_type_ids"])
-    assert ids[:, :256].eq(0).all() and ids[:, 256:].eq(-1).all()   # one bidirectional block, then text
+    assert ids[:, :256].eq(0).all() and ids[:, 256:].eq(-1).all()  # one bidirectional block, then text
     assert (batch["input_ids"] == config.image_token_id).sum() == 2 * 256
     assert (batch["labels"][:, :256] == -100).all()
 
@@ -78,13 +78,18 @@ def _folder(tmp_path: Path, config: dict, processor: dict | None = None) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("config, processor, message", [
-    (hf.GEMMA_3_4B_IT, {"do_pan_and_scan": True}, "pan and scan (do_pan_and_scan)"),
-    ({**hf.GEMMA_3_4B_IT, "text_config": {**hf.GEMMA_3_4B_IT["text_config"], "final_logit_softcapping": 30}}, None,
-     "soft-capping are not modelled"),
-    ({**hf.GEMMA_3_4B_IT, "vision_config": {**hf.GEMMA_3_4B_IT["vision_config"], "vision_use_head": True}}, None,
-     "Gemma 3 reads the tower's last hidden state"),
-])
+@pytest.mark.parametrize(
+    "config, processor, message",
+    [
+        (hf.GEMMA_3_4B_IT, {"do_pan_and_scan": True}, "pan and scan (do_pan_and_scan)"),
+        ({**hf.GEMMA_3_4B_IT, "text_config": {**hf.GEMMA_3_4B_IT["text_config"], "final_logit_softcapping": 30}}, None, "soft-capping are not modelled"),
+        (
+            {**hf.GEMMA_3_4B_IT, "vision_config": {**hf.GEMMA_3_4B_IT["vision_config"], "vision_use_head": True}},
+            None,
+            "Gemma 3 reads the tower's last hidden state",
+        ),
+    ],
+)
 def test_variants_not_modelled_are_refused(tmp_path, config, processor, message):
     with pytest.raises(MemspecError) as exc:
         importer.import_spec(_folder(tmp_path, config, processor))

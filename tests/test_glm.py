@@ -4,6 +4,7 @@ transformers' model reports for the same config.json (built on the meta device),
 all-linear targets are the linear rows the estimate adapts, the variants the formulas do not
 model are refused (the first three in tests/test_llm_families.py), and the layer terms the
 traces decided are what the estimate charges."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,11 +24,14 @@ GLM4 = ROOT / "specs/glm4/glm-4-9b-0414.yaml"
 
 
 @pytest.mark.parametrize("fixture", ["glm-4-9b-chat-hf", "GLM-4-9B-0414"])
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_act": "gelu"}, "silu"),
-    ({"attention_dropout": 0.1}, "dropout"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_act": "gelu"}, "silu"),
+        ({"attention_dropout": 0.1}, "dropout"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+    ],
+)
 def test_variants_not_modelled_are_refused(tmp_path, fixture, change, words):
     message = families._import_with(tmp_path, fixture, **change)
     assert "E713" in message and words in message
@@ -99,12 +103,15 @@ def test_chatglm_is_glm_hf_with_the_remote_codes_differences():
     assert norm - hf_layer["language.layers[0:40].input_layernorm"].activations == 2048 * 4096 * (2 + 2)
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"add_bias_linear": True}, "add_bias_linear"),
-    ({"pre_seq_len": 128}, "P-Tuning"),
-    ({"quantization_bit": 4}, "quantization_bit"),
-    ({"apply_residual_connection_post_layernorm": True}, "pre-norm"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"add_bias_linear": True}, "add_bias_linear"),
+        ({"pre_seq_len": 128}, "P-Tuning"),
+        ({"quantization_bit": 4}, "quantization_bit"),
+        ({"apply_residual_connection_post_layernorm": True}, "pre-norm"),
+    ],
+)
 def test_chatglm_variants_not_modelled_are_refused(tmp_path, change, words):
     message = families._import_with(tmp_path, "chatglm3-6b", **change)
     assert "E713" in message and words in message

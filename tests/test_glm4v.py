@@ -26,12 +26,15 @@ def test_imports_as_glm4v():
     assert sum(imported.header_parameters.values()) == 10_292_777_472
 
 
-@pytest.mark.parametrize(("size", "grid"), [
-    ((448, 448), (16, 16)),
-    ((1024, 768), (37, 27)),       # 1036 x 756: 36.57 rounds up, 27.43 down
-    ((126, 126), (4, 4)),          # 4.5 rounds to even
-    ((70, 70), (3, 3)),            # under min_pixels / 2: scaled up, ceil(70 x sqrt(6272 / 4900) / 28) = 3
-])
+@pytest.mark.parametrize(
+    ("size", "grid"),
+    [
+        ((448, 448), (16, 16)),
+        ((1024, 768), (37, 27)),  # 1036 x 756: 36.57 rounds up, 27.43 down
+        ((126, 126), (4, 4)),  # 4.5 rounds to even
+        ((70, 70), (3, 3)),  # under min_pixels / 2: scaled up, ceil(70 x sqrt(6272 / 4900) / 28) = 3
+    ],
+)
 def test_image_positions_follow_the_processor(size, grid):
     """(h / 28) x (w / 28) positions per image after smart_resize; the tower sees 4 patches each."""
     rows, cols = grid
@@ -64,23 +67,24 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = glm4v.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = glm4v.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters())
-              for name, mods in glm4v.module_groups(model).items()}
+    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in glm4v.module_groups(model).items()}
     assert counts == importer.import_spec(str(FIX)).header_parameters
-    batch = glm4v.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1,
-                                      "image_size": [1024, 768]}, torch.bfloat16)
+    batch = glm4v.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [1024, 768]}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2 * 74 * 54, 3 * 2 * 14 * 14)
     assert batch["image_grid_thw"].tolist() == [[1, 74, 54]] * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [999] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("vision_config", "hidden_act", "gelu", "SiLU"),
-    ("vision_config", "attention_bias", True, "qkv bias"),
-    ("text_config", "attention_dropout", 0.1, "dropout"),
-    ("text_config", "hidden_act", "gelu", "silu"),
-    ("vision_config", "out_hidden_size", 2048, "hidden size"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("vision_config", "hidden_act", "gelu", "SiLU"),
+        ("vision_config", "attention_bias", True, "qkv bias"),
+        ("text_config", "attention_dropout", 0.1, "dropout"),
+        ("text_config", "hidden_act", "gelu", "silu"),
+        ("vision_config", "out_hidden_size", 2048, "hidden size"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         config[where][key] = value

@@ -31,8 +31,12 @@ def test_sizes_are_exact_integer_bytes():
     assert parse_size("1.5GiB") == 1_610_612_736  # 1.5 x 2^30, exact
     assert parse_size("81559 MiB") == 81_559 * 2**20 == 85_520_809_984
     assert parse_size("24gib") == parse_size("24GiB")  # a unit is read without regard to case
-    for bad, why in (("24", "no unit"), ("24G", "unknown unit 'G'"), ("0.1B", "not a whole number of bytes (0.1)"),
-                     ("-1GB", "not a number followed by a unit")):
+    for bad, why in (
+        ("24", "no unit"),
+        ("24G", "unknown unit 'G'"),
+        ("0.1B", "not a whole number of bytes (0.1)"),
+        ("-1GB", "not a number followed by a unit"),
+    ):
         with pytest.raises(ValueError, match=re.escape(why)):
             parse_size(bad)
 
@@ -78,9 +82,15 @@ def test_the_default_margin_covers_every_gpu_record():
 
 
 # nvidia-smi's memory.total (MiB) and the architecture of each card added with the margin work
-ADDED = {"v100-16gb": (16_160, "sm70"), "v100-32gb": (32_510, "sm70"), "l4-24gb": (23_034, "sm89"),
-         "rtx3090-24gb": (24_576, "sm86"), "rtxa6000-48gb": (49_140, "sm86"), "b200-180gb": (183_359, "sm100"),
-         "mi300x-192gb": (196_592, "gfx942")}
+ADDED = {
+    "v100-16gb": (16_160, "sm70"),
+    "v100-32gb": (32_510, "sm70"),
+    "l4-24gb": (23_034, "sm89"),
+    "rtx3090-24gb": (24_576, "sm86"),
+    "rtxa6000-48gb": (49_140, "sm86"),
+    "b200-180gb": (183_359, "sm100"),
+    "mi300x-192gb": (196_592, "gfx942"),
+}
 
 
 def test_the_catalog_holds_the_added_cards():

@@ -13,8 +13,12 @@ T, H = 2 * 1024, 4096
 
 def rows(trainable, checkpointing=()):
     r = estimate(
-        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=list(trainable),
-        gradient_checkpointing=list(checkpointing), attention="sdpa",
+        "specs/llava/llava-1.5-7b.yaml",
+        micro_batch=2,
+        seq_len=1024,
+        trainable=list(trainable),
+        gradient_checkpointing=list(checkpointing),
+        attention="sdpa",
     )
     return {row.path: row for row in r.rows}
 
@@ -92,7 +96,10 @@ def test_layers_past_the_feature_layer_get_no_gradient_even_when_trainable():
 
 def test_torch_optimizers_skip_parameters_without_gradients():
     r = estimate(
-        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["vision", "projector", "language"],
+        "specs/llava/llava-1.5-7b.yaml",
+        micro_batch=2,
+        seq_len=1024,
+        trainable=["vision", "projector", "language"],
         precision="bf16",
     )
     dead = {row.path: row for row in r.rows}["vision.unused_layers[0].mlp.fc1"]

@@ -30,8 +30,7 @@ PATCH, LATENTS = 14, 64
 # language (Mistral-7B, vocab 32003, untied): 2 * 32003 * 4096 + 32 * 218_112_000 layers + norm 4096
 COUNTS = {"vision": 417_792_240, "projector": 743_219_200, "language": 7_241_756_672}
 
-SIZES = [(980, 980), (640, 480), (480, 640), (1960, 980), (980, 1960), (300, 200), (2000, 1000), (1080, 1920),
-         (4000, 300), (500, 510), (1024, 768), (378, 378)]
+SIZES = [(980, 980), (640, 480), (480, 640), (1960, 980), (980, 1960), (300, 200), (2000, 1000), (1080, 1920), (4000, 300), (500, 510), (1024, 768), (378, 378)]
 
 
 def processor_patches(height: int, width: int) -> int:
@@ -56,8 +55,7 @@ def test_imports_as_idefics2_with_the_published_count():
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(FIX)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -101,24 +99,27 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = idefics2.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = idefics2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in idefics2.module_groups(model).items()}
+    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in idefics2.module_groups(model).items()}
     assert counts == COUNTS
     for size in SIZES:
         h, w = idefics2.resized(config, list(size))
         assert (h // PATCH) * (w // PATCH) == processor_patches(*size)
-    batch = idefics2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1,
-                                         "image_size": [640, 480]}, torch.bfloat16)
+    batch = idefics2.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1, "image_size": [640, 480]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (2, 1, 3, 640, 480)
     assert tuple(batch["pixel_attention_mask"].shape) == (2, 1, 640, 480)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [LATENTS] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("text_config", "model_type", "llama", "Mistral"),
-    ("vision_config", "hidden_act", "gelu", "gelu_pytorch_tanh"),
-    ("perceiver_config", "hidden_act", "gelu", "SwiGLU"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("text_config", "model_type", "llama", "Mistral"),
+        ("vision_config", "hidden_act", "gelu", "gelu_pytorch_tanh"),
+        ("perceiver_config", "hidden_act", "gelu", "SwiGLU"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value
@@ -128,10 +129,13 @@ def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("do_image_splitting", True, "do_image_splitting"),
-    ("size", {"longest_edge": 1400, "shortest_edge": 378}, "position table"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("do_image_splitting", True, "do_image_splitting"),
+        ("size", {"longest_edge": 1400, "shortest_edge": 378}, "position table"),
+    ],
+)
 def test_other_processor_settings_are_refused(tmp_path, key, value, words):
     folder = tmp_path / "variant"
     shutil.copytree(FIX, folder)

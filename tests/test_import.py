@@ -51,6 +51,7 @@ def _error(fn, *args, **kwargs) -> str:
 
 # --------------------------------------------------------------------------- counts
 
+
 @pytest.mark.parametrize(
     "fixture, modules",
     [
@@ -397,10 +398,10 @@ def test_total_parameters():
     "fixture, image_size, tiles",
     [
         # SmolVLM (size 1536, tile 384): the longest edge to 1536, the other side scaled
-        ("SmolVLM-Instruct", None, 17),            # no size: square, 4 x 4 + the global tile
-        ("SmolVLM-Instruct", [768, 1024], 13),     # 1152 x 1536: 3 x 4 + 1
-        ("SmolVLM-Instruct", [640, 1536], 9),      # 640 x 1536: 2 x 4 + 1
-        ("SmolVLM-Instruct", [2000, 300], 5),      # 1536 x 230 (int 230.4, even): 4 x 1 + 1
+        ("SmolVLM-Instruct", None, 17),  # no size: square, 4 x 4 + the global tile
+        ("SmolVLM-Instruct", [768, 1024], 13),  # 1152 x 1536: 3 x 4 + 1
+        ("SmolVLM-Instruct", [640, 1536], 9),  # 640 x 1536: 2 x 4 + 1
+        ("SmolVLM-Instruct", [2000, 300], 5),  # 1536 x 230 (int 230.4, even): 4 x 1 + 1
         # Idefics3-8B (size 1456, tile 364): 1000 x 700 -> 1456 x 1020 (1019.2 floored, made
         # even): rows ceil(1456 / 364) = 4, cols ceil(1020 / 364) = 3: 13
         ("Idefics3-8B-Llama3", [1000, 700], 13),
@@ -455,6 +456,7 @@ def test_safetensors_reads_the_fixture_headers(fixture, tmp_path):
 
 # --------------------------------------------------------------------------- LLaVA against the hand-written spec
 
+
 def _inputs_with_defaults(module) -> dict:
     formula = api.library()[module.type]
     out = {i.name: i.default for i in formula.inputs if i.has_default and i.type != "tensor"}
@@ -489,6 +491,7 @@ def test_llava_import_estimates_exactly_like_the_hand_written_spec(experiment):
 
 
 # --------------------------------------------------------------------------- the hub path, from a local cache
+
 
 def test_hub_id_from_the_cache(tmp_path):
     from huggingface_hub import constants
@@ -526,6 +529,7 @@ def test_revision_is_honoured(tmp_path):
 
 
 # --------------------------------------------------------------------------- errors, pinned
+
 
 def test_a_hub_that_cannot_be_reached_answers_at_once(monkeypatch):
     """No network, HF_HUB_OFFLINE unset: one refused TCP connection decides, and the cache is
@@ -598,8 +602,7 @@ def test_revision_not_found(monkeypatch):
 
     monkeypatch.setattr(hub, "_download", _raising(errors.RevisionNotFoundError))
     assert _error(importer.import_spec, "meta-llama/Llama-2-7b-hf", revision="v9") == (
-        "E704 repo 'meta-llama/Llama-2-7b-hf', revision 'v9': revision not found\n"
-        "help: give a branch, tag or commit of the repo with --revision"
+        "E704 repo 'meta-llama/Llama-2-7b-hf', revision 'v9': revision not found\nhelp: give a branch, tag or commit of the repo with --revision"
     )
 
 
@@ -612,8 +615,7 @@ def test_not_a_source():
 
 def test_folder_without_config(tmp_path):
     assert _error(importer.import_spec, str(tmp_path)) == (
-        f"E705 folder '{tmp_path}': no config.json\n"
-        "help: a model folder holds config.json next to its *.safetensors files"
+        f"E705 folder '{tmp_path}': no config.json\nhelp: a model folder holds config.json next to its *.safetensors files"
     )
 
 
@@ -648,13 +650,10 @@ def test_truncated_header(tmp_path):
     folder = _folder(tmp_path, hf.TINY_LLAMA)
     shard = Path(folder) / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:100])
-    assert _error(importer.import_spec, folder).startswith(
-        f"E707 folder '{folder}': model.safetensors is truncated: its header declares "
-    )
+    assert _error(importer.import_spec, folder).startswith(f"E707 folder '{folder}': model.safetensors is truncated: its header declares ")
     shard.write_bytes(b"\x01\x02")
     assert _error(importer.import_spec, folder) == (
-        f"E707 folder '{folder}': model.safetensors is truncated: 2 bytes, fewer than the 8-byte header length\n"
-        "help: the file is incomplete: download it again"
+        f"E707 folder '{folder}': model.safetensors is truncated: 2 bytes, fewer than the 8-byte header length\nhelp: the file is incomplete: download it again"
     )
 
 
@@ -721,6 +720,7 @@ def test_bin_only_falls_back_to_config_arithmetic(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- the command
 
+
 def test_import_prints_and_writes(tmp_path, capsys):
     folder = "tests/fixtures/hub/Llama-3.2-1B"
     assert main(["import", folder]) == 0
@@ -780,8 +780,10 @@ def test_a_dry_run_takes_the_trainers_defaults_and_the_api_asks(capsys):
     assert main(["estimate", str(FIX / "Llama-3.2-1B")]) == 0
     out, err = capsys.readouterr()
     assert "setup     micro-batch 8 x 0 image(s) | seq 1024 |" in out
-    assert err.splitlines() == ["note: no --micro-batch: 8, transformers' TrainingArguments default per_device_train_batch_size",
-                                "note: no --seq-len: 1024, TRL's SFTConfig default max_length, image tokens included"]
+    assert err.splitlines() == [
+        "note: no --micro-batch: 8, transformers' TrainingArguments default per_device_train_batch_size",
+        "note: no --seq-len: 1024, TRL's SFTConfig default max_length, image tokens included",
+    ]
     # the Python API takes no default: a caller states both
     with pytest.raises(MemspecError) as exc:
         importer.source_inputs(str(FIX / "Llama-3.2-1B"), {})
@@ -796,6 +798,7 @@ def test_imported_text_equals_hand_written_numbers():
 
 
 # --------------------------------------------------------------------------- families and imports
+
 
 def test_family_files_check(capsys):
     assert main(["check", "specs/families"]) == 0
@@ -819,11 +822,17 @@ def test_estimating_a_spec_never_imports_huggingface_hub():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert "HUB=False" in out.stderr
-    out = subprocess.run([sys.executable, "-c", "import compiler, compiler.inputs.hub, compiler.inputs.importer, sys; print('huggingface_hub' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", "import compiler, compiler.inputs.hub, compiler.inputs.importer, sys; print('huggingface_hub' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.stdout.strip() == "False"
 
 
 # --------------------------------------------------------------------------- mixture of experts
+
 
 def test_qwen3_moe_experts_reach_the_spec():
     inputs = importer.import_spec(str(FIX / "Qwen3-30B-A3B")).data["modules"]["language"]["inputs"]
@@ -839,8 +848,17 @@ def test_mixtral_experts_reach_the_spec():
 
 
 def _tiny_mixtral(**changes) -> dict:
-    return {**hf.MIXTRAL_8X7B_V01, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "vocab_size": 128, **changes}
+    return {
+        **hf.MIXTRAL_8X7B_V01,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "vocab_size": 128,
+        **changes,
+    }
 
 
 def test_mixtral_tiny_counts_every_expert(tmp_path):
@@ -856,7 +874,8 @@ def test_mixtral_missing_expert_weight_is_a_count_mismatch(tmp_path):
     config = _tiny_mixtral()
     tensors = [t for t in hf.llama_tensors(config, moe="mixtral") if t[0] != "model.layers.1.block_sparse_moe.experts.3.w3.weight"]
     assert _error(importer.import_spec, _folder(tmp_path, config, tensors)).startswith(
-        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 189,248 parameters, the header 183,104 (off by +6,144)")  # one w3, 96 x 64
+        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 189,248 parameters, the header 183,104 (off by +6,144)"
+    )  # one w3, 96 x 64
 
 
 def test_mixtral_router_aux_loss_reaches_the_spec(tmp_path):
@@ -865,27 +884,42 @@ def test_mixtral_router_aux_loss_reaches_the_spec(tmp_path):
     assert imported.data["modules"]["language"]["inputs"]["router_aux"] is True
 
 
-@pytest.mark.parametrize("changes, message", [
-    # NB: a family's config values are integers, booleans or strings: a non-zero jitter is refused
-    # as a float before the family's own check (jitter == 0) can say why
-    ({"router_jitter_noise": 0.01}, "E713"),
-    ({"router_jitter_noise": 1}, "router_jitter_noise (multiplicative noise on the MoE input in training) is not modelled"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # NB: a family's config values are integers, booleans or strings: a non-zero jitter is refused
+        # as a float before the family's own check (jitter == 0) can say why
+        ({"router_jitter_noise": 0.01}, "E713"),
+        ({"router_jitter_noise": 1}, "router_jitter_noise (multiplicative noise on the MoE input in training) is not modelled"),
+    ],
+)
 def test_mixtral_training_variants_not_modelled_are_refused(tmp_path, changes, message):
     config = _tiny_mixtral(**changes)
     assert message in _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(config, moe="mixtral")))
 
 
 def test_qwen3_moe_dense_layers_are_refused(tmp_path):
-    config = {**hf.QWEN3_30B_A3B, "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128}
+    config = {
+        **hf.QWEN3_30B_A3B,
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 128,
+    }
     tensors = hf.llama_tensors(config, qk_norm=True, moe="qwen3_moe")
     assert importer.import_spec(_folder(tmp_path / "sparse", config, tensors)).header_parameters == {
         # per layer: q, o 64 x 64, k, v 32 x 64 (12_288), q_norm, k_norm 16 each, router 4 x 64,
         # 4 experts x 3 x 64 x 32 = 24_576, norms 2 * 64: 37_280; + 2 * 128 x 64 + norm 64
-        "language": 2 * 37_280 + 2 * 8192 + 64}
+        "language": 2 * 37_280 + 2 * 8192 + 64
+    }
     assert "decoder_sparse_step > 1 (dense MLP layers between the sparse ones) is not modelled" in _error(
-        importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors))
+        importer.import_spec, _folder(tmp_path / "step2", {**config, "decoder_sparse_step": 2}, tensors)
+    )
 
 
 def test_qwen2_moe_experts_reach_the_spec():
@@ -900,9 +934,19 @@ def test_qwen2_moe_experts_reach_the_spec():
 
 
 def _tiny_qwen2_moe(**changes) -> dict:
-    return {**hf.QWEN1_5_MOE_A2_7B, "hidden_size": 64, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
-            "num_experts_per_tok": 2, "vocab_size": 128, **changes}
+    return {
+        **hf.QWEN1_5_MOE_A2_7B,
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 128,
+        **changes,
+    }
 
 
 def test_qwen2_moe_tiny_counts_the_shared_expert(tmp_path):
@@ -919,7 +963,8 @@ def test_qwen2_moe_missing_shared_expert_gate_is_a_count_mismatch(tmp_path):
     config = _tiny_qwen2_moe()
     tensors = [t for t in hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe") if t[0] != "model.layers.1.mlp.shared_expert_gate.weight"]
     assert _error(importer.import_spec, _folder(tmp_path, config, tensors)).startswith(
-        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 109,760 parameters, the header 109,696 (off by +64)")  # one gate, 1 x 64
+        f"E710 folder '{tmp_path / 'model'}': module 'language': the formulas count 109,760 parameters, the header 109,696 (off by +64)"
+    )  # one gate, 1 x 64
 
 
 def test_qwen2_moe_router_aux_loss_reaches_the_spec(tmp_path):
@@ -934,16 +979,19 @@ def test_qwen2_moe_every_layer_sparse_is_accepted(tmp_path, changes):
     assert importer.import_spec(_folder(tmp_path, config, hf.llama_tensors(config, qkv_bias=True, moe="qwen2_moe"))).header_parameters == {"language": 109_760}
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"decoder_sparse_step": 2}, "sparse_step == 1 is false (decoder_sparse_step other than 1 (dense MLP layers between the sparse ones) is not modelled"),
-    ({"decoder_sparse_step": 0}, "sparse_step == 1 is false"),
-    ({"mlp_only_layers": [1]}, "first_mlp_only == -1 is false (mlp_only_layers (dense MLP layers in place of sparse ones) is not modelled"),
-    ({"mlp_only_layers": [0, 1]}, "first_mlp_only == -1 is false"),
-    ({"num_experts": 0}, "n_experts > 0 is false"),
-    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
-    ({"use_sliding_window": True}, "use_sliding_window is not modelled"),
-    ({"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size must be positive"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"decoder_sparse_step": 2}, "sparse_step == 1 is false (decoder_sparse_step other than 1 (dense MLP layers between the sparse ones) is not modelled"),
+        ({"decoder_sparse_step": 0}, "sparse_step == 1 is false"),
+        ({"mlp_only_layers": [1]}, "first_mlp_only == -1 is false (mlp_only_layers (dense MLP layers in place of sparse ones) is not modelled"),
+        ({"mlp_only_layers": [0, 1]}, "first_mlp_only == -1 is false"),
+        ({"num_experts": 0}, "n_experts > 0 is false"),
+        ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+        ({"use_sliding_window": True}, "use_sliding_window is not modelled"),
+        ({"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size must be positive"),
+    ],
+)
 def test_qwen2_moe_variants_not_modelled_are_refused(tmp_path, changes, message):
     config = _tiny_qwen2_moe(**changes)
     err = _error(importer.import_spec, _folder(tmp_path, config, hf.llama_tensors(_tiny_qwen2_moe(), qkv_bias=True, moe="qwen2_moe")))
@@ -963,9 +1011,23 @@ def test_deepseek_v2_attention_and_experts_reach_the_spec():
 
 
 def _tiny_deepseek_v2(**changes) -> dict:
-    return {**hf.DEEPSEEK_V2_LITE, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 3,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-            "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128, **changes}
+    return {
+        **hf.DEEPSEEK_V2_LITE,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 128,
+        **changes,
+    }
 
 
 def test_deepseek_v2_tiny_counts_dense_and_moe_layers(tmp_path):
@@ -983,27 +1045,33 @@ def test_deepseek_v2_tiny_counts_dense_and_moe_layers(tmp_path):
     assert imported.header_parameters == {"language": 3 * (7_568 - 3_072 + 1_536 + 24 + 1_152) + 18_432 + 2 * 37_120 + 2 * 8192 + 64}
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"topk_method": "noaux_tc"}, "topk_method 'greedy' or 'group_limited_greedy' only"),
-    ({"num_key_value_heads": 2}, "num_key_value_heads below num_attention_heads"),
-    ({"moe_layer_freq": 2}, "moe_layer_freq other than 1 is not modelled"),
-    ({"n_shared_experts": 0}, "n_shared_experts must be positive"),
-    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
-    ({"output_router_logits": True}, "output_router_logits"),
-    ({"attention_dropout": 0.1}, "attention_dropout above 0 is not modelled"),
-    ({"first_k_dense_replace": 3}, "first_k_dense_replace must leave at least one MoE layer"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"topk_method": "noaux_tc"}, "topk_method 'greedy' or 'group_limited_greedy' only"),
+        ({"num_key_value_heads": 2}, "num_key_value_heads below num_attention_heads"),
+        ({"moe_layer_freq": 2}, "moe_layer_freq other than 1 is not modelled"),
+        ({"n_shared_experts": 0}, "n_shared_experts must be positive"),
+        ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+        ({"output_router_logits": True}, "output_router_logits"),
+        ({"attention_dropout": 0.1}, "attention_dropout above 0 is not modelled"),
+        ({"first_k_dense_replace": 3}, "first_k_dense_replace must leave at least one MoE layer"),
+    ],
+)
 def test_deepseek_v2_variants_not_modelled_are_refused(tmp_path, changes, message):
     config = _tiny_deepseek_v2(**changes)
     err = _error(importer.import_spec, _folder(tmp_path, config, hf.deepseek_v2_tensors(_tiny_deepseek_v2())))
     assert err.startswith("E713 ") and "not supported by the deepseek_v2 family" in err and message in err, err
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"num_nextn_predict_layers": 1}, "multi-token-prediction layers"),
-    ({"num_key_value_heads": 8}, "num_key_value_heads below num_attention_heads"),
-    ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"num_nextn_predict_layers": 1}, "multi-token-prediction layers"),
+        ({"num_key_value_heads": 8}, "num_key_value_heads below num_attention_heads"),
+        ({"experts_implementation": "eager"}, "experts_impl == 'grouped_mm' is false"),
+    ],
+)
 def test_deepseek_v3_variants_not_modelled_are_refused(tmp_path, changes, message):
     config = {**hf.MOONLIGHT_16B_A3B, **changes}
     tiny = {**hf.MOONLIGHT_16B_A3B, "num_hidden_layers": 2, "vocab_size": 128}

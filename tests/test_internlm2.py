@@ -2,6 +2,7 @@
 checkpoint, and the terms its layers and loss add to Llama's, with the arithmetic.
 No measured record: there is no InternLM2 class in transformers to trace (see the family's notes).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,7 @@ TOKENS, HIDDEN, VOCAB = 4096, 4096, 92544
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(hf.FIXTURES / "internlm2_5-7b-chat")).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
     language = written.modules[0].inputs
     assert (language["internlm2"], language["attention_bias"], language["positions"]) == (True, False, 32768)
 
@@ -66,12 +66,15 @@ import pytest  # noqa: E402
 from compiler.errors import MemspecError  # noqa: E402
 
 
-@pytest.mark.parametrize(("override", "code"), [
-    ({"tp": 2}, "E318"),                                 # the fused wqkv is not split by tp
-    ({"loss": "fused_linear_cross_entropy"}, "E317"),    # the remote code's own cross-entropy
-    ({"packing": True}, "E316"),                         # its layers build their own masks
-    ({"activation_offloading": True}, "E316"),
-])
+@pytest.mark.parametrize(
+    ("override", "code"),
+    [
+        ({"tp": 2}, "E318"),  # the fused wqkv is not split by tp
+        ({"loss": "fused_linear_cross_entropy"}, "E317"),  # the remote code's own cross-entropy
+        ({"packing": True}, "E316"),  # its layers build their own masks
+        ({"activation_offloading": True}, "E316"),
+    ],
+)
 def test_setups_not_modelled_for_internlm2_are_refused(override, code):
     with pytest.raises(MemspecError) as info:
         api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, **override)

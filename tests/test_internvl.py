@@ -110,13 +110,14 @@ def test_both_layouts_import_to_the_same_counts_and_inputs(size):
     assert specs[0] == specs[1]
 
 
-@pytest.mark.parametrize("model, fixture", [("internvl3-8b", "InternVL3-8B"), ("internvl3-8b-hf", "InternVL3-8B-hf"),
-                                            ("internvl3-38b", "InternVL3-38B"), ("internvl3-38b-hf", "InternVL3-38B-hf")])
+@pytest.mark.parametrize(
+    "model, fixture",
+    [("internvl3-8b", "InternVL3-8B"), ("internvl3-8b-hf", "InternVL3-8B-hf"), ("internvl3-38b", "InternVL3-38B"), ("internvl3-38b-hf", "InternVL3-38B-hf")],
+)
 def test_the_checked_in_specs_are_what_import_writes(model, fixture):
     written = api.load_spec(ROOT / "specs" / "internvl" / f"{model}.yaml")
     imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_intern_vit_6b_inputs():
@@ -165,14 +166,19 @@ def test_internlm2_checkpoint_imports_with_its_counts():
 def test_the_checked_in_internlm2_spec_is_what_import_writes():
     written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
     imported = importer.import_spec(str(hf.FIXTURES / "InternVL2_5-8B")).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_internlm2_layers_in_the_estimate():
     """The InternLM2 layers' own terms, flash (the remote code's use_flash_attn path), seq 4096, batch 1."""
-    est = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
-                       image_size=[1024, 768], trainable=["projector", "language"], attention="flash_attention_2")
+    est = api.estimate(
+        str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"),
+        micro_batch=1,
+        seq_len=4096,
+        image_size=[1024, 768],
+        trainable=["projector", "language"],
+        attention="flash_attention_2",
+    )
     rows = {r.path: r for r in est.rows}
     layers = "language.internlm2_layers[0:32]"
     assert not any(p.startswith("language.layers[") for p in rows)
@@ -186,8 +192,14 @@ def test_internlm2_layers_in_the_estimate():
     # flash's core: q, k, v unrepeated (4096 x (4096 + 2 * 1024) x 2), the output 4096 x 4096 x 2,
     # logsumexp 32 x 4096 x 4, philox 24
     assert core.activations == 4096 * 6144 * 2 + 4096 * 4096 * 2 + 32 * 4096 * 4 + 24 == 84_410_392
-    eager = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
-                         image_size=[1024, 768], trainable=["projector", "language"], attention="eager")
+    eager = api.estimate(
+        str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"),
+        micro_batch=1,
+        seq_len=4096,
+        image_size=[1024, 768],
+        trainable=["projector", "language"],
+        attention="eager",
+    )
     eager_rows = {r.path: r for r in eager.rows}
     # eager repeats the grouped k and v (copies), so nothing saves v's view of the wqkv output
     assert eager_rows[layers + ".attention"].activations == 0
@@ -239,8 +251,9 @@ def test_measuring_builder_cuts_the_same_tiles():
     pytest.importorskip("torch")
     from compiler.measure.families import internvl as builder
 
-    config = SimpleNamespace(preprocessor={"size": {"height": 448, "width": 448}, "min_patches": 1, "max_patches": 12},
-                             vision_config=SimpleNamespace(image_size=[448, 448]))
+    config = SimpleNamespace(
+        preprocessor={"size": {"height": 448, "width": 448}, "min_patches": 1, "max_patches": 12}, vision_config=SimpleNamespace(image_size=[448, 448])
+    )
     for h, w in sizes()[::7]:
         assert builder.tiles_per_image(config, [h, w]) == processor_tiles(h, w), (h, w)
 
@@ -263,14 +276,31 @@ def test_internlm2_hub_id_imports_and_estimates(tmp_path, monkeypatch, capsys):
     assert cli.main(["import", "OpenGVLab/InternVL2_5-8B", "-o", str(out)]) == 0
     imported = api.load_spec(out)
     written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
-    assert {m.name: (dict(m.inputs), m.parameters) for m in imported.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in written.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in imported.modules} == {m.name: (dict(m.inputs), m.parameters) for m in written.modules}
     capsys.readouterr()
-    assert cli.main(["estimate", "OpenGVLab/InternVL2_5-8B", "--micro-batch", "1", "--seq-len", "4096",
-                     "--image-size", "1024x768", "--trainable", "projector,language", "--format", "json"]) == 0
+    assert (
+        cli.main(
+            [
+                "estimate",
+                "OpenGVLab/InternVL2_5-8B",
+                "--micro-batch",
+                "1",
+                "--seq-len",
+                "4096",
+                "--image-size",
+                "1024x768",
+                "--trainable",
+                "projector,language",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
-    by_spec = api.estimate(str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096,
-                           image_size=[1024, 768], trainable=["projector", "language"])
+    by_spec = api.estimate(
+        str(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml"), micro_batch=1, seq_len=4096, image_size=[1024, 768], trainable=["projector", "language"]
+    )
     assert report["peak"]["allocated"] == by_spec.allocated
 
 

@@ -49,9 +49,29 @@ def test_the_defaults_are_the_schemas():
 
 
 def test_a_flag_reaches_the_overrides_under_its_key():
-    args = parser().parse_args(["estimate", "x.yaml", "--micro-batch", "4", "--zero", "3", "--no-packing", "--param-groups", "trainer",
-                                "--image-size", "448x336", "--trainable", "projector,language", "--transformers-version", "4.46.3",
-                                "--lora-r", "16", "--lora-targets", "all-linear"])
+    args = parser().parse_args(
+        [
+            "estimate",
+            "x.yaml",
+            "--micro-batch",
+            "4",
+            "--zero",
+            "3",
+            "--no-packing",
+            "--param-groups",
+            "trainer",
+            "--image-size",
+            "448x336",
+            "--trainable",
+            "projector,language",
+            "--transformers-version",
+            "4.46.3",
+            "--lora-r",
+            "16",
+            "--lora-targets",
+            "all-linear",
+        ]
+    )
     out = overrides(args)
     assert out["micro_batch"] == 4 and out["zero"] == 3 and out["packing"] is False and out["param_groups"] == "trainer"
     assert out["image_size"] == [448, 336] and out["trainable"] == ["projector", "language"]

@@ -25,13 +25,16 @@ def _same_setup(a, b):
     return replace(a, experiment="", file="") == replace(b, experiment="", file="")
 
 
-@pytest.mark.parametrize("script, experiment, extra", [
-    # the scripts do not say how many GPUs (deepspeed uses every visible one): the
-    # experiments' dp and GPU are passed explicitly
-    ("pretrain.sh", "llava-1.5-7b-pretrain.yaml", ["--dp", "8", "--gpu", "a100-80gb"]),
-    ("finetune.sh", "llava-1.5-7b-finetune.yaml", ["--dp", "8", "--gpu", "a100-80gb"]),
-    ("finetune_lora.sh", "llava-1.5-7b-lora.yaml", ["--dp", "4", "--gpu", "a100-40gb"]),
-])
+@pytest.mark.parametrize(
+    "script, experiment, extra",
+    [
+        # the scripts do not say how many GPUs (deepspeed uses every visible one): the
+        # experiments' dp and GPU are passed explicitly
+        ("pretrain.sh", "llava-1.5-7b-pretrain.yaml", ["--dp", "8", "--gpu", "a100-80gb"]),
+        ("finetune.sh", "llava-1.5-7b-finetune.yaml", ["--dp", "8", "--gpu", "a100-80gb"]),
+        ("finetune_lora.sh", "llava-1.5-7b-lora.yaml", ["--dp", "4", "--gpu", "a100-40gb"]),
+    ],
+)
 def test_llava_scripts_estimate_as_their_experiments(script, experiment, extra, capsys):
     from_script = _report_of(["estimate", "--from-command", f"{LAUNCH}/v1_5/{script}", SPEC, *extra])
     from_file = _report_of(["estimate", f"specs/experiments/{experiment}"])
@@ -60,7 +63,9 @@ def _script(tmp_path, text, name="train.sh"):
 
 
 def test_torchrun_continuations_comments_quotes(tmp_path):
-    path = _script(tmp_path, """#!/bin/bash
+    path = _script(
+        tmp_path,
+        """#!/bin/bash
 # a comment, then an assignment the command uses
 BATCH=4
 CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --nproc_per_node 4 --nnodes=2 train.py \\
@@ -69,7 +74,8 @@ CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --nproc_per_node 4 --nnodes=2 train.py \\
     --run_name "a quoted # not a comment" \\
     --bf16 \\
     --optim adamw_torch_fused  # trailing comment
-""")
+""",
+    )
     cmd = launch.read_command(path)
     assert (cmd.launcher, cmd.entry, cmd.gpus, cmd.nodes, cmd.line) == ("torchrun", "train.py", 4, 2, 4)
     r = launch.command_overrides(cmd, {"language": {"type": "llama_causal_lm", "inputs": {}}}, "m")
@@ -95,6 +101,7 @@ def test_no_precision_flag_is_fp32_as_in_hf_trainer(tmp_path):
 
 
 # --------------------------------------------------------------------------- DeepSpeed JSON
+
 
 def _ds(tmp_path, text, explicit=None):
     path = tmp_path / "ds.json"
@@ -156,7 +163,10 @@ def test_offload_deepspeed_lacks_is_refused_not_ignored(tmp_path):
     assert "ds.json:1:" in text and "E802 $.zero_optimization.offload_optimizer.device: offloading optimizer states to cpu under ZeRO-0" in text
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}')
-    assert "E802 $.zero_optimization.offload_param.device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature" in err.value.render()
+    assert (
+        "E802 $.zero_optimization.offload_param.device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature"
+        in err.value.render()
+    )
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}')
     assert "offloading optimizer states to nvme under ZeRO-2 is not modelled: DeepSpeed offloads to NVMe only with ZeRO-3" in err.value.render()
@@ -169,7 +179,10 @@ def test_offload_deepspeed_lacks_is_refused_not_ignored(tmp_path):
 def test_a_number_that_disagrees_with_the_command_is_an_error(tmp_path):
     with pytest.raises(MemspecError) as err:
         _ds(tmp_path, '{\n  "train_micro_batch_size_per_gpu": 8\n}', explicit={"micro_batch": 16})
-    assert "ds.json:2:3: E803 $.train_micro_batch_size_per_gpu: the config says micro-batch 8, the command line --per_device_train_batch_size says 16" in err.value.render()
+    assert (
+        "ds.json:2:3: E803 $.train_micro_batch_size_per_gpu: the config says micro-batch 8, the command line --per_device_train_batch_size says 16"
+        in err.value.render()
+    )
 
 
 def test_cli_prints_notes_on_stderr_only(capsys):
@@ -180,8 +193,11 @@ def test_cli_prints_notes_on_stderr_only(capsys):
 
 
 def test_liger_and_padding_free_flags_set_the_loss_and_packing(tmp_path):
-    cmd = launch.read_command(_script(tmp_path, "torchrun --nproc_per_node 8 sft.py --per_device_train_batch_size 8 "
-                                                "--max_seq_length 2048 --bf16 --use_liger_kernel True --padding_free\n"))
+    cmd = launch.read_command(
+        _script(
+            tmp_path, "torchrun --nproc_per_node 8 sft.py --per_device_train_batch_size 8 --max_seq_length 2048 --bf16 --use_liger_kernel True --padding_free\n"
+        )
+    )
     o = launch.command_overrides(cmd, {"language": {"type": "llama_causal_lm", "inputs": {}}}, "m").overrides
     assert (o["loss"], o["packing"]) == ("fused_linear_cross_entropy", True)
     off = launch.read_command(_script(tmp_path, "python sft.py --use_liger_kernel False\n", "off.sh"))
@@ -192,11 +208,21 @@ def test_trl_peft_flags_make_the_lora_block(tmp_path):
     """TRL's ModelConfig: --use_peft with its defaults (r 16, alpha 32, dropout 0.05), list
     flags taking every value up to the next flag, as HfArgumentParser's nargs='+'."""
     lm = {"language": {"type": "llama_causal_lm", "inputs": {}}}
-    cmd = launch.read_command(_script(tmp_path, "accelerate launch sft.py --use_peft --lora_r 32 --lora_target_modules all-linear "
-                                                "--lora_modules_to_save lm_head embed_tokens --bf16\n"))
+    cmd = launch.read_command(
+        _script(
+            tmp_path, "accelerate launch sft.py --use_peft --lora_r 32 --lora_target_modules all-linear --lora_modules_to_save lm_head embed_tokens --bf16\n"
+        )
+    )
     o = launch.command_overrides(cmd, lm, "m").overrides
-    assert o["lora"] == {"r": 32, "alpha": 32, "dropout": 0.05, "bias": "none", "target_modules": "all-linear",
-                         "modules_to_save": ["lm_head", "embed_tokens"], "modules": ["language"]}
+    assert o["lora"] == {
+        "r": 32,
+        "alpha": 32,
+        "dropout": 0.05,
+        "bias": "none",
+        "target_modules": "all-linear",
+        "modules_to_save": ["lm_head", "embed_tokens"],
+        "modules": ["language"],
+    }
     # no --lora_target_modules: peft's default for a Llama-style model type
     bare = launch.read_command(_script(tmp_path, "python sft.py --use_peft\n", "bare.sh"))
     assert launch.command_overrides(bare, lm, "m").overrides["lora"]["target_modules"] == ["q_proj", "v_proj"]
@@ -218,9 +244,11 @@ def test_llava_lora_bias_all_reaches_the_language_model_only(tmp_path):
     no CLIP bias: it is the adapted layers' biases ('lora_only'), and Vicuna has none, so the
     estimate is the one without the flag; bias='all' on the Hugging Face model (the whole
     model wrapped) reaches the tower and costs more."""
-    text = ("deepspeed llava/train/train_mem.py --lora_enable True --lora_r 16 --per_device_train_batch_size 1 "
-            "--model_max_length 2048 --bf16 True --gradient_checkpointing True --mm_projector_type mlp2x_gelu "
-            "--vision_tower openai/clip-vit-large-patch14-336{}\n")
+    text = (
+        "deepspeed llava/train/train_mem.py --lora_enable True --lora_r 16 --per_device_train_batch_size 1 "
+        "--model_max_length 2048 --bf16 True --gradient_checkpointing True --mm_projector_type mlp2x_gelu "
+        "--vision_tower openai/clip-vit-large-patch14-336{}\n"
+    )
     plain = _report_of(["estimate", "--from-command", _script(tmp_path, text.format("")), SPEC, "--dp", "1"])
     biased = _report_of(["estimate", "--from-command", _script(tmp_path, text.format(" --lora_bias all"), "b.sh"), SPEC, "--dp", "1"])
     assert biased.setup.lora.bias == "lora_only"

@@ -26,8 +26,10 @@ LAUNCH = "tests/fixtures/launch/scripts"
 SPECS = display(specs_dir())
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CLIP = "openai/clip-vit-large-patch14-336"
-LLAVA_13B = ("--model_name_or_path lmsys/vicuna-13b-v1.5 --vision_tower openai/clip-vit-large-patch14-336 "
-             f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-13b ({SPECS}/llava/llava-1.5-13b.yaml)")
+LLAVA_13B = (
+    "--model_name_or_path lmsys/vicuna-13b-v1.5 --vision_tower openai/clip-vit-large-patch14-336 "
+    f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-13b ({SPECS}/llava/llava-1.5-13b.yaml)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -68,12 +70,16 @@ def _resolve(path: str):
 
 # --------------------------------------------------------------------------- LLaVA's own scripts
 
-@pytest.mark.parametrize("script, experiment, line, allocated", [
-    # the published scripts train LLaVA-1.5-13B (lmsys/vicuna-13b-v1.5); they name no GPU count,
-    # so the experiments' dp and GPU are passed; allocated as in tests/golden/SUMMARY.tsv
-    ("pretrain.sh", "llava-1.5-13b-pretrain", 6, 81_387_037_184),
-    ("finetune.sh", "llava-1.5-13b-finetune", 6, 54_726_991_872),
-])
+
+@pytest.mark.parametrize(
+    "script, experiment, line, allocated",
+    [
+        # the published scripts train LLaVA-1.5-13B (lmsys/vicuna-13b-v1.5); they name no GPU count,
+        # so the experiments' dp and GPU are passed; allocated as in tests/golden/SUMMARY.tsv
+        ("pretrain.sh", "llava-1.5-13b-pretrain", 6, 81_387_037_184),
+        ("finetune.sh", "llava-1.5-13b-finetune", 6, 54_726_991_872),
+    ],
+)
 def test_llava_scripts_alone_estimate_as_their_experiments(script, experiment, line, allocated, capsys):
     code, out, err = _run(["estimate", "--from-command", f"{LAUNCH}/v1_5/{script}", "--dp", "8", "--gpu", "a100-80gb"], capsys)
     assert code == 0
@@ -82,9 +88,11 @@ def test_llava_scripts_alone_estimate_as_their_experiments(script, experiment, l
     assert lines[2] == f"from      {LAUNCH}/v1_5/{script}:{line} {LLAVA_13B}"
     assert lines[3].startswith("setup     ")
     assert f"note: model from {LAUNCH}/v1_5/{script}:{line} {LLAVA_13B}\n" in err
-    assert ("note: llava-1.5-13b: LLaVA's train.py keeps Vicuna's 32000-token vocabulary (the scripts pass --mm_use_im_patch_token "
-            "False); this spec is llava-hf's conversion, whose embed_tokens and lm_head have 32064 rows: 655_360 parameters "
-            "(2 x 64 x 5120) and 0.2 % of the logits more than the script trains, a slight over-estimate\n") in err
+    assert (
+        "note: llava-1.5-13b: LLaVA's train.py keeps Vicuna's 32000-token vocabulary (the scripts pass --mm_use_im_patch_token "
+        "False); this spec is llava-hf's conversion, whose embed_tokens and lm_head have 32064 rows: 655_360 parameters "
+        "(2 x 64 x 5120) and 0.2 % of the logits more than the script trains, a slight over-estimate\n"
+    ) in err
     assert "is not read" not in err  # the flag is read, not set aside
     from_script = _report_of(["estimate", "--from-command", f"{LAUNCH}/v1_5/{script}", "--dp", "8", "--gpu", "a100-80gb"])
     from_file = _report_of(["estimate", f"specs/experiments/{experiment}.yaml"])
@@ -101,8 +109,10 @@ def test_a_7b_script_picks_the_7b_spec_and_its_experiment(tmp_path, capsys):
     path = _script(tmp_path / "scripts" / "v1_5", text, "finetune.sh")
     r = _report_of(["estimate", "--from-command", path, "--dp", "8", "--gpu", "a100-80gb"])
     assert r.spec.model == "llava-1.5-7b"
-    assert r.spec.origin["description"] == (f"{path}:6 --model_name_or_path lmsys/vicuna-7b-v1.5 --vision_tower {CLIP} "
-                                            f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-7b ({SPECS}/llava/llava-1.5-7b.yaml)")
+    assert r.spec.origin["description"] == (
+        f"{path}:6 --model_name_or_path lmsys/vicuna-7b-v1.5 --vision_tower {CLIP} "
+        f"--mm_projector_type mlp2x_gelu -> bundled llava-1.5-7b ({SPECS}/llava/llava-1.5-7b.yaml)"
+    )
     e = _report_of(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml"])
     assert _same_setup(r.setup, e.setup) and (r.allocated, r.device) == (e.allocated, e.device)
     assert r.allocated == 36_718_280_192  # tests/golden/SUMMARY.tsv, llava-1.5-7b-finetune
@@ -114,9 +124,11 @@ def test_json_says_where_the_model_came_from(capsys):
     data = json.loads(out)
     assert code == 0 and data["model"] == "llava-1.5-13b"
     assert data["model_from"] == {
-        "script": f"{LAUNCH}/v1_5/finetune_lora.sh", "line": 7,
+        "script": f"{LAUNCH}/v1_5/finetune_lora.sh",
+        "line": 7,
         "flags": {"model_name_or_path": "lmsys/vicuna-13b-v1.5", "vision_tower": CLIP, "mm_projector_type": "mlp2x_gelu"},
-        "kind": "bundled", "file": f"{SPECS}/llava/llava-1.5-13b.yaml",
+        "kind": "bundled",
+        "file": f"{SPECS}/llava/llava-1.5-13b.yaml",
         "description": f"{LAUNCH}/v1_5/finetune_lora.sh:7 {LLAVA_13B}",
     }
     assert data["setup"]["lora"]["r"] == 128  # the script's own flags still apply
@@ -126,11 +138,11 @@ def test_a_model_file_given_too_wins_with_a_warning(capsys):
     code, out, err = _run(["estimate", "--from-command", f"{LAUNCH}/v1_5/finetune.sh", "llava-1.5-7b", "--dp", "8"], capsys)
     assert code == 0 and out.startswith("memspec estimate: llava-1.5-7b")
     assert "\nfrom " not in out and "note: model from" not in err
-    assert ("warning: the model is llava-1.5-7b, the file given to memspec; the script's --model_name_or_path "
-            "lmsys/vicuna-13b-v1.5 is not read") in err
+    assert ("warning: the model is llava-1.5-7b, the file given to memspec; the script's --model_name_or_path lmsys/vicuna-13b-v1.5 is not read") in err
 
 
 # --------------------------------------------------------------------------- fit, report, sweep, table
+
 
 def test_fit_says_where_the_model_came_from(capsys):
     code, out, _ = _run(["fit", "--from-command", f"{LAUNCH}/v1_5/finetune.sh", "--dp", "8", "--gpu", "h100-80gb"], capsys)
@@ -147,8 +159,7 @@ def test_report_page_and_json_say_where_the_model_came_from(tmp_path, capsys):
     assert code == 0
     assert json.loads(out)["estimate"]["model_from"]["description"] == f"{LAUNCH}/v1_5/finetune.sh:6 {LLAVA_13B}"
     html = page.read_text()
-    assert (f'<p class="sub">from <code data-key="model_from.description">{LAUNCH}/v1_5/finetune.sh:6 '
-            f'{LLAVA_13B.replace("->", "-&gt;")}</code></p>') in html
+    assert (f'<p class="sub">from <code data-key="model_from.description">{LAUNCH}/v1_5/finetune.sh:6 {LLAVA_13B.replace("->", "-&gt;")}</code></p>') in html
 
 
 def test_sweep_and_table_take_the_scripts_model(capsys):
@@ -164,35 +175,44 @@ def test_sweep_and_table_take_the_scripts_model(capsys):
 def test_no_model_and_no_script_is_a_usage_error(capsys):
     code, out, err = _run(["estimate", "--micro-batch", "1", "--seq-len", "1024"], capsys)
     assert (code, out) == (2, "")
-    assert err == ("E201 missing the model: a spec or experiment file, a short name, a hub id or a model folder\n"
-                   "help: give one, e.g. memspec estimate llava-1.5-7b-finetune, or --from-command SCRIPT to take the model "
-                   "from the script's --model_name_or_path\n")
+    assert err == (
+        "E201 missing the model: a spec or experiment file, a short name, a hub id or a model folder\n"
+        "help: give one, e.g. memspec estimate llava-1.5-7b-finetune, or --from-command SCRIPT to take the model "
+        "from the script's --model_name_or_path\n"
+    )
 
 
 # --------------------------------------------------------------------------- bundled specs by hub id
+
 
 def test_accelerate_fixture_names_a_bundled_model(capsys):
     code, out, err = _run(["estimate", "--from-command", "tests/fixtures/accelerate/launch.sh"], capsys)
     lines = out.splitlines()
     assert code == 0 and lines[0] == f"memspec estimate: Qwen2.5-0.5B  ({SPECS}/qwen2/qwen2.5-0.5b.yaml)"
-    assert lines[2] == ("from      tests/fixtures/accelerate/launch.sh:4 --model_name_or_path Qwen/Qwen2.5-0.5B "
-                        f"-> bundled qwen2.5-0.5b ({SPECS}/qwen2/qwen2.5-0.5b.yaml)")
-    assert lines[3] == ("setup     micro-batch 4 x 0 image(s) | seq 1024 | bf16-mixed (FSDP2 policy on fp32 shards) | adamw foreach, Trainer's decay / no-decay groups "
-                        "| attention sdpa | checkpointing language | dp 8 FSDP2 (no reshard after forward, reduce fp32)")
+    assert lines[2] == (
+        f"from      tests/fixtures/accelerate/launch.sh:4 --model_name_or_path Qwen/Qwen2.5-0.5B -> bundled qwen2.5-0.5b ({SPECS}/qwen2/qwen2.5-0.5b.yaml)"
+    )
+    assert lines[3] == (
+        "setup     micro-batch 4 x 0 image(s) | seq 1024 | bf16-mixed (FSDP2 policy on fp32 shards) | adamw foreach, Trainer's decay / no-decay groups "
+        "| attention sdpa | checkpointing language | dp 8 FSDP2 (no reshard after forward, reduce fp32)"
+    )
     with_spec = _report_of(["estimate", "specs/qwen2/qwen2.5-0.5b.yaml", "--from-command", "tests/fixtures/accelerate/launch.sh"])
     alone = _report_of(["estimate", "--from-command", "tests/fixtures/accelerate/launch.sh"])
     assert _same_setup(alone.setup, with_spec.setup) and alone.allocated == with_spec.allocated
 
 
-@pytest.mark.parametrize("value, spec", [
-    ("Qwen/Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),
-    ("qwen/qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # the hub resolves ids without case
-    ("llava-hf/llava-1.5-7b-hf", f"{SPECS}/llava/llava-1.5-7b.yaml"),
-    # two bundled specs have this repo; the one named as the repo is meant, not -router-aux
-    ("mistralai/Mixtral-8x7B-v0.1", f"{SPECS}/mixtral/mixtral-8x7b-v0.1.yaml"),
-    ("qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a short name
-    ("Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a spec's model name
-])
+@pytest.mark.parametrize(
+    "value, spec",
+    [
+        ("Qwen/Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),
+        ("qwen/qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # the hub resolves ids without case
+        ("llava-hf/llava-1.5-7b-hf", f"{SPECS}/llava/llava-1.5-7b.yaml"),
+        # two bundled specs have this repo; the one named as the repo is meant, not -router-aux
+        ("mistralai/Mixtral-8x7B-v0.1", f"{SPECS}/mixtral/mixtral-8x7b-v0.1.yaml"),
+        ("qwen2.5-0.5b", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a short name
+        ("Qwen2.5-0.5B", f"{SPECS}/qwen2/qwen2.5-0.5b.yaml"),  # a spec's model name
+    ],
+)
 def test_bundled_spec_by_hub_id_model_or_short_name(tmp_path, value, spec):
     m = _resolve(_script(tmp_path, f"torchrun --nproc_per_node 8 train.py --model_name_or_path {value} --bf16\n"))
     assert (m.kind, m.file, m.line, dict(m.flags)) == ("bundled", spec, 1, {"model_name_or_path": value})
@@ -209,11 +229,14 @@ def test_an_unset_variable_is_e812(tmp_path):
     path = _script(tmp_path, "torchrun train.py \\\n    --model_name_or_path ${MODEL}\n")
     with pytest.raises(MemspecError) as err:
         _resolve(path)
-    assert err.value.render() == (f"{path}:2:5: E812 --model_name_or_path: is the shell variable ${{MODEL}}, whose value the script does not set\n"
-                                  "help: write the value in the script: memspec reads the script, it does not run it")
+    assert err.value.render() == (
+        f"{path}:2:5: E812 --model_name_or_path: is the shell variable ${{MODEL}}, whose value the script does not set\n"
+        "help: write the value in the script: memspec reads the script, it does not run it"
+    )
 
 
 # --------------------------------------------------------------------------- folders and hub ids
+
 
 def test_a_model_folder_from_the_working_directory_or_above_the_script(tmp_path, monkeypatch, capsys):
     text = "torchrun --nproc_per_node 8 train.py --model_name_or_path tests/fixtures/hub/Llama-3.2-1B --per_device_train_batch_size 2 --max_seq_length 1024 --bf16\n"
@@ -221,8 +244,7 @@ def test_a_model_folder_from_the_working_directory_or_above_the_script(tmp_path,
     code, out, _ = _run(["estimate", "--from-command", path], capsys)
     lines = out.splitlines()
     assert code == 0 and lines[0] == "memspec estimate: Llama-3.2-1B  (imported from tests/fixtures/hub/Llama-3.2-1B)"
-    assert lines[2] == (f"from      {path}:1 --model_name_or_path tests/fixtures/hub/Llama-3.2-1B "
-                        "-> folder tests/fixtures/hub/Llama-3.2-1B, imported")
+    assert lines[2] == (f"from      {path}:1 --model_name_or_path tests/fixtures/hub/Llama-3.2-1B -> folder tests/fixtures/hub/Llama-3.2-1B, imported")
     folder = _report_of(["estimate", "tests/fixtures/hub/Llama-3.2-1B", "--from-command", path])
     alone = _report_of(["estimate", "--from-command", path])
     assert _same_setup(alone.setup, folder.setup) and alone.allocated == folder.allocated
@@ -252,21 +274,25 @@ def test_two_bundled_specs_of_one_repo_without_a_namesake_are_e111(tmp_path, mon
     monkeypatch.setattr(catalog, "entries", lambda: (a, b))
     with pytest.raises(MemspecError) as err:
         _resolve(_script(tmp_path, "python train.py --model_name_or_path acme/m\n"))
-    assert err.value.render() == ("E111 'acme/m' names 2 bundled specs: specs/x/m-a.yaml, specs/x/m-b.yaml\n"
-                                  "help: give the path of the one you mean after the script")
+    assert err.value.render() == (
+        "E111 'acme/m' names 2 bundled specs: specs/x/m-a.yaml, specs/x/m-b.yaml\nhelp: give the path of the one you mean after the script"
+    )
 
 
 def test_a_hub_id_from_the_cache(tmp_path, capsys):
     from huggingface_hub import constants
 
     hf.hub_cache(Path(constants.HF_HUB_CACHE), "meta-llama/Llama-3.2-1B", "Llama-3.2-1B", COMMIT)
-    path = _script(tmp_path, "torchrun --nproc_per_node 8 train.py --model_name_or_path meta-llama/Llama-3.2-1B "
-                             "--per_device_train_batch_size 2 --max_seq_length 1024 --bf16\n")
+    path = _script(
+        tmp_path,
+        "torchrun --nproc_per_node 8 train.py --model_name_or_path meta-llama/Llama-3.2-1B --per_device_train_batch_size 2 --max_seq_length 1024 --bf16\n",
+    )
     code, out, _ = _run(["estimate", "--from-command", path, "--format", "json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["model_from"]["kind"] == "hub"
-    assert data["model_from"]["description"] == (f"{path}:1 --model_name_or_path meta-llama/Llama-3.2-1B "
-                                                 f"-> hub id meta-llama/Llama-3.2-1B, imported at revision {COMMIT}")
+    assert data["model_from"]["description"] == (
+        f"{path}:1 --model_name_or_path meta-llama/Llama-3.2-1B -> hub id meta-llama/Llama-3.2-1B, imported at revision {COMMIT}"
+    )
     folder = _report_of(["estimate", "tests/fixtures/hub/Llama-3.2-1B", "--from-command", path])
     assert data["peak"]["allocated"] == folder.allocated
 
@@ -299,18 +325,22 @@ def test_a_found_model_that_cannot_be_imported_keeps_its_own_error(tmp_path):
 
 
 def test_a_llava_script_with_a_language_model_folder_is_not_composed(tmp_path):
-    path = _script(tmp_path, f"deepspeed llava/train/train.py --model_name_or_path tests/fixtures/hub/Llama-3.2-1B "
-                             f"--vision_tower {CLIP} --mm_projector_type mlp2x_gelu\n")
+    path = _script(
+        tmp_path, f"deepspeed llava/train/train.py --model_name_or_path tests/fixtures/hub/Llama-3.2-1B --vision_tower {CLIP} --mm_projector_type mlp2x_gelu\n"
+    )
     with pytest.raises(MemspecError) as err:
         _resolve(path)
     (d,) = err.value.diagnostics
     assert (d.code, d.line, d.path) == ("E814", 1, "--model_name_or_path")
-    assert d.message.startswith(f"tests/fixtures/hub/Llama-3.2-1B with --vision_tower {CLIP} and --mm_projector_type mlp2x_gelu: "
-                                "no bundled spec is built from these parts (bundled: llava-1.5-13b: lmsys/vicuna-13b-v1.5, ")
+    assert d.message.startswith(
+        f"tests/fixtures/hub/Llama-3.2-1B with --vision_tower {CLIP} and --mm_projector_type mlp2x_gelu: "
+        "no bundled spec is built from these parts (bundled: llava-1.5-13b: lmsys/vicuna-13b-v1.5, "
+    )
     assert d.message.endswith("memspec does not compose a LLaVA model from a language model and a vision tower")
 
 
 # --------------------------------------------------------------------------- the documented commands
+
 
 def _documented():
     from test_docs import COMMANDS

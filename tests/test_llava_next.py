@@ -32,18 +32,21 @@ def test_grid_is_the_pinpoint_with_the_most_effective_then_least_wasted_pixels()
     assert V16.grid(336, 1344) == (1, 3)
 
 
-@pytest.mark.parametrize("h, w, crops, tokens", [
-    # 1 x 2 tiles: 24 x 48 features; the image is taller (1 < 48 / 24): 336 * 24 // 336 = 24
-    # columns kept, padding (48 - 24) // 2 = 12 each side -> 24 x (24 + 1) = 600 + 576 base
-    (336, 336, 3, 1176),
-    # 2 x 2 tiles: 48 x 48, nothing to unpad -> 48 x 49 = 2352 + 576
-    (672, 672, 5, 2928),
-    # 3 x 1 tiles: 72 x 24; taller (336 / 1344 < 24 / 72): 336 * 72 // 1344 = 18 columns,
-    # padding 3 each side -> 72 x (18 + 1) = 1368 + 576
-    (1344, 336, 4, 1944),
-    # 1 x 3 tiles: 24 x 72; wider: 336 * 72 // 1344 = 18 rows -> 18 x 73 = 1314 + 576
-    (336, 1344, 4, 1890),
-])
+@pytest.mark.parametrize(
+    "h, w, crops, tokens",
+    [
+        # 1 x 2 tiles: 24 x 48 features; the image is taller (1 < 48 / 24): 336 * 24 // 336 = 24
+        # columns kept, padding (48 - 24) // 2 = 12 each side -> 24 x (24 + 1) = 600 + 576 base
+        (336, 336, 3, 1176),
+        # 2 x 2 tiles: 48 x 48, nothing to unpad -> 48 x 49 = 2352 + 576
+        (672, 672, 5, 2928),
+        # 3 x 1 tiles: 72 x 24; taller (336 / 1344 < 24 / 72): 336 * 72 // 1344 = 18 columns,
+        # padding 3 each side -> 72 x (18 + 1) = 1368 + 576
+        (1344, 336, 4, 1944),
+        # 1 x 3 tiles: 24 x 72; wider: 336 * 72 // 1344 = 18 rows -> 18 x 73 = 1314 + 576
+        (336, 1344, 4, 1890),
+    ],
+)
 def test_crops_and_image_positions(h, w, crops, tokens):
     report = api.estimate(str(SPEC), micro_batch=2, seq_len=4096, image_size=[h, w])
     assert _dims(report, "vision.patch_embedding")["b"] == 2 * crops  # the base image and its tiles
@@ -73,6 +76,7 @@ def test_against_transformers_select_best_resolution_and_pack_image_features():
 
 # --------------------------------------------------------------------------- import
 
+
 def _import(fixture: str):
     from compiler.inputs import importer
 
@@ -86,8 +90,9 @@ def test_import_writes_the_tiling_and_reproduces_the_checked_in_spec():
     assert imported.data["modules"]["vision"]["context"]["batch"] == "micro_batch * images_per_sample * (1 + grid_rows * grid_cols)"
     theirs = api.load_spec(str(SPEC))
     assert imported.spec.anyres == theirs.anyres == V16
-    assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == \
-        [(m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules]
+    assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == [
+        (m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules
+    ]
     mistral = _import("llava-v1.6-mistral-7b-hf").data["modules"]["language"]["inputs"]
     assert (mistral["n_kv_heads"], mistral["intermediate"], mistral["sliding_window"]) == (8, 14336, 0)  # null window
 
@@ -121,8 +126,9 @@ def test_a_tiled_spec_without_an_image_size_is_refused(tmp_path):
     with pytest.raises(MemspecError) as exc:
         api.estimate(str(bare), micro_batch=1, seq_len=4096)
     assert "E717" in exc.value.render() and "--image-size HxW" in exc.value.render()
-    assert api.estimate(str(bare), micro_batch=1, seq_len=4096, image_size=[672, 672]).allocated == \
-        api.estimate(str(SPEC), micro_batch=1, seq_len=4096).allocated
+    assert (
+        api.estimate(str(bare), micro_batch=1, seq_len=4096, image_size=[672, 672]).allocated == api.estimate(str(SPEC), micro_batch=1, seq_len=4096).allocated
+    )
 
 
 def test_a_sequence_shorter_than_the_tiled_image_is_refused():

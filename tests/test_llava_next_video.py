@@ -83,8 +83,9 @@ def test_import_reproduces_the_checked_in_spec_and_refuses_the_conv_resampler(tm
     imported = importer.import_spec(str(fixture))
     theirs = api.load_spec(str(SPEC))
     assert imported.spec.video_temporal_patch == theirs.video_temporal_patch == 1
-    assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == \
-        [(m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules]
+    assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == [
+        (m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules
+    ]
     folder = tmp_path / "nv"
     shutil.copytree(fixture, folder)
     config = json.loads((folder / "config.json").read_text())

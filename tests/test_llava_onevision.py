@@ -21,18 +21,21 @@ def _dims(report, path: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", row.dims)}
 
 
-@pytest.mark.parametrize("h, w, crops, tokens", [
-    # 384 x 384 fits every pinpoint whole; (384, 384), 1 x 1, wastes least: 27 x 28 + 729 base
-    (384, 384, 2, 1485),
-    # 2 x 2 tiles: 54 x 54 features, 2916 < 1.21 x 9 x 729 = 7938.81, kept: 54 x 55 + 729
-    (768, 768, 5, 3699),
-    # 1152 x 1920 pinpoint (3 x 5 tiles): 81 x 135, the image wider (1920 / 1080 > 135 / 81):
-    # 1080 * 135 // 1920 = 75 rows, padding 3 each side -> 75 x 135 = 10_125 > 7938.81: ratio
-    # sqrt(10_125 / 6561) = 1.2423, int(75 // 1.2423) = 60, int(135 // 1.2423) = 108: 60 x 109 + 729
-    (1080, 1920, 16, 7269),
-    # 6 x 6 tiles: 162 x 162, ratio 2: 81 x 82 + 729
-    (2304, 2304, 37, 7371),
-])
+@pytest.mark.parametrize(
+    "h, w, crops, tokens",
+    [
+        # 384 x 384 fits every pinpoint whole; (384, 384), 1 x 1, wastes least: 27 x 28 + 729 base
+        (384, 384, 2, 1485),
+        # 2 x 2 tiles: 54 x 54 features, 2916 < 1.21 x 9 x 729 = 7938.81, kept: 54 x 55 + 729
+        (768, 768, 5, 3699),
+        # 1152 x 1920 pinpoint (3 x 5 tiles): 81 x 135, the image wider (1920 / 1080 > 135 / 81):
+        # 1080 * 135 // 1920 = 75 rows, padding 3 each side -> 75 x 135 = 10_125 > 7938.81: ratio
+        # sqrt(10_125 / 6561) = 1.2423, int(75 // 1.2423) = 60, int(135 // 1.2423) = 108: 60 x 109 + 729
+        (1080, 1920, 16, 7269),
+        # 6 x 6 tiles: 162 x 162, ratio 2: 81 x 82 + 729
+        (2304, 2304, 37, 7371),
+    ],
+)
 def test_crops_and_image_positions(h, w, crops, tokens):
     report = api.estimate(str(SPEC), micro_batch=2, seq_len=8192, image_size=[h, w])
     assert _dims(report, "vision.patch_embedding")["b"] == 2 * crops  # the base image and its tiles
@@ -73,8 +76,9 @@ def test_import_reproduces_the_checked_in_specs():
         imported = importer.import_spec(str(ROOT / "tests" / "fixtures" / "hub" / fixture))
         theirs = api.load_spec(str(spec))
         assert imported.spec.anyres == theirs.anyres and len(theirs.anyres.pinpoints) == 36
-        assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == \
-            [(m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules]
+        assert [(m.name, m.type, m.parameters, dict(m.inputs)) for m in imported.spec.modules] == [
+            (m.name, m.type, m.parameters, dict(m.inputs)) for m in theirs.modules
+        ]
     language = api.load_spec(str(SPEC)).module("language").inputs
     assert (language["max_tiles"], language["anyres_side"], language["tie_embeddings"], language["qkv_bias"]) == (9, 27, True, True)
 

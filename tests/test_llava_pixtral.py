@@ -30,13 +30,16 @@ def test_llava_with_a_pixtral_tower_imports_as_llava_pixtral():
     assert importer.import_spec(str(ROOT / "tests" / "fixtures" / "hub" / "llava-1.5-7b-hf")).family == "llava"
 
 
-@pytest.mark.parametrize(("size", "grid"), [
-    ((1024, 1024), (64, 64)),      # 1024 / 16 each way
-    ((512, 384), (32, 24)),
-    ((2048, 1536), (64, 48)),      # scaled to 1024 x 768 (longest edge 1024)
-    ((1000, 500), (63, 32)),       # not scaled: ceil(62.5) x ceil(31.25)
-    ((4000, 300), (64, 5)),        # 1024 x 76 -> 64 x ceil(4.75)
-])
+@pytest.mark.parametrize(
+    ("size", "grid"),
+    [
+        ((1024, 1024), (64, 64)),  # 1024 / 16 each way
+        ((512, 384), (32, 24)),
+        ((2048, 1536), (64, 48)),  # scaled to 1024 x 768 (longest edge 1024)
+        ((1000, 500), (63, 32)),  # not scaled: ceil(62.5) x ceil(31.25)
+        ((4000, 300), (64, 5)),  # 1024 x 76 -> 64 x ceil(4.75)
+    ],
+)
 def test_image_positions_follow_the_processor(size, grid):
     """One [IMG] position per 16-px patch after the resize; the tower sees the same patches."""
     rows, cols = grid
@@ -71,15 +74,15 @@ def test_builder_counts_and_batch_equal_the_spec():
     with torch.device("meta"):
         model = llava_pixtral.model_class()._from_config(config)
     assert model.lm_head.weight is not model.model.language_model.embed_tokens.weight
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters())
-              for name, mods in llava_pixtral.module_groups(model).items()}
+    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in llava_pixtral.module_groups(model).items()}
     assert counts == importer.import_spec(str(FIX)).header_parameters
-    batch = llava_pixtral.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 4608, "images_per_sample": 1,
-                                              "image_size": [2048, 1536]}, torch.bfloat16)
+    batch = llava_pixtral.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 4608, "images_per_sample": 1, "image_size": [2048, 1536]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (2, 3, 1024, 768)
     assert batch["image_sizes"].tolist() == [[1024, 768]] * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [64 * 48] * 2
-    assert (batch["labels"][:, :64 * 49] == -100).all()
+    assert (batch["labels"][:, : 64 * 49] == -100).all()
 
 
 def test_default_image_fills_its_positions():
@@ -89,14 +92,17 @@ def test_default_image_fills_its_positions():
     api.estimate(str(SPEC), micro_batch=1, seq_len=64 * 65, images_per_sample=1)
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("vision_config", "hidden_act", "gelu", "SwiGLU"),
-    ("text_config", "model_type", "llama", "Mistral"),
-    ("text_config", "sliding_window", 4096, "sliding window"),
-    ("", "vision_feature_layer", -2, "vision_feature_layer"),
-    ("", "vision_feature_select_strategy", "default", "full"),
-    ("", "multimodal_projector_bias", False, "biases"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("vision_config", "hidden_act", "gelu", "SwiGLU"),
+        ("text_config", "model_type", "llama", "Mistral"),
+        ("text_config", "sliding_window", 4096, "sliding window"),
+        ("", "vision_feature_layer", -2, "vision_feature_layer"),
+        ("", "vision_feature_select_strategy", "default", "full"),
+        ("", "multimodal_projector_bias", False, "biases"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value

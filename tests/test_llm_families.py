@@ -2,6 +2,7 @@
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,7 @@ MODELS = [
 def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
     written = api.load_spec(ROOT / spec)
     imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
     assert sum(m.parameters for m in written.modules) == parameters
 
 
@@ -90,12 +90,15 @@ def _import_with(tmp_path: Path, fixture: str, **changes) -> str:
     return exc.value.render()
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"use_parallel_residual": False}, "use_parallel_residual false"),
-    ({"hidden_dropout": 0.1}, "dropout"),
-    ({"hidden_act": "relu"}, "GELU"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"use_parallel_residual": False}, "use_parallel_residual false"),
+        ({"hidden_dropout": 0.1}, "dropout"),
+        ({"hidden_act": "relu"}, "GELU"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+    ],
+)
 def test_gpt_neox_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "pythia-1.4b", **change)
     assert "E713" in message and words in message
@@ -118,12 +121,15 @@ def test_gpt_neox_layer_terms():
     assert rows[f"{layer}.post_attention_layernorm"].activations == 2 * 2048 * 4
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"qk_layernorm": True}, "qk_layernorm"),
-    ({"hidden_act": "gelu"}, "gelu_new"),
-    ({"embd_pdrop": 0.1}, "dropout"),
-    ({"num_key_value_heads": 8}, "key-value heads"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"qk_layernorm": True}, "qk_layernorm"),
+        ({"hidden_act": "gelu"}, "gelu_new"),
+        ({"embd_pdrop": 0.1}, "dropout"),
+        ({"num_key_value_heads": 8}, "key-value heads"),
+    ],
+)
 def test_phi_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "phi-2", **change)
     assert "E713" in message and words in message
@@ -148,13 +154,16 @@ def test_phi_layer_terms():
     assert not any("resid_dropout" in p for p in rows15)
 
 
-@pytest.mark.parametrize("change, words", [
-    # Falcon-7B's layout: multi-query attention, one shared LayerNorm
-    ({"new_decoder_architecture": False, "multi_query": True, "num_kv_heads": None}, "multi-query"),
-    ({"alibi": True}, "ALiBi"),
-    ({"num_ln_in_parallel_attn": 1}, "ln_attn and ln_mlp"),
-    ({"tie_word_embeddings": False}, "untied"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # Falcon-7B's layout: multi-query attention, one shared LayerNorm
+        ({"new_decoder_architecture": False, "multi_query": True, "num_kv_heads": None}, "multi-query"),
+        ({"alibi": True}, "ALiBi"),
+        ({"num_ln_in_parallel_attn": 1}, "ln_attn and ln_mlp"),
+        ({"tie_word_embeddings": False}, "untied"),
+    ],
+)
 def test_falcon_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "falcon-40b", **change)
     assert "E713" in message and words in message
@@ -177,10 +186,13 @@ def test_falcon_layer_terms():
     assert eager[f"{layer}.dense"].activations == x
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_act": "gelu"}, "SwiGLU"),
-    ({"attention_dropout": 0.1}, "attention dropout"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_act": "gelu"}, "SwiGLU"),
+        ({"attention_dropout": 0.1}, "attention dropout"),
+    ],
+)
 def test_olmo2_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "OLMo-2-0425-1B", **change)
     assert "E713" in message and words in message
@@ -204,10 +216,13 @@ def test_olmo2_layer_terms():
     assert rows[f"{layer}.mlp.gate_proj"].activations == x
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_act": "gelu"}, "gelu_pytorch_tanh"),
-    ({"norm_type": "rms_norm"}, "norm_type"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_act": "gelu"}, "gelu_pytorch_tanh"),
+        ({"norm_type": "rms_norm"}, "norm_type"),
+    ],
+)
 def test_starcoder2_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "starcoder2-3b", **change)
     assert "E713" in message and words in message
@@ -228,17 +243,21 @@ def test_starcoder2_layer_terms():
     eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, attention="eager").rows}
     # the fp32 probabilities, the dropped-out bf16 ones and the bool mask, beside k and v repeated to 24 heads
     q = 2048 * 24 * 128 * 2
-    assert eager[f"{layer}.self_attn.core"].activations - sdpa[f"{layer}.self_attn.core"].activations == \
-        scores * (4 + 2 + 1) + 2 * q - (2 * 2048 * 256 * 2 + q + 24 * 2048 * 4 + 16 + 8)
+    assert eager[f"{layer}.self_attn.core"].activations - sdpa[f"{layer}.self_attn.core"].activations == scores * (4 + 2 + 1) + 2 * q - (
+        2 * 2048 * 256 * 2 + q + 24 * 2048 * 4 + 16 + 8
+    )
 
 
-@pytest.mark.parametrize("change, words", [
-    # StableLM 2 12B's layout: parallel residual and per-head q/k LayerNorms
-    ({"use_parallel_residual": True}, "use_parallel_residual"),
-    ({"qk_layernorm": True}, "qk_layernorm"),
-    ({"hidden_dropout": 0.1}, "dropout"),
-    ({"hidden_act": "gelu"}, "SwiGLU"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # StableLM 2 12B's layout: parallel residual and per-head q/k LayerNorms
+        ({"use_parallel_residual": True}, "use_parallel_residual"),
+        ({"qk_layernorm": True}, "qk_layernorm"),
+        ({"hidden_dropout": 0.1}, "dropout"),
+        ({"hidden_act": "gelu"}, "SwiGLU"),
+    ],
+)
 def test_stablelm_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "stablelm-2-1_6b", **change)
     assert "E713" in message and words in message
@@ -277,15 +296,17 @@ def test_granite_is_llama_with_its_multipliers():
     assert eager[core].activations == scores * (4 + 2 + 1) + 3 * q
     assert sdpa[core].activations == 2 * q + 2 * (q // 4) + 32 * 2048 * 4 + 16 + 8
     x = 2 * 2048 * 2048 * 2
-    lora = {r.path: r for r in api.estimate(spec, micro_batch=2, seq_len=2048, lora={"r": 16},
-                                            gradient_checkpointing=["language"]).rows}
+    lora = {r.path: r for r in api.estimate(spec, micro_batch=2, seq_len=2048, lora={"r": 16}, gradient_checkpointing=["language"]).rows}
     assert lora["language.embed_tokens"].activations == 2 * x
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_act": "gelu"}, "SwiGLU"),
-    ({"attention_dropout": 0.1}, "dropout"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_act": "gelu"}, "SwiGLU"),
+        ({"attention_dropout": 0.1}, "dropout"),
+    ],
+)
 def test_cohere_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "aya-expanse-8b", **change)
     assert "E713" in message and words in message
@@ -309,15 +330,20 @@ def test_cohere_layer_terms():
     # the tied head counts the table once
     assert rows["language.lm_head"].parameters == 256000 * 4096 * 2
     assert rows["language.embed_tokens"].parameters == 0
-    mlp_only = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, lora={"r": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]}).rows}
+    mlp_only = {
+        r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=2048, lora={"r": 16, "target_modules": ["gate_proj", "up_proj", "down_proj"]}).rows
+    }
     assert mlp_only[f"{layer}.mlp.act"].activations == 2048 * 14336 * 2
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_act": "gelu"}, "SwiGLU"),
-    ({"attention_dropout": 0.1}, "dropout"),
-    ({"use_qk_norm": True}, "use_qk_norm"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_act": "gelu"}, "SwiGLU"),
+        ({"attention_dropout": 0.1}, "dropout"),
+        ({"use_qk_norm": True}, "use_qk_norm"),
+    ],
+)
 def test_cohere2_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "c4ai-command-r7b-12-2024", **change)
     assert "E713" in message and words in message
@@ -336,14 +362,17 @@ def test_cohere2_global_layers_skip_the_rotary():
     assert eager["language"].transient_forward - rows["language"].transient_forward == 2 * 2048 * 2048 * 2
 
 
-@pytest.mark.parametrize("change, words", [
-    # OPT-350m's layout: LayerNorm after each block, 512-wide embeddings projected in and out
-    ({"do_layer_norm_before": False}, "do_layer_norm_before"),
-    ({"word_embed_proj_dim": 512}, "project_in"),
-    ({"activation_function": "gelu"}, "ReLU"),
-    ({"attention_dropout": 0.1}, "attention dropout"),
-    ({"tie_word_embeddings": False}, "untied"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # OPT-350m's layout: LayerNorm after each block, 512-wide embeddings projected in and out
+        ({"do_layer_norm_before": False}, "do_layer_norm_before"),
+        ({"word_embed_proj_dim": 512}, "project_in"),
+        ({"activation_function": "gelu"}, "ReLU"),
+        ({"attention_dropout": 0.1}, "attention dropout"),
+        ({"tie_word_embeddings": False}, "untied"),
+    ],
+)
 def test_opt_variants_not_modelled_are_refused(tmp_path, change, words):
     message = _import_with(tmp_path, "opt-1.3b", **change)
     assert "E713" in message and words in message

@@ -21,18 +21,19 @@ def rendered(text: str, file: str = "x.yaml") -> str:
 
 # --------------------------------------------------------------------------- data and positions
 
+
 def test_data_and_positions():
     doc = load_yaml_text(
-        "name: llava\n"                    # line 1
-        "modules:\n"                       # line 2
-        "  language:\n"                    # line 3
-        "    layers: 32\n"                 # line 4: key at col 5
-        "trainable:\n"                     # line 5
-        "  - language.q_proj\n"            # line 6: item at col 5
-        "  - {a: 1, 'b c': 2}\n",          # line 7: item at col 5, a at col 6, 'b c' at col 12
-        "x.yaml")
-    assert doc.data == {"name": "llava", "modules": {"language": {"layers": 32}},
-                        "trainable": ["language.q_proj", {"a": 1, "b c": 2}]}
+        "name: llava\n"  # line 1
+        "modules:\n"  # line 2
+        "  language:\n"  # line 3
+        "    layers: 32\n"  # line 4: key at col 5
+        "trainable:\n"  # line 5
+        "  - language.q_proj\n"  # line 6: item at col 5
+        "  - {a: 1, 'b c': 2}\n",  # line 7: item at col 5, a at col 6, 'b c' at col 12
+        "x.yaml",
+    )
+    assert doc.data == {"name": "llava", "modules": {"language": {"layers": 32}}, "trainable": ["language.q_proj", {"a": 1, "b c": 2}]}
     assert dict(doc.positions) == {
         "$": (1, 1),
         "$.name": (1, 1),
@@ -50,7 +51,7 @@ def test_data_and_positions():
 def test_where_falls_back_to_nearest_ancestor():
     doc = load_yaml_text("a:\n  b: [1, 2]\n", "x.yaml")
     assert doc.where("$.a.b[1]") == (2, 10)
-    assert doc.where("$.a.b[7].c") == (2, 3)   # no item 7: its list's key
+    assert doc.where("$.a.b[7].c") == (2, 3)  # no item 7: its list's key
     assert doc.where("$.a.missing") == (1, 1)
     assert doc.where("$.zzz['q r'][0]") == (1, 1)
     assert doc.where("$") == (1, 1)
@@ -79,23 +80,27 @@ def test_document_is_frozen():
     assert isinstance(doc.positions, MappingProxyType)
 
 
-@pytest.mark.parametrize("parent, key, expected", [
-    ("$", "modules", "$.modules"),
-    ("$.modules", "language", "$.modules.language"),
-    ("$", 0, "$[0]"),
-    ("$.trainable", 3, "$.trainable[3]"),
-    ("$", "a b", "$['a b']"),
-    ("$", "bytes.param", "$['bytes.param']"),
-    ("$", "q-proj", "$['q-proj']"),
-    ("$", "1st", "$['1st']"),
-    ("$", "it's", "$['it\\'s']"),
-    ("$", "_x9", "$._x9"),
-])
+@pytest.mark.parametrize(
+    "parent, key, expected",
+    [
+        ("$", "modules", "$.modules"),
+        ("$.modules", "language", "$.modules.language"),
+        ("$", 0, "$[0]"),
+        ("$.trainable", 3, "$.trainable[3]"),
+        ("$", "a b", "$['a b']"),
+        ("$", "bytes.param", "$['bytes.param']"),
+        ("$", "q-proj", "$['q-proj']"),
+        ("$", "1st", "$['1st']"),
+        ("$", "it's", "$['it\\'s']"),
+        ("$", "_x9", "$._x9"),
+    ],
+)
 def test_child_path(parent, key, expected):
     assert child_path(parent, key) == expected
 
 
 # --------------------------------------------------------------------------- scalars
+
 
 def test_underscored_integers_are_ints():
     # YAML 1.1 (PyYAML's SafeLoader) and this loader agree on this one.
@@ -110,27 +115,40 @@ def test_scalars_follow_yaml_1_2_core():
         "t: true\nt2: True\nf2: false\n"
         "n1: null\nn2: ~\nn3:\n"
         "s: hello\nq: '123'\nyq: 'yes'\ndate: 2024-01-01\nsexagesimal: 1:20\n",
-        "x.yaml")
+        "x.yaml",
+    )
     assert doc.data == {
-        "i": 4096, "neg": -3, "hex": 31, "zero": 0,
-        "f": 0.5, "exp": 0.0001, "exp2": 2500.0, "inf": float("inf"),
-        "t": True, "t2": True, "f2": False,
-        "n1": None, "n2": None, "n3": None,
-        "s": "hello", "q": "123", "yq": "yes", "date": "2024-01-01", "sexagesimal": "1:20",
+        "i": 4096,
+        "neg": -3,
+        "hex": 31,
+        "zero": 0,
+        "f": 0.5,
+        "exp": 0.0001,
+        "exp2": 2500.0,
+        "inf": float("inf"),
+        "t": True,
+        "t2": True,
+        "f2": False,
+        "n1": None,
+        "n2": None,
+        "n3": None,
+        "s": "hello",
+        "q": "123",
+        "yq": "yes",
+        "date": "2024-01-01",
+        "sexagesimal": "1:20",
     }
     assert type(doc.data["i"]) is int and type(doc.data["t"]) is bool
 
 
 # --------------------------------------------------------------------------- E101 file
 
+
 def test_missing_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MemspecError) as caught:
         load_yaml("specs/nope.yaml")
-    assert caught.value.render() == (
-        "specs/nope.yaml: E101 file not found\n"
-        f"help: looked for {tmp_path.resolve() / 'specs' / 'nope.yaml'}"
-    )
+    assert caught.value.render() == (f"specs/nope.yaml: E101 file not found\nhelp: looked for {tmp_path.resolve() / 'specs' / 'nope.yaml'}")
     d = caught.value.diagnostics[0]
     assert (d.file, d.line, d.col, d.path) == ("specs/nope.yaml", 0, 0, "")
 
@@ -140,10 +158,7 @@ def test_directory_is_not_a_file(tmp_path, monkeypatch):
     (tmp_path / "specs").mkdir()
     with pytest.raises(MemspecError) as caught:
         load_yaml("specs")
-    assert caught.value.render() == (
-        "specs: E101 is a directory, not a file\n"
-        f"help: give the path of a YAML file (in {tmp_path.resolve() / 'specs'})"
-    )
+    assert caught.value.render() == (f"specs: E101 is a directory, not a file\nhelp: give the path of a YAML file (in {tmp_path.resolve() / 'specs'})")
 
 
 def test_load_from_file_keeps_the_path_as_given(tmp_path, monkeypatch):
@@ -156,6 +171,7 @@ def test_load_from_file_keeps_the_path_as_given(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- E102 syntax
 
+
 def test_invalid_utf8(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.yaml").write_bytes(b"a: 1\nb: caf\xe9\n")
@@ -167,18 +183,12 @@ def test_invalid_utf8(tmp_path, monkeypatch):
 @pytest.mark.skipif(not LIBYAML, reason="messages are libyaml's")
 def test_syntax_error():
     assert rendered("a: b: c\n") == "x.yaml:1:5: E102 mapping values are not allowed in this context"
-    assert rendered("a: [1, 2\n") == (
-        "x.yaml:2:1: E102 did not find expected ',' or ']'\n"
-        "help: while parsing a flow sequence at line 1"
-    )
+    assert rendered("a: [1, 2\n") == ("x.yaml:2:1: E102 did not find expected ',' or ']'\nhelp: while parsing a flow sequence at line 1")
 
 
 @pytest.mark.skipif(not LIBYAML, reason="messages are libyaml's")
 def test_tab_indentation():
-    assert rendered("a:\n\t- x\n") == (
-        "x.yaml:2:1: E102 found character that cannot start any token\n"
-        "help: indent with spaces, not tabs"
-    )
+    assert rendered("a:\n\t- x\n") == ("x.yaml:2:1: E102 found character that cannot start any token\nhelp: indent with spaces, not tabs")
 
 
 def test_control_characters():
@@ -198,15 +208,16 @@ def test_syntax_error_is_located():
 
 # --------------------------------------------------------------------------- E103 duplicates
 
+
 def test_all_duplicate_keys_are_reported():
     assert rendered(
-        "hidden: 1\n"          # line 1
+        "hidden: 1\n"  # line 1
         "layers: 2\n"
-        "hidden: 3\n"          # line 3: second 'hidden'
+        "hidden: 3\n"  # line 3: second 'hidden'
         "vision:\n"
-        "  heads: 4\n"         # line 5
-        "  heads: 5\n"         # line 6: second 'heads', col 3
-        "  heads: 6\n"         # line 7: third
+        "  heads: 4\n"  # line 5
+        "  heads: 5\n"  # line 6: second 'heads', col 3
+        "  heads: 6\n"  # line 7: third
     ) == (
         "x.yaml:3:1: E103 $.hidden: duplicate key 'hidden'\n"
         "help: first defined at line 1\n"
@@ -227,20 +238,23 @@ NO_ANCHORS = "help: write the value out in full: anchors and aliases hide what a
 
 
 def test_anchors_aliases_and_merge_keys_are_rejected():
-    assert rendered(
-        "base: &b {hidden: 1}\n"     # anchor at col 7
-        "copy: *b\n"                 # alias at col 7
-        "child:\n"
-        "  <<: *b\n"                 # merge key at col 3 (its alias is not reported again)
-        "  hidden: 2\n"
-    ) == (
-        "x.yaml:1:7: E104 $.base: anchor '&b' is not allowed\n" + NO_ANCHORS + "\n"
-        "\n"
-        "x.yaml:2:7: E104 $.copy: alias '*b' is not allowed\n" + NO_ANCHORS + "\n"
-        "\n"
-        "x.yaml:4:3: E104 $.child: merge key '<<' is not allowed\n" + NO_ANCHORS + "\n"
-        "\n"
-        "3 errors"
+    assert (
+        rendered(
+            "base: &b {hidden: 1}\n"  # anchor at col 7
+            "copy: *b\n"  # alias at col 7
+            "child:\n"
+            "  <<: *b\n"  # merge key at col 3 (its alias is not reported again)
+            "  hidden: 2\n"
+        )
+        == (
+            "x.yaml:1:7: E104 $.base: anchor '&b' is not allowed\n" + NO_ANCHORS + "\n"
+            "\n"
+            "x.yaml:2:7: E104 $.copy: alias '*b' is not allowed\n" + NO_ANCHORS + "\n"
+            "\n"
+            "x.yaml:4:3: E104 $.child: merge key '<<' is not allowed\n" + NO_ANCHORS + "\n"
+            "\n"
+            "3 errors"
+        )
     )
 
 
@@ -256,14 +270,9 @@ def test_alias_in_a_list():
 
 # --------------------------------------------------------------------------- E105 keys
 
+
 def test_non_string_keys():
-    assert rendered(
-        "1: x\n"
-        "sub:\n"
-        "  true: y\n"
-        "  ~: z\n"
-        "[a]: 1\n"
-    ) == (
+    assert rendered("1: x\nsub:\n  true: y\n  ~: z\n[a]: 1\n") == (
         "x.yaml:1:1: E105 $: mapping key 1 is not a string\n"
         "help: quote it if you mean the string: '1'\n"
         "\n"
@@ -285,16 +294,14 @@ def test_quoted_keys_are_strings():
 
 # --------------------------------------------------------------------------- E106 / E107 documents
 
+
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
 def test_empty_document(text):
     assert rendered(text) == "x.yaml:1:1: E106 empty document\nhelp: a memspec file is a YAML mapping"
 
 
 def test_multiple_documents():
-    assert rendered("a: 1\n---\nb: 2\n---\nc: 3\n") == (
-        "x.yaml:2:1: E107 more than one YAML document in the file\n"
-        "help: put each document in its own file"
-    )
+    assert rendered("a: 1\n---\nb: 2\n---\nc: 3\n") == ("x.yaml:2:1: E107 more than one YAML document in the file\nhelp: put each document in its own file")
 
 
 def test_one_explicit_document_is_fine():
@@ -302,6 +309,7 @@ def test_one_explicit_document_is_fine():
 
 
 # --------------------------------------------------------------------------- E108-E110 scalars
+
 
 def test_ambiguous_booleans():
     assert rendered("a: yes\nb: [no, On]\non: 1\n") == (
@@ -324,10 +332,7 @@ def test_ambiguous_booleans():
 def test_leading_zero_numbers_are_ambiguous():
     # YAML 1.1 reads 010 as 8, YAML 1.2 as 10.
     assert yaml.safe_load("a: 010") == {"a": 8}
-    assert rendered("a: 010\n") == (
-        "x.yaml:1:4: E109 $.a: ambiguous number '010'\n"
-        "help: YAML 1.1 reads a leading zero as octal: remove it, or quote the value"
-    )
+    assert rendered("a: 010\n") == ("x.yaml:1:4: E109 $.a: ambiguous number '010'\nhelp: YAML 1.1 reads a leading zero as octal: remove it, or quote the value")
 
 
 def test_explicit_tags_are_rejected():
@@ -343,6 +348,7 @@ def test_explicit_tags_are_rejected():
 
 
 # --------------------------------------------------------------------------- all at once
+
 
 def test_problems_of_different_kinds_are_collected_and_sorted():
     assert rendered("flag: off\nflag: true\nx: &a 1\n") == (
@@ -361,8 +367,7 @@ def test_problems_of_different_kinds_are_collected_and_sorted():
 def test_a_2000_line_file_loads_quickly():
     lines = ["modules:"]
     for i in range(400):
-        lines += [f"  m{i}:", "    kind: linear", f"    layers: {i}", "    hidden: 4_096",
-                  "    names: [q_proj, k_proj, v_proj]"]
+        lines += [f"  m{i}:", "    kind: linear", f"    layers: {i}", "    hidden: 4_096", "    names: [q_proj, k_proj, v_proj]"]
     text = "\n".join(lines) + "\n"
     start = time.perf_counter()
     doc = load_yaml_text(text, "big.yaml")

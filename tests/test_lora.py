@@ -17,8 +17,12 @@ MLP = "language.layers[0:32].mlp"
 
 def rows(trainable=("projector",), dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"), checkpointing=()):
     r = estimate(
-        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=list(trainable),
-        gradient_checkpointing=list(checkpointing), attention="sdpa",
+        "specs/llava/llava-1.5-7b.yaml",
+        micro_batch=2,
+        seq_len=1024,
+        trainable=list(trainable),
+        gradient_checkpointing=list(checkpointing),
+        attention="sdpa",
         lora={"r": R, "alpha": 32, "dropout": dropout, "target_modules": targets if targets == "all-linear" else list(targets)},
     )
     return {row.path: row for row in r.rows}
@@ -66,8 +70,9 @@ def test_frozen_layers_downstream_of_an_adapter_keep_what_their_input_gradient_n
 
 
 def test_lora_freezes_the_base_and_counts_adapters_once():
-    full = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["projector"], attention="sdpa",
-                    lora={"r": R, "target_modules": "all-linear"})
+    full = estimate(
+        "specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["projector"], attention="sdpa", lora={"r": R, "target_modules": "all-linear"}
+    )
     base = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=2, seq_len=1024, trainable=["projector"], attention="sdpa")
     per_layer = 4 * R * (H + H) + 3 * R * (H + F)  # q k v o, gate up down: r x (d_in + d_out) each
     assert full.estimate.trainable_params - base.estimate.trainable_params == 32 * per_layer  # 39_976_960
@@ -90,14 +95,17 @@ def test_lora_without_trainable_follows_the_models_recipe():
     assert qwen.setup.trainable == frozenset()
 
 
-@pytest.mark.parametrize("path, targets, hit", [
-    ("language.layers[3].self_attn.q_proj", ("q_proj",), True),
-    ("language.layers[3].self_attn.q_proj", ("self_attn.q_proj",), True),
-    ("language.layers[3].self_attn.q_proj", ("layers.3.self_attn.q_proj",), True),
-    ("language.layers[3].self_attn.q_proj", ("proj",), False),  # a suffix after a dot, not any suffix
-    ("language.lm_head", "all-linear", False),
-    ("language.layers[3].mlp.down_proj", "all-linear", True),
-])
+@pytest.mark.parametrize(
+    "path, targets, hit",
+    [
+        ("language.layers[3].self_attn.q_proj", ("q_proj",), True),
+        ("language.layers[3].self_attn.q_proj", ("self_attn.q_proj",), True),
+        ("language.layers[3].self_attn.q_proj", ("layers.3.self_attn.q_proj",), True),
+        ("language.layers[3].self_attn.q_proj", ("proj",), False),  # a suffix after a dot, not any suffix
+        ("language.lm_head", "all-linear", False),
+        ("language.layers[3].mlp.down_proj", "all-linear", True),
+    ],
+)
 def test_targets_match_as_peft_matches(path, targets, hit):
     lora = Lora(8, 8, 0.0, targets, frozenset({"language"}), (), "none")
     assert lora_target(lora, "language", path) is hit
@@ -129,8 +137,15 @@ def test_the_adapter_sum_holds_three_outputs():
     checkpointing on): up_proj's mul.Tensor is 45_056_000 B above lora_B's mm, i.e.
     y = 2048 * 11008 * 2 = 45_088_768 less A's output 2048 * 8 * 2 = 32_768, which is not kept
     inside a checkpointed layer's first forward and dies with lora_B's call."""
-    r = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=1, seq_len=2048, trainable=["projector"], attention="sdpa",
-                 gradient_checkpointing=["language"], lora={"r": 8, "alpha": 16, "target_modules": "all-linear"})
+    r = estimate(
+        "specs/llava/llava-1.5-7b.yaml",
+        micro_batch=1,
+        seq_len=2048,
+        trainable=["projector"],
+        attention="sdpa",
+        gradient_checkpointing=["language"],
+        lora={"r": 8, "alpha": 16, "target_modules": "all-linear"},
+    )
     at = {path: alloc for phase, path, alloc in r.estimate.timeline if phase == "forward"}
     up = "language.layers[31].mlp.up_proj"
     assert at[f"{up}.scale_add"] - at[f"{up}.lora_b"] == 2048 * 11008 * 2 - 2048 * 8 * 2  # 45_056_000
@@ -146,8 +161,15 @@ def test_a_checkpointed_layer_counts_its_input_during_its_first_forward():
     still misses there: 4_535_808 B everywhere in the layer (not attributed yet), and at the
     MLP's product two more t x h tensors the Python frames hold but nothing saves (the
     post-attention residual and LlamaMLP.forward's x), 2 * 2048 * 4096 * 2 = 33_554_432."""
-    r = estimate("specs/llava/llava-1.5-7b.yaml", micro_batch=1, seq_len=2048, trainable=["projector"], attention="sdpa",
-                 gradient_checkpointing=["language"], lora={"r": 8, "alpha": 16, "target_modules": "all-linear"})
+    r = estimate(
+        "specs/llava/llava-1.5-7b.yaml",
+        micro_batch=1,
+        seq_len=2048,
+        trainable=["projector"],
+        attention="sdpa",
+        gradient_checkpointing=["language"],
+        lora={"r": 8, "alpha": 16, "target_modules": "all-linear"},
+    )
     at = {path: alloc for phase, path, alloc in r.estimate.timeline if phase == "forward"}
     assert 15_737_281_024 - at["language.layers[31].self_attn.q_proj.base_layer"] == 4_535_808
     assert 15_872_547_328 - at["language.layers[31].mlp.mul"] == 4_535_808 + 33_554_432

@@ -22,8 +22,15 @@ QKV_BIAS = 896 + 128 + 128  # 1152 per layer
 
 
 def qwen(**lora):
-    return estimate(QWEN, micro_batch=2, seq_len=1024, trainable=[], attention="sdpa", gradient_checkpointing=[],
-                    lora={"r": 16, "alpha": 16, "target_modules": "all-linear", **lora})
+    return estimate(
+        QWEN,
+        micro_batch=2,
+        seq_len=1024,
+        trainable=[],
+        attention="sdpa",
+        gradient_checkpointing=[],
+        lora={"r": 16, "alpha": 16, "target_modules": "all-linear", **lora},
+    )
 
 
 def rows(report):
@@ -35,11 +42,14 @@ def plain():
     return qwen()
 
 
-@pytest.mark.parametrize("saves, copies", [
-    (["lm_head", "embed_tokens"], 2),
-    (["lm_head"], 1),
-    (["embed_tokens"], 1),
-])
+@pytest.mark.parametrize(
+    "saves, copies",
+    [
+        (["lm_head", "embed_tokens"], 2),
+        (["lm_head"], 1),
+        (["embed_tokens"], 1),
+    ],
+)
 def test_tied_tables_copied_untied(plain, saves, copies):
     """Each name copies one table: the copy is a V x h table of its own (deepcopy unties it),
     trained in full; the originals keep sharing their one table, frozen."""
@@ -47,7 +57,7 @@ def test_tied_tables_copied_untied(plain, saves, copies):
     assert r.estimate.trainable_params - plain.estimate.trainable_params == copies * TABLE  # 136_134_656 each
     lang, base = r.estimate.resident["language"], plain.estimate.resident["language"]
     assert lang["parameters"] - base["parameters"] == copies * TABLE * 2
-    assert lang["gradients"] - base["gradients"] == copies * TABLE * 2          # 272_269_312 per table
+    assert lang["gradients"] - base["gradients"] == copies * TABLE * 2  # 272_269_312 per table
     assert lang["optimizer_states"] - base["optimizer_states"] == copies * TABLE * 12
 
 
@@ -83,12 +93,15 @@ def test_untied_copies_add_a_second_table_each():
 Q_GRAD, KV_GRAD = 2048, 512
 
 
-@pytest.mark.parametrize("bias, targets, trained, grad_blocks", [
-    ("lora_only", "all-linear", LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),  # q, k, v adapted: 24 x 1152 = 27_648
-    ("all", "all-linear", LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),        # every `.bias`: the same (RMSNorm, lm_head have none)
-    ("lora_only", ["q_proj"], LAYERS * 896, LAYERS * Q_GRAD),                          # only q's bias: 21_504
-    ("all", ["q_proj"], LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),          # still every bias: 27_648
-])
+@pytest.mark.parametrize(
+    "bias, targets, trained, grad_blocks",
+    [
+        ("lora_only", "all-linear", LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),  # q, k, v adapted: 24 x 1152 = 27_648
+        ("all", "all-linear", LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),  # every `.bias`: the same (RMSNorm, lm_head have none)
+        ("lora_only", ["q_proj"], LAYERS * 896, LAYERS * Q_GRAD),  # only q's bias: 21_504
+        ("all", ["q_proj"], LAYERS * QKV_BIAS, LAYERS * (Q_GRAD + 2 * KV_GRAD)),  # still every bias: 27_648
+    ],
+)
 def test_qwen2_biases_train(bias, targets, trained, grad_blocks):
     base = qwen(target_modules=targets)
     r = qwen(target_modules=targets, bias=bias)
@@ -135,15 +148,21 @@ def test_llava_projector_copy():
     projector = 1024 * 4096 + 4096 + 4096 * 4096 + 4096  # 20_979_712
     assert r.estimate.trainable_params - base.estimate.trainable_params == projector
     t = rows(r)
-    assert (t["projector"].type, t["projector.original_module"].type, t["projector.modules_to_save"].type) == ("modules_to_save", "mlp_projector", "mlp_projector")
+    assert (t["projector"].type, t["projector.original_module"].type, t["projector.modules_to_save"].type) == (
+        "modules_to_save",
+        "mlp_projector",
+        "mlp_projector",
+    )
     assert not t["projector.original_module.linear_1"].trainable and t["projector.modules_to_save.linear_1"].trainable
     assert r.estimate.resident["projector"]["parameters"] - base.estimate.resident["projector"]["parameters"] == projector * 2
 
 
 def test_unmatched_name_is_an_error_at_its_key(tmp_path):
     path = tmp_path / "x.yaml"
-    path.write_text(f"experiment: x\nmodel: {__import__('os').path.abspath(QWEN)}\nmicro_batch: 1\nseq_len: 512\n"
-                    "trainable: []\nlora:\n  r: 8\n  modules_to_save: [lm_head, embed_token]\n")
+    path.write_text(
+        f"experiment: x\nmodel: {__import__('os').path.abspath(QWEN)}\nmicro_batch: 1\nseq_len: 512\n"
+        "trainable: []\nlora:\n  r: 8\n  modules_to_save: [lm_head, embed_token]\n"
+    )
     with pytest.raises(MemspecError) as e:
         estimate(str(path))
     (d,) = e.value.diagnostics
@@ -154,22 +173,26 @@ def test_unmatched_name_is_an_error_at_its_key(tmp_path):
 def test_unmatched_flag_is_a_usage_error():
     with pytest.raises(UsageError) as e:
         from compiler.cli import _report, parser
+
         _report(parser().parse_args(["estimate", QWEN, "--micro-batch", "1", "--seq-len", "512", "--lora-modules-to-save", "lm_hed"]))
     assert e.value.diagnostics[0].code == "E320" and e.value.diagnostics[0].path == "--lora-modules-to-save"
 
 
-@pytest.mark.parametrize("lora, extra, code", [
-    # the whole language model wrapped, then lm_head inside it: peft wraps one of them
-    ({"modules_to_save": ["language", "lm_head"]}, {}, "E322"),
-    # a LoRA layer's inside
-    ({"modules_to_save": ["lora_a"]}, {}, "E322"),
-    # a copy of a bitsandbytes 4-bit weight cannot require grad
-    ({"modules_to_save": ["mlp"]}, {"quantization": {"bits": 4}}, "E322"),
-    # bitsandbytes' bias sits inside linear_4bit's formula
-    ({"bias": "lora_only"}, {"quantization": {"bits": 4}}, "E323"),
-    ({"bias": "all"}, {"dp": 2, "fsdp": {}}, "E321"),
-    ({"bias": "all", "use_dora": True}, {}, "E321"),
-])
+@pytest.mark.parametrize(
+    "lora, extra, code",
+    [
+        # the whole language model wrapped, then lm_head inside it: peft wraps one of them
+        ({"modules_to_save": ["language", "lm_head"]}, {}, "E322"),
+        # a LoRA layer's inside
+        ({"modules_to_save": ["lora_a"]}, {}, "E322"),
+        # a copy of a bitsandbytes 4-bit weight cannot require grad
+        ({"modules_to_save": ["mlp"]}, {"quantization": {"bits": 4}}, "E322"),
+        # bitsandbytes' bias sits inside linear_4bit's formula
+        ({"bias": "lora_only"}, {"quantization": {"bits": 4}}, "E323"),
+        ({"bias": "all"}, {"dp": 2, "fsdp": {}}, "E321"),
+        ({"bias": "all", "use_dora": True}, {}, "E321"),
+    ],
+)
 def test_refused_combinations(lora, extra, code):
     with pytest.raises(MemspecError) as e:
         estimate(QWEN, micro_batch=1, seq_len=512, trainable=[], lora={"r": 8, **lora}, **extra)

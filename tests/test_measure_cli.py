@@ -14,8 +14,7 @@ from compiler.measure.__main__ import run  # noqa: E402
 
 TINY = Path(__file__).parent / "measured" / "tiny"
 # What the harness decides; versions and the machine may differ between runs.
-COMPARED = ("schema", "name", "experiment", "model_config_sha256", "source", "emulation", "steps",
-            "allocated", "allocated_first_step", "reserved", "device")
+COMPARED = ("schema", "name", "experiment", "model_config_sha256", "source", "emulation", "steps", "allocated", "allocated_first_step", "reserved", "device")
 
 
 @pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain", "tiny-autocast"])
@@ -30,8 +29,7 @@ def test_cli_reproduces_the_committed_record(name, tmp_path):
 
 def test_overrides_rename_the_record(tmp_path):
     out = tmp_path / "r.json"
-    argv = [str(TINY / "tiny-pretrain.yaml"), "--micro-batch", "1", "--seq-len", "32",
-            "--gradient-checkpointing", "language", "-o", str(out)]
+    argv = [str(TINY / "tiny-pretrain.yaml"), "--micro-batch", "1", "--seq-len", "32", "--gradient-checkpointing", "language", "-o", str(out)]
     assert run(argv) == 0
     measured = json.loads(out.read_text())
     assert measured["name"] == "tiny-pretrain_b1_s32_language"
@@ -41,8 +39,9 @@ def test_overrides_rename_the_record(tmp_path):
 
 def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
     experiment = tmp_path / "sharded.yaml"
-    experiment.write_text((TINY / "tiny-pretrain.yaml").read_text().replace("model: tiny-llava.yaml", f"model: {TINY / 'tiny-llava.yaml'}")
-                          + "parallel: {dp: 8, zero: 2}\n")
+    experiment.write_text(
+        (TINY / "tiny-pretrain.yaml").read_text().replace("model: tiny-llava.yaml", f"model: {TINY / 'tiny-llava.yaml'}") + "parallel: {dp: 8, zero: 2}\n"
+    )
     assert run([str(experiment)]) == 1
     assert "only dp 1, zero 0" in capsys.readouterr().err
 
@@ -62,8 +61,10 @@ def test_an_attention_kernel_transformers_refuses_is_an_input_error(tmp_path, ca
     # input error naming the kernel, not a traceback (exit 3)
     root = Path(__file__).resolve().parent.parent
     experiment = tmp_path / "gemma2-sdpa.yaml"
-    experiment.write_text(f"experiment: gemma2-sdpa\nmodel: {root / 'specs/gemma2/gemma-2-2b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
-                          "images_per_sample: 0\nattention: sdpa\nprecision: bf16\n")
+    experiment.write_text(
+        f"experiment: gemma2-sdpa\nmodel: {root / 'specs/gemma2/gemma-2-2b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
+        "images_per_sample: 0\nattention: sdpa\nprecision: bf16\n"
+    )
     assert run([str(experiment), "-o", str(tmp_path / "out.json")]) == 1
     assert "transformers does not build Gemma2ForCausalLM with attention 'sdpa'" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()

@@ -15,7 +15,7 @@ from compiler.measure.experiment import ExperimentError, load_experiment, with_o
 from compiler.commands.validation import compare, verdicts  # noqa: E402
 
 TINY = Path(__file__).parent / "measured" / "tiny"
-MIB = 2 ** 20
+MIB = 2**20
 H100 = ("NVIDIA H100 80GB HBM3", 81559 * MIB)  # torch's name and total_memory for specs/gpus.yaml h100-80gb
 BASELINE = 503_316_480  # NVML used on the idle card
 CONTEXT = 800_000_000  # what the process adds beyond the caching allocator
@@ -123,7 +123,7 @@ def test_reserved_is_the_runs_highest_when_the_allocator_freed_its_cache(attach)
 
 def test_an_unknown_card_is_recorded_without_a_catalog_key(attach):
     exp = tiny()
-    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted(accelerator=("NVIDIA GH200 480GB", 96 * 2 ** 30)))
+    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted(accelerator=("NVIDIA GH200 480GB", 96 * 2**30)))
     rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
     assert "gpu" not in rec["experiment"] and record.validate(rec) == []
 
@@ -203,8 +203,7 @@ def test_a_matrix_on_the_device_measures_each_entry_in_its_own_process(tmp_path,
     """Each entry runs in a spawned process (a fresh allocator and NVML baseline); one that
     fails is named and the run exits 1, with no record written for it."""
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\n"
-                      "axes: {micro_batch: [1, 2]}\n")
+    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\naxes: {{micro_batch: [1, 2]}}\n")
     assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--device", "cuda"]) == 1
     err = capsys.readouterr().err
     assert "2 failed: m_b1, m_b2" in err

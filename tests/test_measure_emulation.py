@@ -70,8 +70,11 @@ def test_dropout_saves_a_bool_mask():
 
 
 def _forward_ops(measured: harness.Measurement, step: int = 2) -> Counter:
-    return Counter((row["op"], row["module"].split(".")[1] if "." in row["module"] else row["module"])
-                   for row in measured.timeline if row["step"] == step and row["phase"] == "forward")
+    return Counter(
+        (row["op"], row["module"].split(".")[1] if "." in row["module"] else row["module"])
+        for row in measured.timeline
+        if row["step"] == step and row["phase"] == "forward"
+    )
 
 
 def test_vision_tower_and_language_model_both_take_flash():
@@ -86,8 +89,7 @@ def test_vision_tower_and_language_model_both_take_flash():
 def test_no_causal_mask_is_materialised_under_checkpointing():
     patched = harness.measure(_tiny(), steps=2, timeline=True)
     assert not [op for op, _ in _forward_ops(patched) if "efficient_attention" in op]
-    unpatched = harness.measure(_tiny(), steps=2, timeline=True,
-                                skip=frozenset({emulation.NO_PACKED_SEQUENCE_MASK}))
+    unpatched = harness.measure(_tiny(), steps=2, timeline=True, skip=frozenset({emulation.NO_PACKED_SEQUENCE_MASK}))
     # transformers sees fake position ids as tracing, builds a [b, 1, s, s] mask and SDPA
     # can then not use flash
     assert [op for op, _ in _forward_ops(unpatched) if "efficient_attention" in op]

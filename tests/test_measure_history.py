@@ -13,8 +13,16 @@ def _snapshot(entries):
 
 
 def test_events_keep_allocs_completed_frees_and_segments_in_order():
-    snap = _snapshot([("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("free_requested", 0, 3 * MIB),
-                      ("free_completed", 0, 3 * MIB), ("snapshot", 0, 0), ("oom", 0, 0)])
+    snap = _snapshot(
+        [
+            ("segment_alloc", 0, 20 * MIB),
+            ("alloc", 0, 3 * MIB),
+            ("free_requested", 0, 3 * MIB),
+            ("free_completed", 0, 3 * MIB),
+            ("snapshot", 0, 0),
+            ("oom", 0, 0),
+        ]
+    )
     assert history.events(snap) == [("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("free_completed", 0, 3 * MIB)]
     assert history.events(snap, index=1) == []  # no trace for a device that made none
 
@@ -32,11 +40,17 @@ def test_the_model_reserves_what_the_gpu_did_for_the_same_sequence():
     GPU reserved peak 20 + 16 + 2 = 38 MiB; live blocks at most 3 + 3 + 16 MiB + 512 B."""
     a, c, d, e = (i << 30 for i in range(1, 5))
     gpu = [
-        ("segment_alloc", a, 20 * MIB), ("alloc", a, 3 * MIB), ("alloc", a + 3 * MIB, 3 * MIB),
-        ("segment_alloc", c, 16 * MIB), ("alloc", c, 16 * MIB),
-        ("segment_alloc", d, 2 * MIB), ("alloc", d, 512),
-        ("free_completed", c, 16 * MIB), ("alloc", c, 13 * MIB),
-        ("free_completed", a, 3 * MIB), ("free_completed", e, 512),  # e: a block from before the history
+        ("segment_alloc", a, 20 * MIB),
+        ("alloc", a, 3 * MIB),
+        ("alloc", a + 3 * MIB, 3 * MIB),
+        ("segment_alloc", c, 16 * MIB),
+        ("alloc", c, 16 * MIB),
+        ("segment_alloc", d, 2 * MIB),
+        ("alloc", d, 512),
+        ("free_completed", c, 16 * MIB),
+        ("alloc", c, 13 * MIB),
+        ("free_completed", a, 3 * MIB),
+        ("free_completed", e, 512),  # e: a block from before the history
     ]
     r = history.replay(gpu)
     assert (r.gpu_reserved, r.model_reserved) == (38 * MIB, 38 * MIB) and r.error_pct == 0.0
@@ -47,8 +61,13 @@ def test_the_model_reserves_what_the_gpu_did_for_the_same_sequence():
 def test_a_sequence_the_model_reserves_differently_shows_its_error():
     """Had the GPU grown a fresh segment where the model reuses a cached block, the replay says
     so: here the GPU's trace claims a second 12 MiB segment the rules would not make."""
-    gpu = [("segment_alloc", 1 << 30, 12 * MIB), ("alloc", 1 << 30, 12 * MIB), ("free_completed", 1 << 30, 12 * MIB),
-           ("segment_alloc", 2 << 30, 12 * MIB), ("alloc", 2 << 30, 12 * MIB)]
+    gpu = [
+        ("segment_alloc", 1 << 30, 12 * MIB),
+        ("alloc", 1 << 30, 12 * MIB),
+        ("free_completed", 1 << 30, 12 * MIB),
+        ("segment_alloc", 2 << 30, 12 * MIB),
+        ("alloc", 2 << 30, 12 * MIB),
+    ]
     r = history.replay(gpu)
     assert (r.gpu_reserved, r.model_reserved) == (24 * MIB, 12 * MIB) and r.error_pct == -50.0
 

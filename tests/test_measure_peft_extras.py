@@ -24,8 +24,10 @@ TINY = ROOT / "tests" / "measured" / "tiny" / "tiny-pretrain.yaml"
 
 def _qwen_experiment(tmp_path):
     path = tmp_path / "qwen.yaml"
-    path.write_text(f"experiment: q\nmodel: {ROOT / 'specs/qwen2/qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
-                    "images_per_sample: 0\ntrainable: []\nprecision: bf16-mixed\nattention: sdpa\nparallel: {dp: 1, zero: 0}\n")
+    path.write_text(
+        f"experiment: q\nmodel: {ROOT / 'specs/qwen2/qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
+        "images_per_sample: 0\ntrainable: []\nprecision: bf16-mixed\nattention: sdpa\nparallel: {dp: 1, zero: 0}\n"
+    )
     return path
 
 
@@ -45,23 +47,31 @@ def _memspec_counts(path, lora):
     return sum(r.parameters.values()), r.estimate.trainable_params
 
 
-@pytest.mark.parametrize("lora", [
-    {"r": 4, "target_modules": "all-linear", "modules": ["language"], "bias": "all"},
-    {"r": 4, "target_modules": "all-linear", "modules": ["language"], "bias": "lora_only"},
-    {"r": 4, "target_modules": "all-linear", "modules": ["language"], "modules_to_save": ["multi_modal_projector"]},
-    {"r": 4, "target_modules": "all-linear", "modules": ["language"], "modules_to_save": ["lm_head", "embed_tokens"], "bias": "all"},
-], ids=["bias-all", "bias-lora-only", "save-projector", "save-head-embed-bias-all"])
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"r": 4, "target_modules": "all-linear", "modules": ["language"], "bias": "all"},
+        {"r": 4, "target_modules": "all-linear", "modules": ["language"], "bias": "lora_only"},
+        {"r": 4, "target_modules": "all-linear", "modules": ["language"], "modules_to_save": ["multi_modal_projector"]},
+        {"r": 4, "target_modules": "all-linear", "modules": ["language"], "modules_to_save": ["lm_head", "embed_tokens"], "bias": "all"},
+    ],
+    ids=["bias-all", "bias-lora-only", "save-projector", "save-head-embed-bias-all"],
+)
 def test_tiny_llava_state_is_peft_state(lora):
     peft = _peft_counts(TINY, lora)
     assert _memspec_counts(TINY, lora) == peft
 
 
-@pytest.mark.parametrize("lora", [
-    {"r": 8, "target_modules": "all-linear", "bias": "all"},
-    {"r": 8, "target_modules": ["q_proj"], "bias": "lora_only"},
-    {"r": 8, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]},
-    {"r": 8, "target_modules": "all-linear", "modules_to_save": ["lm_head", "embed_tokens"]},
-], ids=["bias-all", "q-bias-lora-only", "save-embed-tied", "save-head-embed-tied"])
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"r": 8, "target_modules": "all-linear", "bias": "all"},
+        {"r": 8, "target_modules": ["q_proj"], "bias": "lora_only"},
+        {"r": 8, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]},
+        {"r": 8, "target_modules": "all-linear", "modules_to_save": ["lm_head", "embed_tokens"]},
+    ],
+    ids=["bias-all", "q-bias-lora-only", "save-embed-tied", "save-head-embed-tied"],
+)
 def test_qwen2_state_is_peft_state(lora, tmp_path):
     path = _qwen_experiment(tmp_path)
     lora = {"alpha": 8, "modules": ["language"], **lora}

@@ -65,8 +65,7 @@ def test_gradients_flow_from_the_first_trainable_module_on():
 
 def test_unknown_modules_are_refused(tmp_path):
     bad = tmp_path / "m.yaml"
-    bad.write_text(MATRIX.read_text().replace("proj: [projector]", "proj: [projektor]")
-                   .replace("../llava/", str(ROOT / "specs" / "llava") + "/"))
+    bad.write_text(MATRIX.read_text().replace("proj: [projector]", "proj: [projektor]").replace("../llava/", str(ROOT / "specs" / "llava") + "/"))
     with pytest.raises(ExperimentError, match="unknown module"):
         expand_matrix(bad)
 
@@ -90,7 +89,6 @@ def test_a_module_the_model_lacks_is_refused(tmp_path):
     from compiler.measure.experiment import load_experiment
 
     exp = tmp_path / "t.yaml"
-    exp.write_text(f"experiment: t\nmodel: {ROOT / 'specs' / 'qwen2' / 'qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\n"
-                   "trainable: [projector, language]\n")
+    exp.write_text(f"experiment: t\nmodel: {ROOT / 'specs' / 'qwen2' / 'qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\ntrainable: [projector, language]\n")
     with pytest.raises(ExperimentError, match=r"has no module\(s\) \['projector'\]; it has \['language'\]"):
         load_experiment(exp)

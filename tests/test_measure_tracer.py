@@ -77,14 +77,21 @@ def _profiler_peak(prof) -> tuple[int, int]:
     return peak, max(total for _, _, total in events) - before
 
 
-@pytest.mark.parametrize("precision, trainable, checkpointing", [
-    ("fp32", ["projector", "language"], ["language"]),
-    ("bf16-mixed", ["vision", "projector", "language"], []),
-])
+@pytest.mark.parametrize(
+    "precision, trainable, checkpointing",
+    [
+        ("fp32", ["projector", "language"], ["language"]),
+        ("bf16-mixed", ["vision", "projector", "language"], []),
+    ],
+)
 def test_tracer_agrees_with_the_profiler_on_real_tensors(precision, trainable, checkpointing):
     exp = experiment.with_overrides(
         experiment.load_experiment(TINY / "tiny-finetune.yaml"),
-        precision=precision, trainable=trainable, gradient_checkpointing=checkpointing, attention="eager")
+        precision=precision,
+        trainable=trainable,
+        gradient_checkpointing=checkpointing,
+        attention="eager",
+    )
     gc.collect()  # what earlier tests left behind must not be freed inside the window
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # NB: parallel CPU kernels allocate per-thread scratch
@@ -126,7 +133,7 @@ def test_records_keep_the_token_embeddings_moment():
     exp = experiment.load_experiment(TINY / "tiny-finetune.yaml")
     measured = harness.measure(exp, steps=2)
     backward = measured.steps[1].phases["backward"]
-    (module, high), = backward["modules"].items()
+    ((module, high),) = backward["modules"].items()
     assert module.endswith("embed_tokens")
     assert 0 < high <= backward["allocated"]
 

@@ -13,11 +13,14 @@ from compiler.measure import tricks  # noqa: E402
 from compiler.measure.tracer import MemoryTracer  # noqa: E402
 
 
-@pytest.mark.parametrize("tokens, hidden, vocab, chunk", [
-    (16384, 896, 151936, 128),   # cdiv(151936, 896) = 170; next_pow2(cdiv(16384, 170) = 97) = 128
-    (16384, 4096, 32000, 2048),  # Liger's own comment: inc_factor 8, chunk 2048
-    (100, 4096, 4096, 100),      # inc_factor 1: next_pow2(100) = 128, capped at BT = 100
-])
+@pytest.mark.parametrize(
+    "tokens, hidden, vocab, chunk",
+    [
+        (16384, 896, 151936, 128),  # cdiv(151936, 896) = 170; next_pow2(cdiv(16384, 170) = 97) = 128
+        (16384, 4096, 32000, 2048),  # Liger's own comment: inc_factor 8, chunk 2048
+        (100, 4096, 4096, 100),  # inc_factor 1: next_pow2(100) = 128, capped at BT = 100
+    ],
+)
 def test_chunk_size_is_liger_rule_and_the_formula_rule(tokens, hidden, vocab, chunk):
     assert tricks.chunk_size(tokens, hidden, vocab) == chunk
     cdiv, next_pow2 = FUNCTIONS["ceil_div"], FUNCTIONS["next_pow2"]

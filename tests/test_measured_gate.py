@@ -39,8 +39,7 @@ def test_gate(comparisons, measure):
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())[measure]
     # NB: the autocast records are in the allocated gate; their reserved has its own (below)
     gated = comparisons if measure == "allocated" else [c for c in comparisons if not c.autocast]
-    failures = gate(gated, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure,
-                    limits.get("under_tolerance_pct", 0.0))
+    failures = gate(gated, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure, limits.get("under_tolerance_pct", 0.0))
     assert failures == [], render(gated)
 
 
@@ -59,8 +58,7 @@ def test_autocast_gate(comparisons, measure):
 def test_gpu_gate(gpu, measure):
     assert len(gpu) >= 9
     limits = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"][measure]
-    failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure,
-                    limits.get("under_tolerance_pct", 0.0))
+    failures = gate(gpu, limits["max_mape_pct"], limits["max_worst_pct"], limits["max_under_estimates"], measure, limits.get("under_tolerance_pct", 0.0))
     assert failures == [], render(gpu)
 
 

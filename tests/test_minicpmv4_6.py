@@ -27,13 +27,16 @@ def test_imports_as_minicpmv4_6():
     assert sum(imported.header_parameters.values()) == 1_300_428_016
 
 
-@pytest.mark.parametrize(("size", "units"), [
-    ((448, 448), (8, 8)),
-    ((336, 448), (7, 9)),          # int(448 / sqrt(4 / 3)) = 387, int(387 * 4 / 3) = 516: 6.91 and 9.21 units of 56
-    ((224, 224), (8, 8)),          # upscaled to 448 x 448
-    ((200, 1000), (4, 18)),        # 200 x 1000 = 448^2 at most: 200 x 1001 -> 3.57 and 17.88 units
-    ((448, 224), (11, 6)),         # 633 x 316: 11.30 and 5.64 units
-])
+@pytest.mark.parametrize(
+    ("size", "units"),
+    [
+        ((448, 448), (8, 8)),
+        ((336, 448), (7, 9)),  # int(448 / sqrt(4 / 3)) = 387, int(387 * 4 / 3) = 516: 6.91 and 9.21 units of 56
+        ((224, 224), (8, 8)),  # upscaled to 448 x 448
+        ((200, 1000), (4, 18)),  # 200 x 1000 = 448^2 at most: 200 x 1001 -> 3.57 and 17.88 units
+        ((448, 224), (11, 6)),  # 633 x 316: 11.30 and 5.64 units
+    ],
+)
 def test_image_positions_follow_the_processor(size, units):
     """(h / 56) x (w / 56) positions per image after find_best_resize; the tower sees 16 patches each."""
     rows, cols = units
@@ -84,25 +87,30 @@ def test_builder_counts_and_batch_equal_the_spec():
     with torch.device("meta"):
         model = minicpmv4_6.model_class()._from_config(config)
     # the tied lm_head is the embeddings' table, counted once
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in minicpmv4_6.module_groups(model).items()}
+    counts = {
+        name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in minicpmv4_6.module_groups(model).items()
+    }
     assert counts == importer.import_spec(str(FIX)).header_parameters
-    batch = minicpmv4_6.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1,
-                                            "image_size": [336, 448]}, torch.bfloat16)
+    batch = minicpmv4_6.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [336, 448]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (1, 3, 14, 2 * 28 * 36 * 14)
     assert batch["target_sizes"].tolist() == [[28, 36]] * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [63] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    (None, "downsample_mode", "4x", "4x"),
-    (None, "merger_times", 2, "merger_times"),
-    (None, "drop_vision_last_layer", True, "drop_vision_last_layer"),
-    ("text_config", "linear_num_value_heads", 32, "grouped value heads"),
-    ("text_config", "hidden_act", "gelu", "silu"),
-    ("vision_config", "hidden_act", "gelu", "tanh"),
-    ("text_config", "attention_dropout", 0.1, "dropout"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        (None, "downsample_mode", "4x", "4x"),
+        (None, "merger_times", 2, "merger_times"),
+        (None, "drop_vision_last_layer", True, "drop_vision_last_layer"),
+        ("text_config", "linear_num_value_heads", 32, "grouped value heads"),
+        ("text_config", "hidden_act", "gelu", "silu"),
+        ("vision_config", "hidden_act", "gelu", "tanh"),
+        ("text_config", "attention_dropout", 0.1, "dropout"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value

@@ -23,14 +23,17 @@ def _rows(report, prefix: str) -> list:
     return [r for r in report.rows if r.path.startswith(prefix)]
 
 
-@pytest.mark.parametrize(("size", "merged"), [
-    ((1024, 1024), (37, 37)),      # ceil(1024 / 28) = 37 each way
-    ((768, 1024), (28, 37)),       # 768 / 28 = 27.4 -> 28
-    ((2048, 1536), (55, 42)),      # scaled to 1540 x 1155 (longest edge 1540), then 55 x ceil(41.25)
-    ((1540, 1540), (55, 55)),      # at the edge: not scaled
-    ((4000, 300), (55, 5)),        # 1540 x 115 -> 55 x ceil(4.1)
-    ((20, 20), (1, 1)),            # a small image is not scaled up: one merged token
-])
+@pytest.mark.parametrize(
+    ("size", "merged"),
+    [
+        ((1024, 1024), (37, 37)),  # ceil(1024 / 28) = 37 each way
+        ((768, 1024), (28, 37)),  # 768 / 28 = 27.4 -> 28
+        ((2048, 1536), (55, 42)),  # scaled to 1540 x 1155 (longest edge 1540), then 55 x ceil(41.25)
+        ((1540, 1540), (55, 55)),  # at the edge: not scaled
+        ((4000, 300), (55, 5)),  # 1540 x 115 -> 55 x ceil(4.1)
+        ((20, 20), (1, 1)),  # a small image is not scaled up: one merged token
+    ],
+)
 def test_image_positions_follow_the_processor(size, merged):
     """The language model merges rows x cols features per image ([IMG] positions); the tower
     sees 2 x 2 patches per feature."""
@@ -69,12 +72,17 @@ def test_frozen_tower_saves_nothing_and_peft_checkpointing_makes_it_save():
     checkpointing, enable_input_require_grads() hooks patch_conv (PixtralVisionModel's input
     embeddings), so the frozen layers save for the input gradient; the shared block-diagonal
     mask (5476^2 x 2 B at 1024 x 1024) is charged once."""
-    frozen = api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1,
-                          trainable=["projector", "language"])
+    frozen = api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, trainable=["projector", "language"])
     assert sum(r.activations or 0 for r in _rows(frozen, "vision")) == 0
-    lora = api.estimate(str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, trainable=["projector"],
-                        lora={"r": 16, "alpha": 16, "modules": ["language"], "target_modules": "all-linear"},
-                        gradient_checkpointing=["language"])
+    lora = api.estimate(
+        str(SPEC),
+        micro_batch=1,
+        seq_len=2048,
+        images_per_sample=1,
+        trainable=["projector"],
+        lora={"r": 16, "alpha": 16, "modules": ["language"], "target_modules": "all-linear"},
+        gradient_checkpointing=["language"],
+    )
     assert next(r for r in lora.rows if r.path == "vision").activations == 5476 * 5476 * 2 + 5476 * 1024 * 2
     assert sum(r.activations or 0 for r in _rows(lora, "vision.layers")) > 0
 
@@ -90,25 +98,28 @@ def test_builder_counts_and_batch_equal_the_spec():
     assert not config.tie_word_embeddings
     with torch.device("meta"):
         model = mistral3.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters())
-              for name, mods in mistral3.module_groups(model).items()}
+    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in mistral3.module_groups(model).items()}
     assert counts == importer.import_spec(str(FIX)).header_parameters
-    batch = mistral3.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 4096, "images_per_sample": 1,
-                                         "image_size": [2048, 1536]}, torch.bfloat16)
+    batch = mistral3.make_batch(
+        config, {"experiment": "t", "micro_batch": 2, "seq_len": 4096, "images_per_sample": 1, "image_size": [2048, 1536]}, torch.bfloat16
+    )
     assert tuple(batch["pixel_values"].shape) == (2, 3, 1540, 1176)
     assert batch["image_sizes"].tolist() == [[1540, 1176]] * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [55 * 42] * 2
     assert (batch["input_ids"] == mistral3.IMG_BREAK_ID).sum(dim=1).tolist() == [54] * 2
-    assert (batch["labels"][:, :55 * 43] == -100).all()
+    assert (batch["labels"][:, : 55 * 43] == -100).all()
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("vision_config", "hidden_act", "gelu", "SwiGLU"),
-    ("text_config", "model_type", "ministral3", "Ministral"),
-    ("text_config", "sliding_window", 4096, "sliding window"),
-    ("", "vision_feature_layer", [-1, -2], "vision_feature_layer"),
-    ("", "projector_hidden_act", "silu", "GELU"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("vision_config", "hidden_act", "gelu", "SwiGLU"),
+        ("text_config", "model_type", "ministral3", "Ministral"),
+        ("text_config", "sliding_window", 4096, "sliding window"),
+        ("", "vision_feature_layer", [-1, -2], "vision_feature_layer"),
+        ("", "projector_hidden_act", "silu", "GELU"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value

@@ -61,22 +61,25 @@ def test_builder_counts_and_batch_equal_the_spec():
     batch = mllama.make_batch(config, exp, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2, 1, 4, 3, 560, 560)
     assert mllama.tile_grid(config, [560, 1120]) == (1, 2)
-    assert batch["aspect_ratio_ids"].tolist() == [[2], [2]]          # (1, 2) is the second supported ratio
+    assert batch["aspect_ratio_ids"].tolist() == [[2], [2]]  # (1, 2) is the second supported ratio
     assert batch["aspect_ratio_mask"].tolist() == [[[1, 1, 0, 0]]] * 2
     assert tuple(batch["cross_attention_mask"].shape) == (2, 2048, 1, 4)
     assert batch["cross_attention_mask"].sum().item() == 2 * 2048 * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [1, 1]
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("vision_config", "hidden_act", "quick_gelu", "GELU"),
-    ("text_config", "hidden_act", "gelu", "silu"),
-    ("text_config", "tie_word_embeddings", True, "tied"),
-    ("text_config", "dropout", 0.1, "dropout"),
-    ("text_config", "cross_attention_layers", [3, 8, 12, 18], "every period-th layer"),
-    ("text_config", "num_hidden_layers", 42, "every period-th layer"),
-    ("vision_config", "vision_output_dim", 7000, "vision_output_dim"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("vision_config", "hidden_act", "quick_gelu", "GELU"),
+        ("text_config", "hidden_act", "gelu", "silu"),
+        ("text_config", "tie_word_embeddings", True, "tied"),
+        ("text_config", "dropout", 0.1, "dropout"),
+        ("text_config", "cross_attention_layers", [3, 8, 12, 18], "every period-th layer"),
+        ("text_config", "num_hidden_layers", 42, "every period-th layer"),
+        ("vision_config", "vision_output_dim", 7000, "vision_output_dim"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         config[where][key] = value

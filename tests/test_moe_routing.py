@@ -20,11 +20,24 @@ from compiler.measure.families import mixtral  # noqa: E402
 # 4 experts, top 2; b 2 x s 32 = 64 tokens, 128 (token, expert) pairs: 32 per expert balanced,
 # 64 for experts 0 and 1 (and none for 2 and 3) in the worst case
 CONFIG = {
-    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu", "hidden_size": 64,
-    "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-    "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
-    "output_router_logits": False, "torch_dtype": "bfloat16",
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "output_router_logits": False,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -35,7 +48,8 @@ def tiny(tmp_path_factory) -> dict:
     (folder / "spec.yaml").write_text("model: tiny-mixtral\nsource: {config: config.json}\n")
     (folder / "exp.yaml").write_text(
         "experiment: tiny-mixtral\nmodel: spec.yaml\nmicro_batch: 2\nseq_len: 32\nimages_per_sample: 0\n"
-        "trainable: [language]\nprecision: fp32\nattention: eager\n")
+        "trainable: [language]\nprecision: fp32\nattention: eager\n"
+    )
     return experiment.load_experiment(Path(folder / "exp.yaml"))
 
 

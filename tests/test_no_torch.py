@@ -20,13 +20,20 @@ def test_estimate_path_imports_no_torch():
 
 
 def test_package_import_is_light():
-    out = subprocess.run([sys.executable, "-c", "import compiler, sys; print(sorted(m for m in sys.modules if m.startswith(('torch', 'jinja2', 'jsonschema'))))"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import compiler, sys; print(sorted(m for m in sys.modules if m.startswith(('torch', 'jinja2', 'jsonschema'))))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"
 
 
 def test_report_path_imports_no_torch(tmp_path):
-    code = CODE.replace('["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--format", "json"]',
-                        f'["report", "specs/experiments/llava-1.5-7b-finetune.yaml", "-o", {str(tmp_path / "r.html")!r}]')
+    code = CODE.replace(
+        '["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--format", "json"]',
+        f'["report", "specs/experiments/llava-1.5-7b-finetune.yaml", "-o", {str(tmp_path / "r.html")!r}]',
+    )
     assert '"report"' in code
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

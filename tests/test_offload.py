@@ -187,8 +187,7 @@ def test_zero3_parameter_offload_moves_every_partition_off_the_gpu():
     # all-gather's input is a GPU copy of the host partition: down_proj 4096 x 11008 in bf16
     down = 4096 * 11008 * 2
     # (no layer kept for reuse here, so that the two differ by the gather alone)
-    opt, both = (_z3(offload_optimizer="cpu", max_reuse_distance=0),
-                 _z3(offload_optimizer="cpu", offload_param="cpu", max_reuse_distance=0))
+    opt, both = (_z3(offload_optimizer="cpu", max_reuse_distance=0), _z3(offload_optimizer="cpu", offload_param="cpu", max_reuse_distance=0))
     f_opt, f_both = _points(opt, "forward"), _points(both, "forward")
     label = "language.layers[31].mlp.down_proj"
     assert f_both[label] - f_opt[label] == -partitions + 2 * (down // 8) == -1_765_856_768 + 22_544_384
@@ -209,11 +208,14 @@ def test_zero3_offload_in_the_setup_line_and_json():
     assert as_data(both)["setup"]["parallel"]["offload_param"] == "nvme"
 
 
-@pytest.mark.parametrize("fixture, expected", [
-    ("zero3_offload", {"offload_optimizer": "cpu", "param_persistence_threshold": "auto"}),
-    ("zero3_offload_param", {"offload_optimizer": "cpu", "offload_param": "cpu", "param_persistence_threshold": "auto"}),
-    ("zero3_nvme", {"offload_optimizer": "nvme", "offload_param": "nvme"}),
-])
+@pytest.mark.parametrize(
+    "fixture, expected",
+    [
+        ("zero3_offload", {"offload_optimizer": "cpu", "param_persistence_threshold": "auto"}),
+        ("zero3_offload_param", {"offload_optimizer": "cpu", "offload_param": "cpu", "param_persistence_threshold": "auto"}),
+        ("zero3_nvme", {"offload_optimizer": "nvme", "offload_param": "nvme"}),
+    ],
+)
 def test_zero3_configs_give_the_experiment_setup(fixture, expected):
     reading = launch.read_deepspeed(f"tests/fixtures/deepspeed/{fixture}.json")
     assert reading.overrides["deepspeed"] == {**ZERO3, **expected}

@@ -17,8 +17,7 @@ SMALL = dict(micro_batch=1, seq_len=1024, images_per_sample=0, trainable=["langu
 
 def test_8bit_adamw_state_of_a_llama_7b_q_proj():
     # 4096 x 4096 = 16_777_216 elements: two uint8 states, two fp32 absmax of 16_777_216 / 256 = 65_536 blocks
-    assert states(ADAMW_8BIT, 16_777_216, (4096, 4096), 4) == (
-        State(16_777_216), State(16_777_216), State(262_144), State(262_144))  # 65_536 * 4
+    assert states(ADAMW_8BIT, 16_777_216, (4096, 4096), 4) == (State(16_777_216), State(16_777_216), State(262_144), State(262_144))  # 65_536 * 4
     total = sum(s.nbytes for s in states(ADAMW_8BIT, 16_777_216, None, 4))
     assert total == 34_078_720  # 2 * 16_777_216 + 2 * 262_144: 2.03 B per element against AdamW's 8
 
@@ -34,8 +33,7 @@ def test_8bit_blocks_round_up_and_small_tensors_keep_fp32_states():
 
 def test_paged_states_from_1e5_elements_leave_the_caching_allocator():
     # 896 x 896 = 802_816 >= 100_000: paged uint8 states; the absmax blocks are torch.zeros (not paged)
-    assert states(PAGED_8BIT, 802_816, None, 4) == (
-        State(802_816, True), State(802_816, True), State(12_544), State(12_544))  # 802_816 / 256 = 3136 blocks * 4
+    assert states(PAGED_8BIT, 802_816, None, 4) == (State(802_816, True), State(802_816, True), State(12_544), State(12_544))  # 802_816 / 256 = 3136 blocks * 4
     # 99_999 elements: torch.zeros_like, counted
     assert all(not s.paged for s in states(PAGED_8BIT, 99_999, None, 4))
 
@@ -138,8 +136,9 @@ def test_qlora_packs_every_language_linear_but_lm_head():
 def test_quantized_trainable_module_is_an_error(capsys):
     from compiler.cli import main as cli
 
-    code = cli(["estimate", "specs/llava/llava-1.5-7b.yaml", "--micro-batch", "1", "--seq-len", "1024",
-                "--trainable", "projector,language", "--quantization", "4"])
+    code = cli(
+        ["estimate", "specs/llava/llava-1.5-7b.yaml", "--micro-batch", "1", "--seq-len", "1024", "--trainable", "projector,language", "--quantization", "4"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "E307" in err and "adapt them with LoRA" in err
 
@@ -148,8 +147,7 @@ def test_llava_bits_flag_reads_as_qlora(tmp_path):
     from compiler.inputs.launch import command_overrides, read_command
 
     script = tmp_path / "finetune_qlora.sh"
-    script.write_text("deepspeed llava/train/train_mem.py --lora_enable True --bits 4 --bf16 True "
-                      "--per_device_train_batch_size 4 --model_max_length 2048\n")
+    script.write_text("deepspeed llava/train/train_mem.py --lora_enable True --bits 4 --bf16 True --per_device_train_batch_size 4 --model_max_length 2048\n")
     command = read_command(str(script))
     reading = command_overrides(command, {"vision": {}, "projector": {"type": "mlp_projector"}, "language": {}}, "llava")
     assert reading.overrides["quantization"] == {"bits": 4, "quant_type": "nf4", "double_quant": True, "modules": ["language"]}
@@ -173,7 +171,6 @@ def test_adafactor_refuses_a_parameter_without_a_shape(tmp_path):
 
 
 def test_fsdp_refuses_the_optimizers_its_walk_does_not_model(capsys):
-    code = main(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--zero", "0", "--dp", "8", "--fsdp",
-                 "--optimizer", "paged_adamw_8bit"])
+    code = main(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml", "--zero", "0", "--dp", "8", "--fsdp", "--optimizer", "paged_adamw_8bit"])
     err = capsys.readouterr().err
     assert code == 2 and "E308" in err and "not modelled with FSDP2" in err

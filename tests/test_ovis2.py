@@ -29,8 +29,22 @@ TILE, PER_TILE, WORDS, VOCAB = 448, 256, 65531, 65536  # (448 / 14 / 2)^2 visual
 # language (Qwen2.5-1.5B, tied): table 151936 * 1536 + 28 * 46_797_824 layers + norm 1536
 COUNTS = {"vision": 309_984_256, "projector": 369_209_334, "language": 1_543_714_304}
 
-SIZES = [(448, 448), (896, 896), (1024, 1024), (768, 1024), (1024, 768), (640, 1536), (1080, 1920), (4000, 300),
-         (300, 4000), (500, 510), (1200, 900), (2000, 2000), (100, 100), (448, 1344)]
+SIZES = [
+    (448, 448),
+    (896, 896),
+    (1024, 1024),
+    (768, 1024),
+    (1024, 768),
+    (640, 1536),
+    (1080, 1920),
+    (4000, 300),
+    (300, 4000),
+    (500, 510),
+    (1200, 900),
+    (2000, 2000),
+    (100, 100),
+    (448, 1344),
+]
 
 
 def processor_tiles(height: int, width: int, max_patches: int = 12) -> int:
@@ -53,15 +67,14 @@ def test_imports_as_ovis2_with_the_published_count():
 def test_the_checked_in_spec_is_what_import_writes():
     written = api.load_spec(SPEC)
     imported = importer.import_spec(str(FIX)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
 
 
 def test_covering_tiles_is_the_processors_search():
     covering = FUNCTIONS["covering_tiles"]
-    assert covering(448, 448, TILE, 12) == 1      # one tile covers it all, no thumbnail
-    assert covering(896, 896, TILE, 12) == 5      # 2 x 2 + the thumbnail
-    assert covering(1024, 1024, TILE, 12) == 10   # 2 x 2 covers 0.766: 3 x 3 + the thumbnail
+    assert covering(448, 448, TILE, 12) == 1  # one tile covers it all, no thumbnail
+    assert covering(896, 896, TILE, 12) == 5  # 2 x 2 + the thumbnail
+    assert covering(1024, 1024, TILE, 12) == 10  # 2 x 2 covers 0.766: 3 x 3 + the thumbnail
     for h in range(1, 3100, 61):
         for w in range(1, 3100, 67):
             assert covering(h, w, TILE, 12) == processor_tiles(h, w), (h, w)
@@ -112,13 +125,11 @@ def test_builder_counts_and_batch_equal_the_spec():
     config = ovis2.load_config(FIX / "config.json")
     with torch.device("meta"):
         model = ovis2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values())
-              for name, mods in ovis2.module_groups(model).items()}
+    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in ovis2.module_groups(model).items()}
     assert counts == COUNTS
     for size in SIZES:
         assert ovis2.tiles_per_image(config, list(size)) == processor_tiles(*size)
-    batch = ovis2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1,
-                                      "image_size": [896, 896]}, torch.bfloat16)
+    batch = ovis2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [896, 896]}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (10, 3, TILE, TILE)
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [5 * PER_TILE] * 2
     for marker in config.visual_indicator_token_ids:
@@ -126,13 +137,16 @@ def test_builder_counts_and_batch_equal_the_spec():
     assert (batch["labels"] != -100).sum(dim=1).tolist() == [2048 - 5 * PER_TILE - 5] * 2
 
 
-@pytest.mark.parametrize(("where", "key", "value", "words"), [
-    ("vision_config", "tokenize_function", "st_argmax", "tokenize_function"),
-    ("vision_config", "hidden_act", "gelu", "SwiGLU"),
-    ("vision_config", "hidden_stride", 3, "hidden_stride"),
-    ("text_config", "model_type", "qwen3", "Qwen2"),
-    ("text_config", "use_sliding_window", True, "full attention"),
-])
+@pytest.mark.parametrize(
+    ("where", "key", "value", "words"),
+    [
+        ("vision_config", "tokenize_function", "st_argmax", "tokenize_function"),
+        ("vision_config", "hidden_act", "gelu", "SwiGLU"),
+        ("vision_config", "hidden_stride", 3, "hidden_stride"),
+        ("text_config", "model_type", "qwen3", "Qwen2"),
+        ("text_config", "use_sliding_window", True, "full attention"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     def edit(config):
         (config[where] if where else config)[key] = value
@@ -142,11 +156,14 @@ def test_unmodelled_variants_are_refused(tmp_path, where, key, value, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("use_covering_area_grid", False, "covering-area grid"),
-    ("size", {"height": 384, "width": 384}, "square image_size"),
-    ("max_patches", 100, "more than 64"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("use_covering_area_grid", False, "covering-area grid"),
+        ("size", {"height": 384, "width": 384}, "square image_size"),
+        ("max_patches", 100, "more than 64"),
+    ],
+)
 def test_other_processor_settings_are_refused(tmp_path, key, value, words):
     folder = tmp_path / "variant"
     shutil.copytree(FIX, folder)
@@ -166,5 +183,4 @@ def test_without_crop_to_patches_every_image_is_one_tile(tmp_path):
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     spec = importer.import_spec(str(folder)).spec
     vision = next(m for m in spec.modules if m.name == "vision")
-    assert vision.batch({"micro_batch": 1, "images_per_sample": 1, "image_h": 1024, "image_w": 1024, "seq_len": 4096,
-                         **vision.inputs}) == 1
+    assert vision.batch({"micro_batch": 1, "images_per_sample": 1, "image_h": 1024, "image_w": 1024, "seq_len": 4096, **vision.inputs}) == 1

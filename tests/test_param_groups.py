@@ -16,18 +16,21 @@ ADAMW_WD = {"type": "adamw", "impl": "foreach", "weight_decay": 0.01}
 GRANULE = 512
 
 
-@pytest.mark.parametrize("name, module_class, decays", [
-    ("language.layers[0].self_attn.q_proj.weight", None, True),
-    ("language.layers[0].self_attn.q_proj.bias", None, False),          # r"bias"
-    ("language.layers[0].input_layernorm.weight", None, False),         # r"layernorm"
-    ("language.layers[0].self_attn.q_norm.weight", None, False),        # r"_norm(?:$|\.)" (Qwen3, Gemma-3)
-    ("language.norm.weight", None, False),                              # r"(?:^|\.)norm(?:$|\.)"
-    ("language.embed_tokens.weight", None, True),
-    ("vision.layers[0].layer_norm1.weight", LAYER_NORM_CLASS, False),   # CLIP: an nn.LayerNorm, by type
-    ("vision.layers[0].layer_norm1.weight", None, True),                # the name alone does not say it
-    ("vision.blocks[0].norm1.weight", None, True),                      # Qwen2.5-VL's RMSNorm norm1 decays
-    ("vision.embeddings.class_embedding", None, True),
-])
+@pytest.mark.parametrize(
+    "name, module_class, decays",
+    [
+        ("language.layers[0].self_attn.q_proj.weight", None, True),
+        ("language.layers[0].self_attn.q_proj.bias", None, False),  # r"bias"
+        ("language.layers[0].input_layernorm.weight", None, False),  # r"layernorm"
+        ("language.layers[0].self_attn.q_norm.weight", None, False),  # r"_norm(?:$|\.)" (Qwen3, Gemma-3)
+        ("language.norm.weight", None, False),  # r"(?:^|\.)norm(?:$|\.)"
+        ("language.embed_tokens.weight", None, True),
+        ("vision.layers[0].layer_norm1.weight", LAYER_NORM_CLASS, False),  # CLIP: an nn.LayerNorm, by type
+        ("vision.layers[0].layer_norm1.weight", None, True),  # the name alone does not say it
+        ("vision.blocks[0].norm1.weight", None, True),  # Qwen2.5-VL's RMSNorm norm1 decays
+        ("vision.embeddings.class_embedding", None, True),
+    ],
+)
 def test_trainer_rule(name, module_class, decays):
     assert trainer_decays(name, module_class) is decays
 
@@ -41,10 +44,18 @@ def test_trainer_rule_agrees_with_transformers_on_real_modules():
 
     with torch.device("meta"):
         models = [
-            Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, vocab_size=128, tie_word_embeddings=True)),
-            CLIPVisionModel(CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                             image_size=32, patch_size=16)),
+            Qwen2ForCausalLM(
+                Qwen2Config(
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    vocab_size=128,
+                    tie_word_embeddings=True,
+                )
+            ),
+            CLIPVisionModel(CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=16)),
         ]
     for model in models:
         want = set(Trainer.get_decay_parameter_names(None, model))
@@ -127,8 +138,24 @@ def test_adafactor_first_step_high_water_is_at_the_table():
 
 
 def test_param_groups_flag_keeps_the_experiments_optimizer(tmp_path, capsys):
-    code = main(["estimate", QWEN, "--micro-batch", "1", "--seq-len", "1024", "--images-per-sample", "0",
-                 "--optimizer", "adafactor", "--param-groups", "trainer", "--format", "json"])
+    code = main(
+        [
+            "estimate",
+            QWEN,
+            "--micro-batch",
+            "1",
+            "--seq-len",
+            "1024",
+            "--images-per-sample",
+            "0",
+            "--optimizer",
+            "adafactor",
+            "--param-groups",
+            "trainer",
+            "--format",
+            "json",
+        ]
+    )
     import json
 
     out = json.loads(capsys.readouterr().out)
@@ -138,8 +165,10 @@ def test_param_groups_flag_keeps_the_experiments_optimizer(tmp_path, capsys):
 
 def test_bad_param_groups_in_an_experiment_is_an_error(tmp_path, capsys):
     exp = tmp_path / "x.yaml"
-    exp.write_text(f"experiment: x\nmodel: {__import__('os').path.abspath(QWEN)}\nmicro_batch: 1\nseq_len: 1024\n"
-                   "images_per_sample: 0\noptimizer: {type: adamw, param_groups: two}\n")
+    exp.write_text(
+        f"experiment: x\nmodel: {__import__('os').path.abspath(QWEN)}\nmicro_batch: 1\nseq_len: 1024\n"
+        "images_per_sample: 0\noptimizer: {type: adamw, param_groups: two}\n"
+    )
     code = main(["estimate", str(exp)])
     err = capsys.readouterr().err
     assert code == 1 and "param_groups" in err and "x.yaml" in err and "Traceback" not in err
@@ -154,7 +183,8 @@ def test_an_hf_trainer_script_runs_with_the_trainers_groups(capsys):
     assert _report(parser().parse_args(["estimate", QWEN, *script])).setup.optimizer.param_groups == "trainer"
     assert _report(parser().parse_args(["estimate", QWEN, *script, "--param-groups", "one"])).setup.optimizer.param_groups == "one"
     capsys.readouterr()
-    llava = _report(parser().parse_args(["estimate", "--from-command", "tests/fixtures/launch/scripts/v1_5/finetune.sh",
-                                         "specs/llava/llava-1.5-7b.yaml", "--dp", "8"]))
+    llava = _report(
+        parser().parse_args(["estimate", "--from-command", "tests/fixtures/launch/scripts/v1_5/finetune.sh", "specs/llava/llava-1.5-7b.yaml", "--dp", "8"])
+    )
     assert llava.setup.optimizer.param_groups == "one"
     assert "LLaVA's trainer groups parameters by its own rule" in capsys.readouterr().err

@@ -47,10 +47,17 @@ def test_an_unstated_precision_keeps_master_weights():
     assert (r.setup.precision, r.setup.mode) == ("bf16-mixed", "master-weights")
 
 
-@pytest.mark.parametrize("name, key, mode", [
-    ("bf16-true", "bf16", "pure"), ("bf16", "bf16", "pure"), ("16-true", "fp16", "pure"),
-    ("32-true", "fp32", "fp32"), ("32", "fp32", "fp32"), ("16-mixed", "fp16-mixed", "autocast"),
-])
+@pytest.mark.parametrize(
+    "name, key, mode",
+    [
+        ("bf16-true", "bf16", "pure"),
+        ("bf16", "bf16", "pure"),
+        ("16-true", "fp16", "pure"),
+        ("32-true", "fp32", "fp32"),
+        ("32", "fp32", "fp32"),
+        ("16-mixed", "fp16-mixed", "autocast"),
+    ],
+)
 def test_lightning_names(name, key, mode):
     r = _llama(precision=name)
     assert (r.setup.precision, r.setup.mode) == (key, mode)
@@ -75,8 +82,7 @@ def test_hf_trainer_bf16_is_autocast_without_deepspeed_and_masters_with_it(tmp_p
     from compiler.cli import parser
     from compiler.cli import _report
 
-    base = ("torchrun --nproc_per_node 1 train.py --per_device_train_batch_size 1 --model_max_length 1024 "
-            "--bf16 True{}\n")
+    base = "torchrun --nproc_per_node 1 train.py --per_device_train_batch_size 1 --model_max_length 1024 --bf16 True{}\n"
     plain = _report(parser().parse_args(["estimate", LLAMA, "--from-command", _script(tmp_path, base.format(""))]))
     # NB: a launch script steps the Trainer's two parameter groups, so its sqrt copy is the larger
     # group's only: under 20P

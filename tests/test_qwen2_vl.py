@@ -14,21 +14,30 @@ ROOT = Path(__file__).resolve().parent.parent
 HUB = ROOT / "tests" / "fixtures" / "hub"
 
 
-@pytest.mark.parametrize("fixture, expected", [
-    ("Qwen2-VL-7B-Instruct", {
-        # patch embedding 1280 * 3 * 2 * 14 * 14 = 1_505_280 + 32 blocks * 19_677_440
-        "vision": 631_183_360,
-        # LayerNorm 2 * 1280 + 5120 * 5120 + 5120 + 3584 * 5120 + 3584
-        "projector": 44_575_744,
-        # embeddings 152064 * 3584 = 544_997_376 + 28 * 233_057_792 + norm 3584 + lm_head 544_997_376
-        "language": 7_615_616_512,
-    }),
-    ("Qwen2.5-VL-7B-Instruct", {
-        "vision": 631_975_680,          # 1_505_280 + 32 * 19_702_200 (RMSNorms, SwiGLU with bias)
-        "projector": 44_574_464,        # RMSNorm 1280 + the same MLP
-        "language": 7_615_616_512,
-    }),
-])
+@pytest.mark.parametrize(
+    "fixture, expected",
+    [
+        (
+            "Qwen2-VL-7B-Instruct",
+            {
+                # patch embedding 1280 * 3 * 2 * 14 * 14 = 1_505_280 + 32 blocks * 19_677_440
+                "vision": 631_183_360,
+                # LayerNorm 2 * 1280 + 5120 * 5120 + 5120 + 3584 * 5120 + 3584
+                "projector": 44_575_744,
+                # embeddings 152064 * 3584 = 544_997_376 + 28 * 233_057_792 + norm 3584 + lm_head 544_997_376
+                "language": 7_615_616_512,
+            },
+        ),
+        (
+            "Qwen2.5-VL-7B-Instruct",
+            {
+                "vision": 631_975_680,  # 1_505_280 + 32 * 19_702_200 (RMSNorms, SwiGLU with bias)
+                "projector": 44_574_464,  # RMSNorm 1280 + the same MLP
+                "language": 7_615_616_512,
+            },
+        ),
+    ],
+)
 def test_import_reproduces_the_header_per_module(fixture, expected):
     result = importer.import_spec(str(HUB / fixture))
     assert result.header_parameters == expected
@@ -46,23 +55,24 @@ def test_qwen2_decoder_layer_arithmetic():
 @pytest.mark.parametrize("size, tokens", [((448, 448), 256), ((1024, 768), 37 * 27), ((434, 434), 16 * 16), ((462, 462), 16 * 16)])
 def test_image_size_sets_the_image_tokens(size, tokens):
     """smart_resize: each side to the nearest multiple of 28, halves to even (434 = 15.5 x 28 -> 16, 462 = 16.5 x 28 -> 16)."""
-    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048,
-                          image_size=list(size))
+    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048, image_size=list(size))
     assert report.setup.image_size == size
     base = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2-vl-7b-instruct.yaml"), micro_batch=1, seq_len=2048)
     assert (report.allocated > base.allocated) == (tokens > 256) or tokens == 256
 
 
-@pytest.mark.parametrize("size, seen", [
-    ((4000, 4000), (3584, 3584)),  # rounded 4004^2 > max_pixels 12_845_056: beta = sqrt(16e6 / 12_845_056), floor to 28s -> 128 x 128 = 16_384 tokens
-    ((14, 14), (56, 56)),          # rounded 0 x 0 < min_pixels 3136: beta = sqrt(3136 / 196) = 4, ceil to 28s -> 2 x 2 = 4 tokens
-    ((1024, 768), (1036, 756)),    # within the bounds: each side to the nearest multiple of 28
-])
+@pytest.mark.parametrize(
+    "size, seen",
+    [
+        ((4000, 4000), (3584, 3584)),  # rounded 4004^2 > max_pixels 12_845_056: beta = sqrt(16e6 / 12_845_056), floor to 28s -> 128 x 128 = 16_384 tokens
+        ((14, 14), (56, 56)),  # rounded 0 x 0 < min_pixels 3136: beta = sqrt(3136 / 196) = 4, ceil to 28s -> 2 x 2 = 4 tokens
+        ((1024, 768), (1036, 756)),  # within the bounds: each side to the nearest multiple of 28
+    ],
+)
 def test_the_processors_resize_bounds_the_image_tokens(size, seen):
     """Qwen2.5-VL's preprocessor_config.json: min_pixels 3136, max_pixels 12_845_056. Outside them
     smart_resize rescales the image; a 4000 x 4000 image was counted as 143 x 143 = 20_449 tokens."""
-    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2.5-vl-7b-instruct.yaml"), micro_batch=1, seq_len=32768,
-                          image_size=list(size))
+    report = api.estimate(str(ROOT / "specs" / "qwen2_vl" / "qwen2.5-vl-7b-instruct.yaml"), micro_batch=1, seq_len=32768, image_size=list(size))
     assert report.setup.image_size == size and report.setup.image_hw == seen
     assert api.image_tokens_per_sample(report.nodes) == (seen[0] // 28) * (seen[1] // 28)
 
@@ -89,8 +99,14 @@ def test_a_video_is_its_temporal_patches_read_as_images(frames, patches):
     its own (cu_seqlens repeat h x w grid_t times): one video is `patches` images of its frame
     size, 256 tokens each at 448 x 448. The one difference, video_grid_thw's 1 row against
     image_grid_thw's `patches`, is 24 B against 24 x patches B, both within one 512-byte block."""
-    common = dict(micro_batch=1, seq_len=4096, image_size=[448, 448], trainable=["vision", "projector", "language"],
-                  precision="bf16", optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0})
+    common = dict(
+        micro_batch=1,
+        seq_len=4096,
+        image_size=[448, 448],
+        trainable=["vision", "projector", "language"],
+        precision="bf16",
+        optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0},
+    )
     video = api.estimate(QWEN2_VL, images_per_sample=0, videos_per_sample=1, video_frames=frames, **common)
     images = api.estimate(QWEN2_VL, images_per_sample=patches, **common)
     assert video.setup.vision_items == patches
@@ -101,8 +117,7 @@ def test_a_video_is_its_temporal_patches_read_as_images(frames, patches):
 def test_a_video_shows_in_the_setup_line_and_json(capsys):
     from compiler.cli import main
 
-    argv = ["estimate", QWEN2_VL, "--micro-batch", "1", "--seq-len", "4096", "--images-per-sample", "0",
-            "--videos-per-sample", "1", "--video-frames", "15"]
+    argv = ["estimate", QWEN2_VL, "--micro-batch", "1", "--seq-len", "4096", "--images-per-sample", "0", "--videos-per-sample", "1", "--video-frames", "15"]
     assert main(argv) == 0
     assert "micro-batch 1 x 0 image(s) + 1 video(s) of 15 frames | seq 4096 (2048 video + 2048 text) |" in capsys.readouterr().out
     assert main(argv + ["--format", "json"]) == 0
@@ -112,11 +127,14 @@ def test_a_video_shows_in_the_setup_line_and_json(capsys):
     assert (setup["images_per_sample"], setup["videos_per_sample"], setup["video_frames"]) == (0, 1, 15)
 
 
-@pytest.mark.parametrize("spec, flags, code", [
-    ("specs/llava/llava-1.5-7b.yaml", ["--videos-per-sample", "1", "--video-frames", "8"], "E327"),  # LLaVA-1.5 reads no video
-    ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--videos-per-sample", "1"], "E328"),  # no frame count
-    ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--video-frames", "8"], "E328"),  # frames, no video
-])
+@pytest.mark.parametrize(
+    "spec, flags, code",
+    [
+        ("specs/llava/llava-1.5-7b.yaml", ["--videos-per-sample", "1", "--video-frames", "8"], "E327"),  # LLaVA-1.5 reads no video
+        ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--videos-per-sample", "1"], "E328"),  # no frame count
+        ("specs/qwen2_vl/qwen2-vl-7b-instruct.yaml", ["--video-frames", "8"], "E328"),  # frames, no video
+    ],
+)
 def test_video_input_errors(spec, flags, code, capsys):
     from compiler.cli import main
 

@@ -20,13 +20,16 @@ HUB = ROOT / "tests" / "fixtures" / "hub"
 QWEN3_VL_2B = str(ROOT / "specs" / "qwen3_vl" / "qwen3-vl-2b-instruct.yaml")
 
 
-@pytest.mark.parametrize("size, seen", [
-    ((448, 448), (448, 448)),      # 14 x 14 = 196 tokens, the spec's default
-    ((896, 672), (896, 672)),      # 28 x 21 = 588
-    ((1000, 750), (992, 736)),     # each side to the nearest multiple of 32: 31.25 -> 31, 23.4 -> 23
-    ((200, 200), (256, 256)),      # rounded 192^2 < min_pixels 65_536: beta = 200 / 256, ceil to 32s -> 8 x 8 = 64 tokens
-    ((4800, 4800), (4096, 4096)),  # rounded 4800^2 > max_pixels 16_777_216: beta = 4800 / 4096, floor to 32s -> 128 x 128
-])
+@pytest.mark.parametrize(
+    "size, seen",
+    [
+        ((448, 448), (448, 448)),  # 14 x 14 = 196 tokens, the spec's default
+        ((896, 672), (896, 672)),  # 28 x 21 = 588
+        ((1000, 750), (992, 736)),  # each side to the nearest multiple of 32: 31.25 -> 31, 23.4 -> 23
+        ((200, 200), (256, 256)),  # rounded 192^2 < min_pixels 65_536: beta = 200 / 256, ceil to 32s -> 8 x 8 = 64 tokens
+        ((4800, 4800), (4096, 4096)),  # rounded 4800^2 > max_pixels 16_777_216: beta = 4800 / 4096, floor to 32s -> 128 x 128
+    ],
+)
 def test_the_processors_resize_sets_the_image_tokens(size, seen):
     """preprocessor_config.json size: shortest_edge 65_536 and longest_edge 16_777_216 pixels
     (256^2 and 4096^2), patch 16 x merge 2."""
@@ -40,8 +43,7 @@ def test_the_deepstack_mergers_are_counted_and_save_when_they_train():
     concatenated copy until the forward ends, [196, 2048] bf16 = 802_816 B each at 448 x 448."""
     common = dict(micro_batch=1, seq_len=1024, precision="bf16", optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0})
     trained = api.estimate(QWEN3_VL_2B, trainable=["projector", "language"], **common)
-    (row,) = [r for r in trained.rows if r.path.startswith("projector.deepstack_merger_list")
-              and r.type == "qwen3_vl_merger"]
+    (row,) = [r for r in trained.rows if r.path.startswith("projector.deepstack_merger_list") and r.type == "qwen3_vl_merger"]
     assert (row.path, row.count, row.held) == ("projector.deepstack_merger_list[0:3]", 3, 2 * 802_816)
     frozen = api.estimate(QWEN3_VL_2B, trainable=["language"], **common)
     assert frozen.allocated < trained.allocated
@@ -51,8 +53,14 @@ def test_the_deepstack_mergers_are_counted_and_save_when_they_train():
 def test_a_video_is_its_temporal_patches_read_as_images(frames, patches):
     """As Qwen2-VL: F frames padded to a multiple of temporal_patch_size 2, each temporal patch
     read by the tower as an image of the frame size (196 tokens at 448 x 448)."""
-    common = dict(micro_batch=1, seq_len=4096, image_size=[448, 448], trainable=["vision", "projector", "language"],
-                  precision="bf16", optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0})
+    common = dict(
+        micro_batch=1,
+        seq_len=4096,
+        image_size=[448, 448],
+        trainable=["vision", "projector", "language"],
+        precision="bf16",
+        optimizer={"type": "sgd", "impl": "foreach", "momentum": 0.0},
+    )
     video = api.estimate(QWEN3_VL_2B, images_per_sample=0, videos_per_sample=1, video_frames=frames, **common)
     images = api.estimate(QWEN3_VL_2B, images_per_sample=patches, **common)
     assert video.setup.vision_items == patches
@@ -64,11 +72,14 @@ def _edited(tmp_path: Path, **vision) -> str:
     return hf.edited_copy(HUB / "Qwen3-VL-2B-Instruct", tmp_path / "Qwen3-VL-2B-Instruct", lambda config: config["vision_config"].update(vision))
 
 
-@pytest.mark.parametrize("vision, message", [
-    ({"hidden_act": "quick_gelu"}, "vision_act == 'gelu_pytorch_tanh' is false"),
-    ({"out_hidden_size": 4096}, "vision_out == hidden is false"),
-    ({"deepstack_visual_indexes": [1, 2, 3, 4, 5]}, "more than four DeepStack layers"),
-])
+@pytest.mark.parametrize(
+    "vision, message",
+    [
+        ({"hidden_act": "quick_gelu"}, "vision_act == 'gelu_pytorch_tanh' is false"),
+        ({"out_hidden_size": 4096}, "vision_out == hidden is false"),
+        ({"deepstack_visual_indexes": [1, 2, 3, 4, 5]}, "more than four DeepStack layers"),
+    ],
+)
 def test_variants_not_modelled_are_refused(tmp_path, vision, message):
     with pytest.raises(MemspecError) as info:
         importer.import_spec(_edited(tmp_path, **vision))
@@ -111,7 +122,6 @@ def test_the_4b_checkpoint_imports(tmp_path):
     config["vision_config"]["out_hidden_size"] = 2560
     hf.write_checkpoint(tmp_path / "4b", config, hf.qwen3_vl_tensors(config), shards=2)
     imported = importer.import_spec(str(tmp_path / "4b"))
-    expected = {"vision": 306_242_560, "projector": 27_271_680 + 3 * 27_277_824,
-                "language": 36 * 100_930_816 + 151936 * 2560 + 2560}
+    expected = {"vision": 306_242_560, "projector": 27_271_680 + 3 * 27_277_824, "language": 36 * 100_930_816 + 151936 * 2560 + 2560}
     assert imported.header_parameters == importer.formula_counts(imported.spec) == expected
     assert sum(expected.values()) == 4_437_815_808

@@ -29,8 +29,19 @@ CASES = {
     # a tiny model, no --gpu: the axis is in MiB, no capacity line
     "tiny": ["tests/measured/tiny/tiny-finetune.yaml"],
     # a bare spec with flags: LoRA on the language model, checkpointing
-    "lora-flags": ["specs/llava/llava-1.5-7b.yaml", "--micro-batch", "2", "--seq-len", "1024", "--lora-r", "16",
-                   "--gradient-checkpointing", "language", "--gpu", "a100-40gb"],
+    "lora-flags": [
+        "specs/llava/llava-1.5-7b.yaml",
+        "--micro-batch",
+        "2",
+        "--seq-len",
+        "1024",
+        "--lora-r",
+        "16",
+        "--gradient-checkpointing",
+        "language",
+        "--gpu",
+        "a100-40gb",
+    ],
     # the launch script's notes reach the page
     "from-command": ["--from-command", f"{LAUNCH}/v1_5/finetune.sh", "specs/llava/llava-1.5-7b.yaml", "--dp", "8"],
     # a model folder imported in memory: the import's notes reach the page
@@ -45,8 +56,16 @@ def case(request, tmp_path_factory):
     code, stdout, stderr = cli("report", *args, "-o", str(out))
     assert code == 0, stderr
     text = out.read_text(encoding="utf-8")
-    return {"name": request.param, "args": args, "html": text, "page": Page(text), "stdout": stdout, "stderr": stderr,
-            "data": estimate_json(args), "table": table_json(args)}
+    return {
+        "name": request.param,
+        "args": args,
+        "html": text,
+        "page": Page(text),
+        "stdout": stdout,
+        "stderr": stderr,
+        "data": estimate_json(args),
+        "table": table_json(args),
+    }
 
 
 def test_every_figure_equals_the_estimate_json(case):
@@ -74,8 +93,12 @@ def test_headline_cards_round_as_the_text_view(case):
     """The big figure of each card is the exact one in GiB (2 decimals), as `memspec estimate` prints it."""
     page, peak = case["page"], case["data"]["peak"]
     cards = {el.attrs["id"]: el for el in page.find("div", cls="card")}
-    for card, value in (("card-allocated", peak["allocated"]), ("card-reserved", peak["reserved"]),
-                        ("card-device", peak["device"]), ("card-first-step", peak["first_step"]["allocated"])):
+    for card, value in (
+        ("card-allocated", peak["allocated"]),
+        ("card-reserved", peak["reserved"]),
+        ("card-device", peak["device"]),
+        ("card-first-step", peak["first_step"]["allocated"]),
+    ):
         (figure,) = [el for el in page.inside(cards[card], "div") if "gib" in el.classes]
         assert figure.text == size(value), card
 
@@ -127,7 +150,11 @@ def test_sections(case):
     ids = [el.attrs["id"] for el in page.find("section")]
     assert ids == ["headline", "breakdown", "timeline", "layers", "assumptions"]
     assert [el.text for el in page.find("h2")] == [
-        "Peak GPU memory per GPU", "Where the memory goes at the peak", "The step, event by event", "Layer table", "Assumptions",
+        "Peak GPU memory per GPU",
+        "Where the memory goes at the peak",
+        "The step, event by event",
+        "Layer table",
+        "Assumptions",
     ]
 
 
@@ -135,7 +162,7 @@ def _bars(page: Page) -> dict[str, dict[str, tuple[float, float, int]]]:
     """module -> category -> (x, width, exact bytes), from the stacked bars' rects and titles."""
     out: dict = {}
     for rect in page.find("rect"):
-        category = next((c[len("fill-"):] for c in rect.classes if c.startswith("fill-")), None)
+        category = next((c[len("fill-") :] for c in rect.classes if c.startswith("fill-")), None)
         if category is None:
             continue
         m = re.fullmatch(r"(\S+) · (.+?): .* \((-?[0-9,]+ B)\)", rect.text)
@@ -224,13 +251,13 @@ def test_not_modelled_and_notes(case):
         assert listed.text == "Nothing this setup uses is listed as not modelled."
     notes = [li.text for li in page.inside(page.one("ul", id="notes"), "li")]
     printed = [line for line in case["stderr"].splitlines() if line.startswith(("note: ", "warning: "))]
-    assert notes[2:2 + len(printed)] == printed  # after the lines on the GPU assumed and on what checks the formulas
+    assert notes[2 : 2 + len(printed)] == printed  # after the lines on the GPU assumed and on what checks the formulas
     if case["name"] == "from-command":
         assert printed and printed[0].startswith(f"note: {LAUNCH}/v1_5/finetune.sh:")
     target = data["target_gpu"]
     assert f"{target['key']} ({target['arch']})" in notes[0]
     spec_notes = _inputs(parser().parse_args(["estimate", *case["args"]]))[0].doc.data.get("notes") or []
-    assert notes[2 + len(printed):] == [f"model spec: {n}" for n in spec_notes]
+    assert notes[2 + len(printed) :] == [f"model spec: {n}" for n in spec_notes]
     parallel = data["setup"]["parallel"]
     assert ("Only one GPU without sharding is measured" in notes[1]) == (parallel["dp"] > 1 or parallel["zero"] > 0)
     if case["name"] == "hub-folder":
@@ -270,6 +297,7 @@ def test_report_text_line(case):
 
 # --- the API the page is built from ---------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def finetune():
     return api.estimate(FINETUNE, gpu="h100-80gb")
@@ -282,14 +310,14 @@ def test_step_timeline_phases(finetune):
     for a, b in zip(t.segments, t.segments[1:]):
         assert b.first == a.last + 1
     for s in t.segments:
-        assert s.high == max(e[2] for e in t.events[s.first:s.last + 1])
+        assert s.high == max(e[2] for e in t.events[s.first : s.last + 1])
     assert t.loss == "language.loss"
     # the loss: its forward ends the forward, its backward starts the backward
     loss = t.segments[1]
-    assert [e[:2] for e in t.events[loss.first:loss.last + 1]] == [("forward", "language.loss"), ("backward", "language.loss")]
+    assert [e[:2] for e in t.events[loss.first : loss.last + 1]] == [("forward", "language.loss"), ("backward", "language.loss")]
     assert t.events[t.peak][2] == finetune.allocated == max(s.high for s in t.segments)
     assert t.events[t.peak][:2] == (finetune.estimate.peak.phase, finetune.estimate.peak.path)
-    assert all(e[2] < finetune.allocated for e in t.events[:t.peak])  # the first event at the maximum
+    assert all(e[2] < finetune.allocated for e in t.events[: t.peak])  # the first event at the maximum
 
 
 def test_step_timeline_with_nothing_trainable():
@@ -353,6 +381,7 @@ def test_short_phases_are_widened():
 
 # --- the command line -------------------------------------------------------------------------
 
+
 def test_output_to_stdout():
     code, stdout, _ = cli("report", "tests/measured/tiny/tiny-finetune.yaml", "-o", "-")
     assert code == 0
@@ -365,10 +394,13 @@ def test_stdout_and_json_together_is_a_usage_error():
     assert stderr.startswith("E902 -o: '-o -' writes the page to stdout")
 
 
-@pytest.mark.parametrize("where, problem", [
-    ("missing/report.html", "its folder '{tmp}/missing' does not exist"),
-    ("", "is a folder"),
-])
+@pytest.mark.parametrize(
+    "where, problem",
+    [
+        ("missing/report.html", "its folder '{tmp}/missing' does not exist"),
+        ("", "is a folder"),
+    ],
+)
 def test_unwritable_output(tmp_path, where, problem):
     target = str(tmp_path / where) if where else str(tmp_path)
     code, stdout, stderr = cli("report", "tests/measured/tiny/tiny-finetune.yaml", "-o", target)

@@ -28,8 +28,16 @@ CASES = {
     "does-not-fit": ["specs/experiments/llava-1.5-7b-pretrain.yaml", "--gpu", "a10g-24gb"],
 }
 # compiler/templates/report.css
-COLOURS = {"parameters": "#4e79a7", "gradients": "#f28e2b", "optimizer_states": "#e15759", "activations": "#59a14f",
-           "transient": "#b07aa1", "capacity": "#b42318", "fits": "#e7f5ea", "does-not-fit": "#fdecea"}
+COLOURS = {
+    "parameters": "#4e79a7",
+    "gradients": "#f28e2b",
+    "optimizer_states": "#e15759",
+    "activations": "#59a14f",
+    "transient": "#b07aa1",
+    "capacity": "#b42318",
+    "fits": "#e7f5ea",
+    "does-not-fit": "#fdecea",
+}
 
 
 def chromium_binary() -> str | None:
@@ -44,8 +52,10 @@ def chromium_binary() -> str | None:
 def chromium() -> str:
     binary = chromium_binary()
     if binary is None:
-        reason = ("no Chromium binary on PATH (chromium, chromium-browser, or $MEMSPEC_CHROMIUM): the browser test of "
-                  "the HTML report needs one; install it with `apt-get install chromium` (.ci/run does)")
+        reason = (
+            "no Chromium binary on PATH (chromium, chromium-browser, or $MEMSPEC_CHROMIUM): the browser test of "
+            "the HTML report needs one; install it with `apt-get install chromium` (.ci/run does)"
+        )
         if os.environ.get("MEMSPEC_REQUIRE_CHROMIUM"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -54,8 +64,17 @@ def chromium() -> str:
 
 def _browse(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     # NB: --no-sandbox because CI runs as root; its own profile folder keeps runs apart.
-    command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-               "--hide-scrollbars", f"--user-data-dir={profile}", *args]
+    command = [
+        binary,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr[-2000:]}"
     return done
@@ -91,8 +110,7 @@ def test_rendered_figures_equal_the_estimate_json(page):
 
 def test_screenshot_shows_the_charts(page, record_property):
     shot = page["folder"] / f"report-{page['name']}.png"
-    _browse(page["chromium"], page["folder"] / "profile", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
-            page["html"].as_uri())
+    _browse(page["chromium"], page["folder"] / "profile", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}", page["html"].as_uri())
     ARTIFACTS.mkdir(exist_ok=True)
     kept = ARTIFACTS / shot.name
     shutil.copyfile(shot, kept)
@@ -104,7 +122,11 @@ def test_screenshot_shows_the_charts(page, record_property):
     pixels = png_rgb(shot)
     assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
     data = estimate_json(page["args"])
-    cats = {c: sum(m[c] for m in data["peak"]["steady_state"]["breakdown"].values()) for c in COLOURS if c in ("parameters", "gradients", "optimizer_states", "activations", "transient")}
+    cats = {
+        c: sum(m[c] for m in data["peak"]["steady_state"]["breakdown"].values())
+        for c in COLOURS
+        if c in ("parameters", "gradients", "optimizer_states", "activations", "transient")
+    }
     # every factor above 1 GiB at the peak is a bar segment far larger than its 11 x 11 legend
     # swatch: at least five swatches' worth (ZeRO-3's 1.6 GiB gradient partition on an 80 GiB
     # scale draws about 840 px besides its swatch)

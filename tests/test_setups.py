@@ -134,8 +134,11 @@ def _allowed(spec_path: Path, library=None) -> str:
 
 
 def test_the_table_covers_every_bare_spec():
-    specs = sorted(str(p.relative_to(ROOT / "specs")) for p in (ROOT / "specs").glob("*/*.yaml")
-                   if p.parent.name not in ("families", "matrices", "experiments") and "\nmodules:" in p.read_text())
+    specs = sorted(
+        str(p.relative_to(ROOT / "specs"))
+        for p in (ROOT / "specs").glob("*/*.yaml")
+        if p.parent.name not in ("families", "matrices", "experiments") and "\nmodules:" in p.read_text()
+    )
     assert specs == sorted(ALLOWED)
 
 
@@ -150,7 +153,7 @@ def _copy_without(tmp_path: Path, layer_type: str, setup: str) -> Path:
     path = folder / f"{layer_type}.yaml"
     text = path.read_text()
     line = next(row for row in text.splitlines() if row.startswith("setups: ["))
-    kept = [s for s in line[len("setups: ["):-1].split(", ") if s != setup]
+    kept = [s for s in line[len("setups: [") : -1].split(", ") if s != setup]
     assert len(kept) == len(line.split(", ")) - 1, f"{layer_type} lists no {setup}"
     path.write_text(text.replace(line, f"setups: [{', '.join(kept)}]"))
     return folder
@@ -204,4 +207,3 @@ def test_resolve_reads_the_setup_and_admit_refuses_it():
         admit(None, spec, setup, knobs)
     assert [(d.code, d.path) for d in info.value.diagnostics] == [("E316", "--packing")]
     assert admit(None, spec, resolve_setup(None, spec, BASE), BASE) == resolve_setup(None, spec, BASE)
-

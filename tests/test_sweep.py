@@ -38,13 +38,16 @@ def _run(capsys, *argv: str) -> str:
 def _expected(path, gpu: str | None = None, **overrides):
     r = estimate(path, gpu=gpu, **overrides) if gpu else estimate(path, **overrides)
     out = {
-        "allocated": r.allocated, "reserved": r.reserved, "device": r.device, "first_step": r.estimate.first_step.total,
-        "peak_phase": r.estimate.peak.phase, "peak_layer": r.estimate.peak.path,
+        "allocated": r.allocated,
+        "reserved": r.reserved,
+        "device": r.device,
+        "first_step": r.estimate.first_step.total,
+        "peak_phase": r.estimate.peak.phase,
+        "peak_layer": r.estimate.peak.path,
     }
     if r.gpu is not None:
         # the verdict keeps the margin free: the catalog's 0.5 % of the GPU's memory
-        out.update(fits=r.device <= r.gpu.memory - r.margin.reserve(r.gpu.memory) and r.estimate.oom is None,
-                   headroom=r.gpu.memory - r.device)
+        out.update(fits=r.device <= r.gpu.memory - r.margin.reserve(r.gpu.memory) and r.estimate.oom is None, headroom=r.gpu.memory - r.device)
     return out
 
 
@@ -62,12 +65,44 @@ def test_values_and_ranges():
 
 def test_every_csv_row_is_the_estimate_at_its_point(capsys, tmp_path):
     out = tmp_path / "sweep.csv"
-    assert main(["sweep", FINETUNE, "--micro-batch", "1,4", "--seq-len", "1024:2048:x2", "--zero", "2,3",
-                 "--gradient-checkpointing", "on,off", "--gpu", "h100-80gb", "-o", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                FINETUNE,
+                "--micro-batch",
+                "1,4",
+                "--seq-len",
+                "1024:2048:x2",
+                "--zero",
+                "2,3",
+                "--gradient-checkpointing",
+                "on,off",
+                "--gpu",
+                "h100-80gb",
+                "-o",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == ""  # -o takes the rows; the format follows its extension
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
-    assert list(rows[0]) == ["micro_batch", "seq_len", "zero", "gradient_checkpointing", "allocated", "reserved", "device",
-                             "first_step", "peak_phase", "peak_layer", "fits", "headroom"]
+    assert list(rows[0]) == [
+        "micro_batch",
+        "seq_len",
+        "zero",
+        "gradient_checkpointing",
+        "allocated",
+        "reserved",
+        "device",
+        "first_step",
+        "peak_phase",
+        "peak_layer",
+        "fits",
+        "headroom",
+    ]
     points = [(b, s, z, gc) for b in (1, 4) for s in (1024, 2048) for z in (2, 3) for gc in ("on", "off")]
     assert [(int(r["micro_batch"]), int(r["seq_len"]), int(r["zero"]), r["gradient_checkpointing"]) for r in rows] == points
     for row, (b, s, z, gc) in zip(rows, points):
@@ -88,9 +123,17 @@ def test_json_rows_lora_ranks(capsys):
     # the experiment's gpu:, 40 GiB = 42,949,672,960 B; the experiment checkpoints, so the
     # catalog's checkpointed margin, 4 % of it = 1,717,986,918.4 B, rounded up to
     # 1,717,986,919 B kept free: a device figure up to 41,231,686,041 B fits
-    assert data["gpu"] == {"key": "a100-40gb", "memory": 40 * 2**30, "budget": 41_231_686_041,
-                           "margin": {"percent": 4.0, "bytes": 1_717_986_919, "source": "specs/gpus.yaml device.margin_pct.checkpointed",
-                                      "summary": "the worst under-estimate measured on a GPU for a checkpointed step"}}
+    assert data["gpu"] == {
+        "key": "a100-40gb",
+        "memory": 40 * 2**30,
+        "budget": 41_231_686_041,
+        "margin": {
+            "percent": 4.0,
+            "bytes": 1_717_986_919,
+            "source": "specs/gpus.yaml device.margin_pct.checkpointed",
+            "summary": "the worst under-estimate measured on a GPU for a checkpointed step",
+        },
+    }
     assert [r["lora_rank"] for r in data["rows"]] == ["off", 8, 64]
     for row in data["rows"]:
         lora = None if row["lora_rank"] == "off" else {"r": row["lora_rank"]}
@@ -126,8 +169,24 @@ def test_text_form(capsys):
 
 def test_svg_chart(capsys, tmp_path):
     svg = tmp_path / "chart.svg"
-    _run(capsys, FINETUNE, "--micro-batch", "1,4,16", "--seq-len", "1024:4096:x2", "--zero", "2,3", "--gpu", "a100-40gb",
-         "--svg", str(svg), "--x", "seq-len", "--format", "csv")
+    _run(
+        capsys,
+        FINETUNE,
+        "--micro-batch",
+        "1,4,16",
+        "--seq-len",
+        "1024:4096:x2",
+        "--zero",
+        "2,3",
+        "--gpu",
+        "a100-40gb",
+        "--svg",
+        str(svg),
+        "--x",
+        "seq-len",
+        "--format",
+        "csv",
+    )
     root = ET.parse(svg).getroot()
     assert root.tag == SVG + "svg"
     capacity = [e for e in root.iter(SVG + "line") if e.get("class") == "capacity"]
@@ -142,8 +201,13 @@ def test_svg_chart(capsys, tmp_path):
     # a point above the capacity line is drawn above it (smaller y): micro-batch 16, seq 4096 on 40 GB
     big = estimate(FINETUNE, micro_batch=16, seq_len=4096, zero=2, gpu="a100-40gb")
     assert big.device > big.gpu.memory
-    point = next(c for g in series if g.find(SVG + "title").text == "micro-batch 16, zero 2" for c in g.findall(SVG + "circle")
-                 if c.find(SVG + "title").text.endswith(f"seq-len 4096: {big.device:,} B ({big.device / 2**30:.2f} GiB)"))
+    point = next(
+        c
+        for g in series
+        if g.find(SVG + "title").text == "micro-batch 16, zero 2"
+        for c in g.findall(SVG + "circle")
+        if c.find(SVG + "title").text.endswith(f"seq-len 4096: {big.device:,} B ({big.device / 2**30:.2f} GiB)")
+    )
     assert float(point.get("cy")) < float(capacity[0].get("y1"))
 
 

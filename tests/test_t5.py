@@ -32,8 +32,7 @@ MODELS = [
 def test_the_checked_in_spec_is_what_import_writes(fixture, spec, parameters):
     written = api.load_spec(ROOT / spec)
     imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == \
-           {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
     assert written.encoder_decoder and imported.encoder_decoder
     assert sum(m.parameters for m in written.modules) == parameters
 
@@ -63,7 +62,7 @@ def test_the_encoder_reads_seq_len_the_decoder_target_len():
     assert seqs["language.encoder.block[3].self_attention.q"] == 512
     assert seqs["language.decoder.block[3].self_attention.q"] == 96
     assert seqs["language.decoder.block[3].cross_attention.q"] == 96
-    assert seqs["language.decoder.block[3].cross_attention.k"] == 512   # the encoder output
+    assert seqs["language.decoder.block[3].cross_attention.k"] == 512  # the encoder output
     assert seqs["language.decoder.block[3].cross_attention.core"] == 96
     assert seqs["language.lm_head"] == seqs["language.loss"] == 96
 
@@ -95,10 +94,11 @@ def test_target_len_in_an_experiment_file_is_located(tmp_path, capsys):
 
 def test_lora_on_q_and_v_adapts_every_attention():
     """peft's target_modules [q, v] match the self-attention's and the cross-attention's q and v."""
-    report = api.estimate(str(BASE), micro_batch=1, seq_len=256, target_len=64, trainable=[],
-                          lora={"r": 16, "alpha": 32, "target_modules": ["q", "v"], "modules": ["language"]})
+    report = api.estimate(
+        str(BASE), micro_batch=1, seq_len=256, target_len=64, trainable=[], lora={"r": 16, "alpha": 32, "target_modules": ["q", "v"], "modules": ["language"]}
+    )
     adapted = [n.inst.path for r in report.nodes for n in r.walk() if n.inst.formula.layer_type == "lora_linear"]
-    assert len(adapted) == 2 * (12 + 12 + 12)   # encoder self, decoder self and cross
+    assert len(adapted) == 2 * (12 + 12 + 12)  # encoder self, decoder self and cross
     assert all(p.endswith((".q", ".v")) for p in adapted)
 
 
@@ -111,10 +111,13 @@ def test_the_builder_batch_has_both_lengths():
     assert tuple(batch["labels"].shape) == (3, 16)
 
 
-@pytest.mark.parametrize("edit, code", [
-    (lambda c: c.update(feed_forward_proj="gated-silu"), "E713"),   # UMT5-style gated SiLU: no formula
-    (lambda c: c.update(dropout_rate=0.0), "E713"),
-])
+@pytest.mark.parametrize(
+    "edit, code",
+    [
+        (lambda c: c.update(feed_forward_proj="gated-silu"), "E713"),  # UMT5-style gated SiLU: no formula
+        (lambda c: c.update(dropout_rate=0.0), "E713"),
+    ],
+)
 def test_unmodelled_variants_are_refused(tmp_path, edit, code):
     folder = hf.edited_copy(hf.FIXTURES / "flan-t5-base", tmp_path / "variant", edit)
     with pytest.raises(MemspecError) as exc:

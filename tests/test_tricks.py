@@ -103,9 +103,12 @@ def test_offloading_keeps_nothing_saved_through_the_forward():
     assert [(r.path, r.activations) for r in offloaded.rows] == [(r.path, r.activations) for r in kept.rows]
 
 
-@pytest.mark.parametrize("overrides, code", [
-    ({"activation_offloading": True, "gradient_checkpointing": ["language"]}, "E315"),
-])
+@pytest.mark.parametrize(
+    "overrides, code",
+    [
+        ({"activation_offloading": True, "gradient_checkpointing": ["language"]}, "E315"),
+    ],
+)
 def test_setup_conflicts_are_errors(overrides, code):
     with pytest.raises(Exception) as info:
         _run(**overrides)
@@ -118,7 +121,8 @@ def test_fused_loss_needs_a_causal_lm_head(tmp_path):
         "model: tower\nmodules:\n  vision:\n    type: clip_vision_tower\n"
         "    inputs: {hidden: 1024, intermediate: 4096, n_layers: 24, n_heads: 16, image_size: 336, patch: 14, channels: 3, feature_layer: -2}\n"
         "    context: {batch: micro_batch * images_per_sample, seq: (image_size // patch) ** 2 + 1}\n"
-        "    parameters: 303_507_456\n")
+        "    parameters: 303_507_456\n"
+    )
     with pytest.raises(MemspecError) as info:
         estimate(spec, micro_batch=1, seq_len=577, loss="fused_linear_cross_entropy")
     (d,) = info.value.diagnostics
@@ -170,17 +174,20 @@ def test_pipeline_first_stage_holds_pp_micro_batches():
     assert report.estimate.peak.breakdown["pipeline"]["activations"] == 3 * one_microbatch
 
 
-@pytest.mark.parametrize("spec, overrides, code, flag", [
-    (QWEN3, {"sp": True}, "E318", "--sp"),
-    (QWEN3, {"pp": 5}, "E319", "--pp"),  # 36 layers
-    (ROOT / "specs" / "llava" / "llava-1.5-7b.yaml", {"tp": 2, "images_per_sample": 1, "seq_len": 2048}, "E318", "--tp"),
-    # the refusals cover what is not modelled with model parallelism: experts, FSDP2 (--fsdp
-    # alone: an empty block), bitsandbytes layers, DoRA
-    (ROOT / "specs" / "mixtral" / "mixtral-8x7b-v0.1.yaml", {"tp": 2}, "E318", "--tp"),
-    (QWEN3, {"tp": 2, "dp": 2, "fsdp": {}}, "E318", "--tp"),
-    (QWEN3, {"tp": 2, "quantization": {"bits": 4, "modules": ["language"]}, "trainable": []}, "E318", "--tp"),
-    (QWEN3, {"pp": 2, "lora": {"r": 16, "modules": ["language"], "use_dora": True}}, "E318", "--pp"),
-])
+@pytest.mark.parametrize(
+    "spec, overrides, code, flag",
+    [
+        (QWEN3, {"sp": True}, "E318", "--sp"),
+        (QWEN3, {"pp": 5}, "E319", "--pp"),  # 36 layers
+        (ROOT / "specs" / "llava" / "llava-1.5-7b.yaml", {"tp": 2, "images_per_sample": 1, "seq_len": 2048}, "E318", "--tp"),
+        # the refusals cover what is not modelled with model parallelism: experts, FSDP2 (--fsdp
+        # alone: an empty block), bitsandbytes layers, DoRA
+        (ROOT / "specs" / "mixtral" / "mixtral-8x7b-v0.1.yaml", {"tp": 2}, "E318", "--tp"),
+        (QWEN3, {"tp": 2, "dp": 2, "fsdp": {}}, "E318", "--tp"),
+        (QWEN3, {"tp": 2, "quantization": {"bits": 4, "modules": ["language"]}, "trainable": []}, "E318", "--tp"),
+        (QWEN3, {"pp": 2, "lora": {"r": 16, "modules": ["language"], "use_dora": True}}, "E318", "--pp"),
+    ],
+)
 def test_model_parallel_errors(spec, overrides, code, flag):
     with pytest.raises(Exception) as info:
         estimate(spec, **{**MP, **overrides})

@@ -20,12 +20,13 @@ RECORDS = sorted((ROOT / "tests" / "measured" / "cpu-trace").glob("transformers-
 
 def _lora(**kw):
     kw = {"attention": "sdpa", **kw}
-    return estimate(LLAMA, micro_batch=4, seq_len=2048, images_per_sample=0, trainable=[],
-                    gradient_checkpointing=["language"], lora={"r": 16}, **kw)
+    return estimate(LLAMA, micro_batch=4, seq_len=2048, images_per_sample=0, trainable=[], gradient_checkpointing=["language"], lora={"r": 16}, **kw)
 
 
-@pytest.mark.parametrize("text, code", [("4.46.3", 4_046_003), ("4.44", 4_044_000), ("5.23.0", 5_023_000),
-                                        ("4.57.0.dev0", 4_057_000), ("5.0.0rc1", 5_000_000), ("4", None), ("banana", None)])
+@pytest.mark.parametrize(
+    "text, code",
+    [("4.46.3", 4_046_003), ("4.44", 4_044_000), ("5.23.0", 5_023_000), ("4.57.0.dev0", 4_057_000), ("5.0.0rc1", 5_000_000), ("4", None), ("banana", None)],
+)
 def test_release_codes(text, code):
     assert release_code(text) == code
 
@@ -70,10 +71,13 @@ def test_the_matrix_covers_three_releases_on_two_models():
     assert len(names) == 12
 
 
-@pytest.mark.parametrize("versions, text", [
-    ({"transformers": "banana"}, "versions.transformers 'banana' is not a release"),
-    ({"transformers": "4.37.2"}, "transformers 4.37.2 is not modelled: releases before 4.43 make the rotary cos and sin in every attention layer"),
-])
+@pytest.mark.parametrize(
+    "versions, text",
+    [
+        ({"transformers": "banana"}, "versions.transformers 'banana' is not a release"),
+        ({"transformers": "4.37.2"}, "transformers 4.37.2 is not modelled: releases before 4.43 make the rotary cos and sin in every attention layer"),
+    ],
+)
 def test_unmodelled_releases_are_refused(versions, text):
     with pytest.raises(MemspecError) as err:
         _lora(versions=versions)
@@ -103,7 +107,8 @@ def test_the_flag_and_the_setup_line(capsys):
 
 def test_measuring_refuses_a_release_other_than_the_installed_one(tmp_path):
     exp = tmp_path / "e.yaml"
-    exp.write_text(f"experiment: e\nmodel: {LLAMA}\nmicro_batch: 1\nseq_len: 64\nimages_per_sample: 0\n"
-                   "trainable: [language]\nversions: {transformers: '0.0.1'}\n")
+    exp.write_text(
+        f"experiment: e\nmodel: {LLAMA}\nmicro_batch: 1\nseq_len: 64\nimages_per_sample: 0\ntrainable: [language]\nversions: {{transformers: '0.0.1'}}\n"
+    )
     with pytest.raises(ExperimentError, match="names transformers 0.0.1; .* is installed"):
         check_measurable(load_experiment(exp))

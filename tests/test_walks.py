@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parent.parent
 WALKS = ROOT / "compiler" / "pipeline" / "walks"
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"  # ZeRO-3, dp 8
 FSDP = "specs/experiments/llava-1.5-7b-finetune-fsdp2.yaml"
-ZERO3 = {"zero": 3, "reduce_bucket_size": "auto", "prefetch_bucket_size": "auto", "param_persistence_threshold": "auto",
-         "overlap_comm": True, "contiguous_gradients": True}
+ZERO3 = {
+    "zero": 3,
+    "reduce_bucket_size": "auto",
+    "prefetch_bucket_size": "auto",
+    "param_persistence_threshold": "auto",
+    "overlap_comm": True,
+    "contiguous_gradients": True,
+}
 
 
 def _names(path, overrides=None):
@@ -41,7 +47,7 @@ def _imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else ()
+            base = package[: len(package) - node.level + 1] if node.level else ()
             out.add(".".join(base + tuple((node.module or "").split("."))).rstrip("."))
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)

@@ -15,8 +15,7 @@ import pytest
 from compiler.api import estimate, load_inputs, run
 from compiler.pipeline.walks.deepspeed import DEEPSPEED
 from compiler.pipeline.walks.optimizer_step import stepped_tensors
-from compiler.pipeline.walks.zero12 import (ZERO12_GRADS, _Zero12Bucket, zero12_grads_in_partition, zero12_partition_sizes,
-                                            zero12_step_temporaries)
+from compiler.pipeline.walks.zero12 import ZERO12_GRADS, _Zero12Bucket, zero12_grads_in_partition, zero12_partition_sizes, zero12_step_temporaries
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
 TRAINABLE = 6_759_919_616  # projector 20_979_712 + language 6_738_939_904
@@ -59,6 +58,7 @@ def test_the_ipg_buffers_do_not_reach_the_step():
     one, two = _ds(zero=2, overlap_comm=False), _ds(zero=2, overlap_comm=True)
     assert step(one)[:2] == step(two)[:2] == ("optimizer", "optimizer.step")
     assert step(one)[2] == step(two)[2]
+
     # while backward reduces, the second buffer is there: 16_777_216 x 2
     def last(r):
         return [t for ph, p, t in r.estimate.timeline if p == "deepspeed.reduce_ipg_grads"][0]
@@ -78,8 +78,7 @@ def test_step_temporaries(zero2):
     # its .to(fp32) (x 4); the norm's .double() of lm_head (131_334_144 x 8 + 295 norms x 512) and
     # the overflow check (131_334_144 x (4 + 1 + 1 + 1 + 4)) are smaller. The only group then
     # steps after grads_in_partition is freed: its fp32 gradient (x 4) + foreach AdamW's sqrt (x 4)
-    assert zero12_step_temporaries(zero2.setup, _tensors(zero2)) == {
-        "with_partition": 844_989_952 * 6, "after_partition": 844_989_952 * 8}
+    assert zero12_step_temporaries(zero2.setup, _tensors(zero2)) == {"with_partition": 844_989_952 * 6, "after_partition": 844_989_952 * 8}
     assert 844_989_952 * 8 - 899_710_976 * 2 < 844_989_952 * 6
 
 

@@ -22,8 +22,14 @@ from compiler.pipeline.walks.optimizer_step import Stepped, stepped_tensors
 from compiler.pipeline.walks.zero3 import _IpgBucket, _reuse_kept, zero3_step_temporaries, zero3_sub_groups
 
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"
-ZERO3 = {"zero": 3, "reduce_bucket_size": "auto", "prefetch_bucket_size": "auto", "param_persistence_threshold": "auto",
-         "overlap_comm": True, "contiguous_gradients": True}
+ZERO3 = {
+    "zero": 3,
+    "reduce_bucket_size": "auto",
+    "prefetch_bucket_size": "auto",
+    "param_persistence_threshold": "auto",
+    "overlap_comm": True,
+    "contiguous_gradients": True,
+}
 TRAINABLE = 20_979_712 + 6_738_939_904  # projector + language
 PART = 8
 
@@ -236,12 +242,15 @@ def test_offload_flags_match_the_experiment_path():
     assert flags.allocated == block.allocated
 
 
-@pytest.mark.parametrize("argv, code", [
-    (["--zero", "2", "--offload-optimizer", "nvme"], "E311 --offload-optimizer"),
-    (["--zero", "0", "--offload-optimizer", "cpu"], "E311 --offload-optimizer"),
-    (["--zero", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu"], "E806 --offload-param"),
-    (["--offload-param", "cpu"], "E807 --offload-param"),
-])
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--zero", "2", "--offload-optimizer", "nvme"], "E311 --offload-optimizer"),
+        (["--zero", "0", "--offload-optimizer", "cpu"], "E311 --offload-optimizer"),
+        (["--zero", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu"], "E806 --offload-param"),
+        (["--offload-param", "cpu"], "E807 --offload-param"),
+    ],
+)
 def test_offload_flags_are_checked_at_the_flag(argv, code, capsys):
     assert main(["estimate", FINETUNE, *argv]) == 2
     assert code in capsys.readouterr().err
@@ -251,11 +260,12 @@ def test_deepspeed_json_sizes_are_read(tmp_path):
     from compiler.inputs import launch
 
     path = tmp_path / "ds.json"
-    path.write_text('{"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto", '
-                    '"stage3_max_live_parameters": 3e8, "stage3_max_reuse_distance": 0, "sub_group_size": 1e8}}')
+    path.write_text(
+        '{"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto", '
+        '"stage3_max_live_parameters": 3e8, "stage3_max_reuse_distance": 0, "sub_group_size": 1e8}}'
+    )
     ds = launch.read_deepspeed(str(path)).overrides["deepspeed"]
-    assert ds == {"zero": 3, "param_persistence_threshold": "auto", "max_live_parameters": 300_000_000,
-                  "max_reuse_distance": 0, "sub_group_size": 100_000_000}
+    assert ds == {"zero": 3, "param_persistence_threshold": "auto", "max_live_parameters": 300_000_000, "max_reuse_distance": 0, "sub_group_size": 100_000_000}
     path.write_text('{"communication_data_type": "FP32", "zero_optimization": {"stage": 3}}')
     assert launch.read_deepspeed(str(path)).overrides["deepspeed"] == {"zero": 3, "communication_data_type": "fp32"}
     path.write_text('{"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}')

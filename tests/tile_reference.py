@@ -9,8 +9,7 @@ def optimal_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: 
     """(columns, rows): transformers/models/got_ocr2/image_processing_got_ocr2.py
     `get_optimal_tiled_canvas` (InternVL's `find_closest_aspect_ratio`), restated because that
     module needs torchvision."""
-    grids = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
-                    if min_tiles <= w * h <= max_tiles), key=lambda g: g[0] * g[1])
+    grids = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if min_tiles <= w * h <= max_tiles), key=lambda g: g[0] * g[1])
     aspect, area = width / height, width * height
     best_diff, best = float("inf"), (1, 1)
     for grid in grids:

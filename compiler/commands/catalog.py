@@ -37,8 +37,15 @@ class Entry:
     source: Mapping[str, Any] = field(default_factory=dict)
 
     def as_data(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "path": display(self.path), "model": self.model,
-                "parameters": self.parameters, "modules": list(self.modules), "summary": self.summary}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "path": display(self.path),
+            "model": self.model,
+            "parameters": self.parameters,
+            "modules": list(self.modules),
+            "summary": self.summary,
+        }
 
 
 @lru_cache(maxsize=1)
@@ -80,8 +87,17 @@ def find(name: str) -> Path | None:
         hits = [e for e in entries() if e.kind == "spec" and e.name.casefold().startswith(folded + "-")]
     paths = sorted({e.path for e in hits})
     if len(paths) > 1:
-        raise MemspecError(Diagnostic("E111", "", 0, 0, "", f"'{name}' names {len(paths)} bundled files: {', '.join(display(p) for p in paths)}",
-                                      "give the path or the full short name of the one you mean (memspec list)"))
+        raise MemspecError(
+            Diagnostic(
+                "E111",
+                "",
+                0,
+                0,
+                "",
+                f"'{name}' names {len(paths)} bundled files: {', '.join(display(p) for p in paths)}",
+                "give the path or the full short name of the one you mean (memspec list)",
+            )
+        )
     return paths[0] if paths else None
 
 
@@ -91,8 +107,7 @@ def suggestion(name: str) -> str | None:
 
 
 def main(args) -> int:
-    shown = [e for e in entries() if not args.filter or args.filter.lower() in " ".join(
-        (e.name, e.kind, e.model, e.summary, " ".join(e.modules))).lower()]
+    shown = [e for e in entries() if not args.filter or args.filter.lower() in " ".join((e.name, e.kind, e.model, e.summary, " ".join(e.modules))).lower()]
     if args.format == "json":
         sys.stdout.write(json.dumps([e.as_data() for e in shown], indent=2) + "\n")
         return 0
@@ -110,7 +125,8 @@ def main(args) -> int:
             else:
                 lines.append(f"  {e.name:<{width}}  {e.model}")
         lines.append("")
-    lines.append(f"{len(shown)} of {len(entries())} bundled files; name one anywhere a file is taken, e.g. "
-                 "memspec estimate llava-1.5-7b --micro-batch 16 --seq-len 2048")
+    lines.append(
+        f"{len(shown)} of {len(entries())} bundled files; name one anywhere a file is taken, e.g. memspec estimate llava-1.5-7b --micro-batch 16 --seq-len 2048"
+    )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -37,8 +37,9 @@ def x_knob(grid: Mapping[str, Sequence[Any]], wanted: str | None) -> str:
     for name, values in grid.items():
         if len(values) > 1:
             return name
-    raise UsageError(Diagnostic("E914", "", 0, 0, "--svg", "a chart needs a knob swept over two or more values",
-                                "e.g. --seq-len 1024:8192:x2, or leave out --svg"))
+    raise UsageError(
+        Diagnostic("E914", "", 0, 0, "--svg", "a chart needs a knob swept over two or more values", "e.g. --seq-len 1024:8192:x2, or leave out --svg")
+    )
 
 
 def _step(top: float) -> float:
@@ -89,23 +90,29 @@ def sweep_svg(report: SweepReport, wanted: str | None = None) -> str:
         out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" stroke="#e0e0e0"/>')
         out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
         tick += step
-    out.append(f'<text x="16" y="{TOP + plot_h / 2:.1f}" transform="rotate(-90 16 {TOP + plot_h / 2:.1f})" text-anchor="middle">device memory (GiB = 2^30 B, nvidia-smi)</text>')
+    out.append(
+        f'<text x="16" y="{TOP + plot_h / 2:.1f}" transform="rotate(-90 16 {TOP + plot_h / 2:.1f})" text-anchor="middle">device memory (GiB = 2^30 B, nvidia-smi)</text>'
+    )
     for i, v in enumerate(xs):
         out.append(f'<text x="{px(i):.1f}" y="{TOP + plot_h + 18}" text-anchor="middle">{escape(str(v))}</text>')
     out.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{height - 14}" text-anchor="middle">{escape(BY_NAME[x].flag[2:])}</text>')
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>')
     cap = py(gpu.memory)
     cap_label = f"{gpu.key}: {gpu.memory / GIB:.2f} GiB" + ("" if report.gpu is not None else " (default GPU)")
-    out.append(f'<line class="capacity" x1="{LEFT}" y1="{cap:.1f}" x2="{LEFT + plot_w}" y2="{cap:.1f}" stroke="black" stroke-width="1.5" stroke-dasharray="6 4"><title>{escape(cap_label)}</title></line>')
+    out.append(
+        f'<line class="capacity" x1="{LEFT}" y1="{cap:.1f}" x2="{LEFT + plot_w}" y2="{cap:.1f}" stroke="black" stroke-width="1.5" stroke-dasharray="6 4"><title>{escape(cap_label)}</title></line>'
+    )
     out.append(f'<text x="{LEFT + 4}" y="{cap - 5:.1f}">{escape(cap_label)}</text>')  # NB: left, where the lines are lowest
     for n, (key, pts) in enumerate(lines.items()):
         color = PALETTE[n % len(PALETTE)]
         path = " ".join(f"{px(i):.1f},{py(b):.1f}" for i, b in pts)
         out.append(f'<g class="series" stroke={quoteattr(color)} fill={quoteattr(color)}>')
-        out.append(f'<title>{escape(labels[key])}</title>')
+        out.append(f"<title>{escape(labels[key])}</title>")
         out.append(f'<polyline points="{path}" fill="none" stroke-width="2"/>')
         for i, b in pts:
-            out.append(f'<circle cx="{px(i):.1f}" cy="{py(b):.1f}" r="3.5"><title>{escape(f"{labels[key]}, {BY_NAME[x].flag[2:]} {xs[i]}: {b:,} B ({b / GIB:.2f} GiB)")}</title></circle>')
+            out.append(
+                f'<circle cx="{px(i):.1f}" cy="{py(b):.1f}" r="3.5"><title>{escape(f"{labels[key]}, {BY_NAME[x].flag[2:]} {xs[i]}: {b:,} B ({b / GIB:.2f} GiB)")}</title></circle>'
+            )
         out.append("</g>")
         ly = TOP + 8 + LEGEND_ROW * n
         out.append(f'<line x1="{WIDTH - RIGHT + 16}" y1="{ly}" x2="{WIDTH - RIGHT + 40}" y2="{ly}" stroke={quoteattr(color)} stroke-width="2"/>')

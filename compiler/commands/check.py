@@ -26,7 +26,6 @@ def _yaml_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-
 def check_paths(paths: list[Path], progress=None) -> tuple[list[str], list[Diagnostic]]:
     """`progress(done, total, name)`, when given, is called before each file and once at the end."""
     from .. import api

@@ -46,7 +46,7 @@ REFERENCE_SEQ = 2048
 
 # Runs inside each tree (cwd = its root) with only what every memspec since the public
 # `compiler.api.estimate` has had; prints one JSON object per case.
-EVALUATOR = r'''
+EVALUATOR = r"""
 import json, sys
 from pathlib import Path
 if Path("compiler/api.py").is_file():
@@ -92,7 +92,7 @@ for kind, name, file, extra in cases:
         row["error"] = f"internal error: {type(exc).__name__}: {exc}"
     out.append(row)
 print(json.dumps(out))
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,9 @@ def repo_root(cwd: Path | None = None) -> Path:
     cwd = cwd or Path.cwd()
     got = _git(cwd, "rev-parse", "--show-toplevel")
     if got.returncode != 0:
-        raise MemspecError(Diagnostic("E916", "", 0, 0, "", f"{cwd} is not inside a git repository",
-                                      "run memspec diff in the checkout whose specs and formulas changed"))
+        raise MemspecError(
+            Diagnostic("E916", "", 0, 0, "", f"{cwd} is not inside a git repository", "run memspec diff in the checkout whose specs and formulas changed")
+        )
     return Path(got.stdout.strip())
 
 
@@ -156,8 +157,17 @@ def resolve_base(root: Path, base: str | None) -> tuple[str, str]:
     if base:
         got = _git(root, "rev-parse", "--verify", "--quiet", base + "^{commit}")
         if got.returncode != 0:
-            raise UsageError(Diagnostic("E917", "", 0, 0, "--base", f"'{base}' is not a revision of this repository",
-                                          "name a branch, tag or commit (git log --oneline); in CI fetch the base first: git fetch origin main"))
+            raise UsageError(
+                Diagnostic(
+                    "E917",
+                    "",
+                    0,
+                    0,
+                    "--base",
+                    f"'{base}' is not a revision of this repository",
+                    "name a branch, tag or commit (git log --oneline); in CI fetch the base first: git fetch origin main",
+                )
+            )
         return base, got.stdout.strip()
     for candidate in ("main", "origin/main"):
         if _git(root, "rev-parse", "--verify", "--quiet", candidate + "^{commit}").returncode == 0:
@@ -180,16 +190,31 @@ def _unpack(root: Path, commit: str, into: Path) -> None:
 
 def _start(tree: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # NB: each tree imports its own compiler
-    return subprocess.Popen([sys.executable, "-c", EVALUATOR, str(REFERENCE_MICRO_BATCH), str(REFERENCE_SEQ)], cwd=tree,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", EVALUATOR, str(REFERENCE_MICRO_BATCH), str(REFERENCE_SEQ)],
+        cwd=tree,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _finish(proc: subprocess.Popen, label: str) -> list[dict[str, Any]]:
     out, err = proc.communicate()
     if proc.returncode != 0:
         tail = "; ".join(err.strip().splitlines()[-3:])
-        raise MemspecError(Diagnostic("E918", "", 0, 0, "", f"the cases of {label} could not be evaluated: {tail}",
-                                      "a base older than compiler.api.estimate cannot be compared; pick a later --base"))
+        raise MemspecError(
+            Diagnostic(
+                "E918",
+                "",
+                0,
+                0,
+                "",
+                f"the cases of {label} could not be evaluated: {tail}",
+                "a base older than compiler.api.estimate cannot be compared; pick a later --base",
+            )
+        )
     return json.loads(out)
 
 
@@ -357,8 +382,15 @@ def render_json(r: DiffReport) -> str:
         "base": {"name": r.base, "commit": r.commit},
         "reference_setup": {"micro_batch": REFERENCE_MICRO_BATCH, "seq_len": REFERENCE_SEQ},
         "cases": [
-            {"case": c.case, "kind": c.kind, "status": c.status, "before": c.before, "after": c.after,
-             "delta": {f: c.delta(f) for f in FIGURES}, "delta_percent": c.percent()}
+            {
+                "case": c.case,
+                "kind": c.kind,
+                "status": c.status,
+                "before": c.before,
+                "after": c.after,
+                "delta": {f: c.delta(f) for f in FIGURES},
+                "delta_percent": c.percent(),
+            }
             for c in r.changes
         ],
     }

@@ -160,8 +160,7 @@ def smallest_fitting(probe: _Probe, high: int) -> tuple[int | None, int | None]:
     return _narrow(probe, x, bad)
 
 
-def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None,
-        resolve: Callable[[Mapping[str, Any]], Setup] | None = None) -> FitReport:
+def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolve: Callable[[Mapping[str, Any]], Setup] | None = None) -> FitReport:
     """`margin`: None for the setup's (--margin), else the catalog's; `resolve`: the setup with
     more overrides (see levers.py), None for no levers."""
     margin = margin or setup.margin or gpu_catalog()[1].margin

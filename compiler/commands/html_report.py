@@ -85,15 +85,19 @@ def page(report: Report) -> dict[str, Any]:
         "bars": bar_chart(steady["breakdown"]),
         "timeline": timeline_chart(timeline, data["peak"]["allocated"], data["seed_sum"], data["gpu"]),
         "phases": [
-            {"phase": PHASE_NAMES[s.phase], "events": s.last - s.first + 1, "from": timeline.events[s.first][1],
-             "to": timeline.events[s.last][1], "high": s.high}
+            {
+                "phase": PHASE_NAMES[s.phase],
+                "events": s.last - s.first + 1,
+                "from": timeline.events[s.first][1],
+                "to": timeline.events[s.last][1],
+                "high": s.high,
+            }
             for s in timeline.segments
         ],
         "columns": ROW_COLUMNS,
         "byte_columns": BYTE_COLUMNS,
         "rows": table_data(report.rows),
-        "seed": {"sum": data["seed_sum"], "allocated": data["peak"]["allocated"],
-                 "above": data["peak"]["allocated"] - data["seed_sum"]},
+        "seed": {"sum": data["seed_sum"], "allocated": data["peak"]["allocated"], "above": data["peak"]["allocated"] - data["seed_sum"]},
         "device_above_allocated": data["peak"]["device"] - data["peak"]["allocated"],
         "target": _target_note(data),
         "checked": _checked_note(data),
@@ -118,14 +122,28 @@ def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     steady, first = peak["steady_state"], peak["first_step"]
     nccl = " + NCCL" if data["setup"]["parallel"]["dp"] > 1 else ""
     return [
-        {"key": "peak.allocated", "label": "allocated", "bytes": peak["allocated"],
-         "what": "torch.cuda.max_memory_allocated()", "where": f"{steady['phase']} at {steady['layer']}"},
-        {"key": "peak.reserved", "label": "reserved", "bytes": peak["reserved"],
-         "what": "torch.cuda.max_memory_reserved()", "where": "the caching allocator replayed over two steps"},
-        {"key": "peak.device", "label": "device", "bytes": peak["device"],
-         "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
-        {"key": "peak.first_step.allocated", "label": "first step", "bytes": first["allocated"],
-         "what": "allocated, step 1", "where": f"{first['phase']} at {first['layer']}; optimizer states appear at its step()"},
+        {
+            "key": "peak.allocated",
+            "label": "allocated",
+            "bytes": peak["allocated"],
+            "what": "torch.cuda.max_memory_allocated()",
+            "where": f"{steady['phase']} at {steady['layer']}",
+        },
+        {
+            "key": "peak.reserved",
+            "label": "reserved",
+            "bytes": peak["reserved"],
+            "what": "torch.cuda.max_memory_reserved()",
+            "where": "the caching allocator replayed over two steps",
+        },
+        {"key": "peak.device", "label": "device", "bytes": peak["device"], "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
+        {
+            "key": "peak.first_step.allocated",
+            "label": "first step",
+            "bytes": first["allocated"],
+            "what": "allocated, step 1",
+            "where": f"{first['phase']} at {first['layer']}; optimizer states appear at its step()",
+        },
     ]
 
 
@@ -141,23 +159,28 @@ def _breakdown(breakdown: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
 def _target_note(data: Mapping[str, Any]) -> str:
     t = data["target_gpu"]
     if data["gpu"] is None:
-        return (f"No --gpu: the cuBLAS/cuBLASLt workspaces are those of {t['key']} ({t['arch']}), the catalog's "
-                "default GPU, and no capacity is drawn; pass --gpu for yours.")
+        return (
+            f"No --gpu: the cuBLAS/cuBLASLt workspaces are those of {t['key']} ({t['arch']}), the catalog's "
+            "default GPU, and no capacity is drawn; pass --gpu for yours."
+        )
     return f"The cuBLAS/cuBLASLt workspaces are those of {t['key']} ({t['arch']}), the GPU given."
 
 
 def _checked_note(data: Mapping[str, Any]) -> str:
     """What checks this estimate: the measured records are CPU traces under an emulation of
     CUDA's allocation (docs/measuring.md), on one GPU without sharding."""
-    note = ("The formulas are checked against measured records: training steps traced on fake tensors on CPU with "
-            "CUDA's allocation behaviour emulated (docs/measuring.md; memspec validate tests/measured/).")
+    note = (
+        "The formulas are checked against measured records: training steps traced on fake tensors on CPU with "
+        "CUDA's allocation behaviour emulated (docs/measuring.md; memspec validate tests/measured/)."
+    )
     parallel = data["setup"]["parallel"]
     if parallel.get("fsdp"):
-        note += (f" FSDP2 over dp {parallel['dp']} is measured as rank 0 of a fake process group (fully_shard on "
-                 "the real model; docs/fsdp.md).")
+        note += f" FSDP2 over dp {parallel['dp']} is measured as rank 0 of a fake process group (fully_shard on the real model; docs/fsdp.md)."
     elif parallel["dp"] > 1 or parallel["zero"] > 0:
-        note += (f" Only one GPU without sharding is measured: the dp {parallel['dp']} ZeRO-{parallel['zero']} "
-                 "sharding and DeepSpeed's buffers here follow DeepSpeed's source, unmeasured.")
+        note += (
+            f" Only one GPU without sharding is measured: the dp {parallel['dp']} ZeRO-{parallel['zero']} "
+            "sharding and DeepSpeed's buffers here follow DeepSpeed's source, unmeasured."
+        )
     return note
 
 
@@ -237,9 +260,16 @@ def timeline_chart(t: StepTimeline, peak: int, seed_sum: int, gpu: Mapping[str, 
         "bands": bands,
         "area": area,
         "line": line,
-        "peak": {"x": round(px, 1), "y": y(total), "bytes": total, "phase": phase, "layer": layer,
-                 "anchor": "end" if right else "start", "tx": round(px - 8 if right else px + 8, 1),
-                 "ty": max(y(total) - 10, box["top"] + 12)},
+        "peak": {
+            "x": round(px, 1),
+            "y": y(total),
+            "bytes": total,
+            "phase": phase,
+            "layer": layer,
+            "anchor": "end" if right else "start",
+            "tx": round(px - 8 if right else px + 8, 1),
+            "ty": max(y(total) - 10, box["top"] + 12),
+        },
         "seed": {"y": y(seed_sum), "bytes": seed_sum},
         "capacity": {"y": y(capacity), "bytes": capacity, "key": gpu["key"]} if gpu else None,
         "events": n_events,
@@ -263,7 +293,6 @@ def bar_chart(breakdown: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
             if cats[c]:
                 segments.append({"category": c, "name": CATEGORY_NAMES[c], "x": round(x, 2), "w": round(max(w, 0.5), 2), "bytes": cats[c]})
             x += w
-        out.append({"module": module, "y": y, "mid": y + box["row"] / 2, "segments": segments,
-                    "total": sum(cats.values()), "end": round(x + 6, 1)})
+        out.append({"module": module, "y": y, "mid": y + box["row"] / 2, "segments": segments, "total": sum(cats.values()), "end": round(x + 6, 1)})
     height = box["top"] * 2 + len(rows) * (box["row"] + box["gap"]) - box["gap"]
     return {"box": box, "rows": out, "height": height}

@@ -56,8 +56,7 @@ def _qlora(setup: Setup) -> list[Candidate]:
     """4-bit NF4 weights for the language model; LoRA r16 on it when it trains (bitsandbytes
     weights do not train, E307)."""
     if "language" in setup.trainable and setup.lora is None:
-        return [(f"--quantization 4 --quant-type nf4 --double-quant --lora-r {LORA_RANK}",
-                 {"quantization": QLORA, "lora": {"r": LORA_RANK}})]
+        return [(f"--quantization 4 --quant-type nf4 --double-quant --lora-r {LORA_RANK}", {"quantization": QLORA, "lora": {"r": LORA_RANK}})]
     return [("--quantization 4 --quant-type nf4 --double-quant", {"quantization": QLORA})]
 
 
@@ -87,8 +86,12 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     if setup.quantization is None and "language" in {m.name for m in spec.modules}:
         out.append(("QLoRA, 4-bit nf4 weights", _qlora(setup)))
     if setup.fsdp is None and not offloaded:
-        out.append(("optimizer and parameters to CPU", [("--zero 3 --offload-optimizer cpu --offload-param cpu",
-                                                         {"zero": 3, "offload_optimizer": "cpu", "offload_param": "cpu"})]))
+        out.append(
+            (
+                "optimizer and parameters to CPU",
+                [("--zero 3 --offload-optimizer cpu --offload-param cpu", {"zero": 3, "offload_optimizer": "cpu", "offload_param": "cpu"})],
+            )
+        )
     if setup.dp < MAX_LEVER_DP:
         out.append(("more GPUs", _more_gpus(setup)))
     return out

@@ -54,7 +54,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("lora_rank", "--lora-rank", "lora", 1, example="8,16,64 or off,8"),
     # NB: the choices of resolve.ATTENTION and resolve.PRECISION_NAMES (tests/test_sweep.py holds them equal)
     Knob("attention", "--attention", "choice", choices=("flash_attention_2", "sdpa", "eager"), example="sdpa,eager"),
-    Knob("precision", "--precision", "choice", choices=("bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"), example="bf16-mixed,bf16"),
+    Knob(
+        "precision",
+        "--precision",
+        "choice",
+        choices=("bf16-mixed", "16-mixed", "bf16-true", "16-true", "32-true", "32", "bf16", "fp16-mixed", "fp32"),
+        example="bf16-mixed,bf16",
+    ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 
@@ -81,7 +87,9 @@ def _range(knob: Knob, text: str, item: str) -> list[int]:
     geometric = step.startswith("x")
     by = _int(knob, text, step.lstrip("x+"))
     if start > stop:
-        raise _bad(knob, "E912", f"range '{item}' runs backwards (start {start} > stop {stop})", f"write {stop}:{start}" + (f":{step}" if len(parts) == 3 else ""))
+        raise _bad(
+            knob, "E912", f"range '{item}' runs backwards (start {start} > stop {stop})", f"write {stop}:{start}" + (f":{step}" if len(parts) == 3 else "")
+        )
     if geometric and (by < 2 or start < 1):
         raise _bad(knob, "E912", f"range '{item}': a multiplying step needs a factor >= 2 and a start >= 1", "e.g. 1024:8192:x2")
     if not geometric and by < 1:
@@ -108,7 +116,9 @@ def parse_values(knob: Knob | str, text: str) -> list[Any]:
             got = _range(knob, text, item) if ":" in item else [_int(knob, text, item)]
             low = [v for v in got if v < knob.minimum]
             if low:
-                raise _bad(knob, "E913", f"{low[0]} is below the smallest {knob.name.replace('_', ' ')}, {knob.minimum}", f"every value must be >= {knob.minimum}")
+                raise _bad(
+                    knob, "E913", f"{low[0]} is below the smallest {knob.name.replace('_', ' ')}, {knob.minimum}", f"every value must be >= {knob.minimum}"
+                )
             values += got
         elif knob.kind == "lora":
             values.append("off")
@@ -116,7 +126,9 @@ def parse_values(knob: Knob | str, text: str) -> list[Any]:
             if item not in knob.choices:
                 from ..errors import did_you_mean
 
-                raise _bad(knob, "E913", f"'{item}' is not one of {', '.join(knob.choices)}", did_you_mean(item, knob.choices) or f"e.g. {knob.flag} {knob.example}")
+                raise _bad(
+                    knob, "E913", f"'{item}' is not one of {', '.join(knob.choices)}", did_you_mean(item, knob.choices) or f"e.g. {knob.flag} {knob.example}"
+                )
             values.append(int(item) if knob.name == "zero" else item)
         else:  # checkpointing
             if item.lower() in ("on", "off"):
@@ -222,8 +234,13 @@ def resolve_points(spec: Spec, doc: Document | None, base: Mapping[str, Any], po
     return setups
 
 
-def sweep(spec: Spec, doc: Document | None, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]],
-          progress: Callable[[int, int, Mapping[str, Any]], None] | None = None) -> SweepReport:
+def sweep(
+    spec: Spec,
+    doc: Document | None,
+    base: Mapping[str, Any],
+    grid: Mapping[str, Sequence[Any]],
+    progress: Callable[[int, int, Mapping[str, Any]], None] | None = None,
+) -> SweepReport:
     from ..api import run, spec_library
 
     points = grid_points(grid)

@@ -243,8 +243,9 @@ def verdicts(comparisons: list[Comparison]) -> Verdicts | None:
     judged = [c for c in comparisons if c.fits is not None]
     if not judged:
         return None
-    return Verdicts(len(judged), tuple(c.name for c in judged if c.out_of_memory and c.fits),
-                    tuple(c.name for c in judged if not c.out_of_memory and not c.fits))
+    return Verdicts(
+        len(judged), tuple(c.name for c in judged if c.out_of_memory and c.fits), tuple(c.name for c in judged if not c.out_of_memory and not c.fits)
+    )
 
 
 def validate_records(paths: list[Path], progress=None) -> list[Comparison]:
@@ -294,8 +295,7 @@ def render(comparisons: list[Comparison]) -> str:
             continue
         e, f = c.error("allocated"), c.error("allocated_first_step")
         lines.append(
-            f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {_gib(c.estimated['allocated']):>13}  "
-            f"{e:>+8.2f}  {'-' if f is None else f'{f:+.2f}':>16}"
+            f"{c.name:<{width}}  {_gib(c.measured['allocated']):>12}  {_gib(c.estimated['allocated']):>13}  {e:>+8.2f}  {'-' if f is None else f'{f:+.2f}':>16}"
         )
     lines.append("")
     for measure in MEASURES:
@@ -303,22 +303,30 @@ def render(comparisons: list[Comparison]) -> str:
         if s is None:
             continue
         lines.append(
-            f"{measure:<21} n={s.count:<4} MAPE {s.mape:.2f}%  median {s.median:.2f}%  worst {s.worst:+.2f}% ({s.worst_name})  "
-            f"under-estimates {s.under}"
+            f"{measure:<21} n={s.count:<4} MAPE {s.mape:.2f}%  median {s.median:.2f}%  worst {s.worst:+.2f}% ({s.worst_name})  under-estimates {s.under}"
         )
     v = verdicts(comparisons)
     if v is not None:
-        lines.append(f"{'verdicts':<21} n={v.count:<4} missed OOMs {len(v.missed)}"
-                     + (f" ({', '.join(v.missed)})" if v.missed else "")
-                     + f"  false alarms {len(v.false_alarms)}" + (f" ({', '.join(v.false_alarms)})" if v.false_alarms else ""))
+        lines.append(
+            f"{'verdicts':<21} n={v.count:<4} missed OOMs {len(v.missed)}"
+            + (f" ({', '.join(v.missed)})" if v.missed else "")
+            + f"  false alarms {len(v.false_alarms)}"
+            + (f" ({', '.join(v.false_alarms)})" if v.false_alarms else "")
+        )
     skipped = sum(1 for c in comparisons if c.estimated is None)
     if skipped:
         lines.append(f"not estimated: {skipped} record(s), kept until their setup is supported")
     return "\n".join(lines) + "\n"
 
 
-def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float | None, max_under: int | None = None,
-         measure: str = "allocated", under_tolerance: float = 0.0) -> list[str]:
+def gate(
+    comparisons: list[Comparison],
+    max_mape: float | None,
+    max_worst: float | None,
+    max_under: int | None = None,
+    measure: str = "allocated",
+    under_tolerance: float = 0.0,
+) -> list[str]:
     """Failures of the gate on `measure`, as sentences. `under_tolerance`: an estimate counts
     as under only when it is more than that many percent below the measurement."""
     s = summarise(comparisons, measure)
@@ -340,8 +348,16 @@ def gate(comparisons: list[Comparison], max_mape: float | None, max_worst: float
 def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
     return {
         "records": [
-            {"name": c.name, "file": c.file, "measured": c.measured, "estimated": c.estimated, "reason": c.reason,
-             "error_pct": {m: c.error(m) for m in MEASURES}, "out_of_memory": c.out_of_memory, "fits": c.fits}
+            {
+                "name": c.name,
+                "file": c.file,
+                "measured": c.measured,
+                "estimated": c.estimated,
+                "reason": c.reason,
+                "error_pct": {m: c.error(m) for m in MEASURES},
+                "out_of_memory": c.out_of_memory,
+                "fits": c.fits,
+            }
             for c in comparisons
         ],
         "summary": {m: (s.__dict__ if (s := summarise(comparisons, m)) else None) for m in MEASURES},

@@ -20,28 +20,68 @@ from .deepspeed_config import Reading, _json_path, _offload, _unused_notes, read
 # accelerate/commands/config/config_args.py (ClusterConfig, BaseConfig) and
 # accelerate/utils/dataclasses.py (DistributedType): the keys `accelerate config` writes.
 ACCELERATE_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
-ACCELERATE_NOT_MODELLED_TYPES = ("MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-                                 "MULTI_HPU", "XLA", "TP", "MEGATRON_LM")
+ACCELERATE_NOT_MODELLED_TYPES = ("MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU", "XLA", "TP", "MEGATRON_LM")
 ACCELERATE_PRECISION = {"no": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed"}
 # Keys without effect on one GPU's memory in a training step.
-ACCELERATE_NO_MEMORY_EFFECT = frozenset({
-    "compute_environment", "debug", "machine_rank", "main_training_function", "main_process_ip", "main_process_port",
-    "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "enable_cpu_affinity",
-    "gpu_ids", "downcast_bf16", "dynamo_config", "num_machines", "command_file", "commands", "tpu_name", "tpu_zone",
-    "ipex_config", "mpirun_config",
-    "fsdp_config.fsdp_state_dict_type", "fsdp_config.fsdp_cpu_ram_efficient_loading", "fsdp_config.fsdp_sync_module_states",
-    "fsdp_config.fsdp_use_orig_params", "fsdp_config.fsdp_forward_prefetch", "fsdp_config.fsdp_backward_prefetch",
-    "deepspeed_config.deepspeed_multinode_launcher", "deepspeed_config.gradient_accumulation_steps",
-    "deepspeed_config.zero3_init_flag", "deepspeed_config.zero3_save_16bit_model", "deepspeed_config.gradient_clipping",
-    "deepspeed_config.deepspeed_hostfile", "deepspeed_config.deepspeed_exclusion_filter", "deepspeed_config.deepspeed_inclusion_filter",
-})
-ACCELERATE_USED = frozenset({
-    "distributed_type", "num_processes", "mixed_precision",
-    "fsdp_config.fsdp_version", "fsdp_config.fsdp_reshard_after_forward", "fsdp_config.fsdp_auto_wrap_policy",
-    "fsdp_config.fsdp_offload_params", "fsdp_config.fsdp_activation_checkpointing", "fsdp_config.fsdp_sharding_strategy",
-    "deepspeed_config.zero_stage", "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device",
-    "deepspeed_config.deepspeed_config_file", "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-})
+ACCELERATE_NO_MEMORY_EFFECT = frozenset(
+    {
+        "compute_environment",
+        "debug",
+        "machine_rank",
+        "main_training_function",
+        "main_process_ip",
+        "main_process_port",
+        "rdzv_backend",
+        "same_network",
+        "tpu_env",
+        "tpu_use_cluster",
+        "tpu_use_sudo",
+        "use_cpu",
+        "enable_cpu_affinity",
+        "gpu_ids",
+        "downcast_bf16",
+        "dynamo_config",
+        "num_machines",
+        "command_file",
+        "commands",
+        "tpu_name",
+        "tpu_zone",
+        "ipex_config",
+        "mpirun_config",
+        "fsdp_config.fsdp_state_dict_type",
+        "fsdp_config.fsdp_cpu_ram_efficient_loading",
+        "fsdp_config.fsdp_sync_module_states",
+        "fsdp_config.fsdp_use_orig_params",
+        "fsdp_config.fsdp_forward_prefetch",
+        "fsdp_config.fsdp_backward_prefetch",
+        "deepspeed_config.deepspeed_multinode_launcher",
+        "deepspeed_config.gradient_accumulation_steps",
+        "deepspeed_config.zero3_init_flag",
+        "deepspeed_config.zero3_save_16bit_model",
+        "deepspeed_config.gradient_clipping",
+        "deepspeed_config.deepspeed_hostfile",
+        "deepspeed_config.deepspeed_exclusion_filter",
+        "deepspeed_config.deepspeed_inclusion_filter",
+    }
+)
+ACCELERATE_USED = frozenset(
+    {
+        "distributed_type",
+        "num_processes",
+        "mixed_precision",
+        "fsdp_config.fsdp_version",
+        "fsdp_config.fsdp_reshard_after_forward",
+        "fsdp_config.fsdp_auto_wrap_policy",
+        "fsdp_config.fsdp_offload_params",
+        "fsdp_config.fsdp_activation_checkpointing",
+        "fsdp_config.fsdp_sharding_strategy",
+        "deepspeed_config.zero_stage",
+        "deepspeed_config.offload_optimizer_device",
+        "deepspeed_config.offload_param_device",
+        "deepspeed_config.deepspeed_config_file",
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+    }
+)
 ACCELERATE_DOCS = "see https://huggingface.co/docs/accelerate/usage_guides/fsdp and .../deepspeed"
 
 
@@ -91,16 +131,19 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
         out["dp"] = 1 if kind == "NO" else n
     mp = flat.get("mixed_precision", "no")
     if mp not in ACCELERATE_PRECISION:
-        bad("mixed_precision", f"mixed_precision {mp!r} is not modelled", "write no, bf16 or fp16 (fp8 is not modelled)",
-            "E805" if mp == "fp8" else "E804")
+        bad("mixed_precision", f"mixed_precision {mp!r} is not modelled", "write no, bf16 or fp16 (fp8 is not modelled)", "E805" if mp == "fp8" else "E804")
     elif "mixed_precision" in flat:
         out["precision"] = ACCELERATE_PRECISION[mp]
     backend = flat.get("dynamo_config.dynamo_backend", "NO")
     if str(backend).upper() != "NO":
         # NB: accelerate compiles the prepared model with torch.compile(backend=...): the
         # compiled step's saved activations are not the eager step's, and none is measured
-        bad("dynamo_config.dynamo_backend", f"dynamo_backend {backend}: torch.compile changes which activations are saved, and a compiled step is not modelled",
-            "write dynamo_backend: 'NO' to estimate the eager step", "E805")
+        bad(
+            "dynamo_config.dynamo_backend",
+            f"dynamo_backend {backend}: torch.compile changes which activations are saved, and a compiled step is not modelled",
+            "write dynamo_backend: 'NO' to estimate the eager step",
+            "E805",
+        )
     if kind == "FSDP":
         out.update(_accelerate_fsdp(flat, bad, modules, notes))
     elif kind == "DEEPSPEED":
@@ -128,16 +171,27 @@ def _accelerate_fsdp(flat: Mapping[str, Any], bad, modules: tuple[str, ...], not
     out: dict[str, Any] = {}
     version = flat.get("fsdp_config.fsdp_version", 1)
     if version != 2:
-        bad("fsdp_config.fsdp_version" if "fsdp_config.fsdp_version" in flat else "fsdp_config",
+        bad(
+            "fsdp_config.fsdp_version" if "fsdp_config.fsdp_version" in flat else "fsdp_config",
             f"FSDP version {version!r} (FullyShardedDataParallel, flat parameters) is not modelled",
-            "write fsdp_version: 2 (fully_shard); accelerate's default is 1", "E805")
+            "write fsdp_version: 2 (fully_shard); accelerate's default is 1",
+            "E805",
+        )
     wrap = flat.get("fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
     if wrap != "TRANSFORMER_BASED_WRAP":
-        bad("fsdp_config.fsdp_auto_wrap_policy", f"auto wrap policy {wrap!r} is not modelled",
-            "modelled: TRANSFORMER_BASED_WRAP (each layer in the model's _no_split_modules a unit)", "E805")
+        bad(
+            "fsdp_config.fsdp_auto_wrap_policy",
+            f"auto wrap policy {wrap!r} is not modelled",
+            "modelled: TRANSFORMER_BASED_WRAP (each layer in the model's _no_split_modules a unit)",
+            "E805",
+        )
     if flat.get("fsdp_config.fsdp_offload_params") is True:
-        bad("fsdp_config.fsdp_offload_params", "FSDP2 CPU offload (CPUOffloadPolicy) is not modelled yet",
-            "set fsdp_offload_params: false to estimate with parameters, gradients and optimizer states on the GPU", "E805")
+        bad(
+            "fsdp_config.fsdp_offload_params",
+            "FSDP2 CPU offload (CPUOffloadPolicy) is not modelled yet",
+            "set fsdp_offload_params: false to estimate with parameters, gradients and optimizer states on the GPU",
+            "E805",
+        )
     block: dict[str, Any] = {}
     reshard = flat.get("fsdp_config.fsdp_reshard_after_forward")
     if reshard is None and "fsdp_config.fsdp_sharding_strategy" in flat:
@@ -157,8 +211,12 @@ def _accelerate_fsdp(flat: Mapping[str, Any], bad, modules: tuple[str, ...], not
         # gradient reaches recomputes nothing
         out["gradient_checkpointing"] = list(modules) if checkpointing else []
     if "fsdp_config.fsdp_transformer_layer_cls_to_wrap" in flat:
-        notes.append(f"note: fsdp_transformer_layer_cls_to_wrap {flat['fsdp_config.fsdp_transformer_layer_cls_to_wrap']}: the units are taken as the model's decoder and encoder layers (its _no_split_modules), each one unit, and the root")
-    notes.append("note: FSDP2 gradients are estimated reduced in fp32 (MixedPrecisionPolicy reduce_dtype); pass --fsdp-reduce-dtype bf16 if your policy reduces in bf16")
+        notes.append(
+            f"note: fsdp_transformer_layer_cls_to_wrap {flat['fsdp_config.fsdp_transformer_layer_cls_to_wrap']}: the units are taken as the model's decoder and encoder layers (its _no_split_modules), each one unit, and the root"
+        )
+    notes.append(
+        "note: FSDP2 gradients are estimated reduced in fp32 (MixedPrecisionPolicy reduce_dtype); pass --fsdp-reduce-dtype bf16 if your policy reduces in bf16"
+    )
     out["fsdp"] = block
     out["zero"] = 0
     return out
@@ -187,11 +245,20 @@ def _accelerate_deepspeed(flat: Mapping[str, Any], bad, doc: Document, notes: li
     for key in ("offload_optimizer_device", "offload_param_device"):
         device = flat.get("deepspeed_config." + key, "none")
         dotted = "deepspeed_config." + key
-        found = _offload(device, dotted, lambda k, m, h, c="E801", d=dotted: bad(d, m, h, "E804" if c == "E801" else c),
-                         stage if "deepspeed" in out else 0, key == "offload_optimizer_device")
+        found = _offload(
+            device,
+            dotted,
+            lambda k, m, h, c="E801", d=dotted: bad(d, m, h, "E804" if c == "E801" else c),
+            stage if "deepspeed" in out else 0,
+            key == "offload_optimizer_device",
+        )
         if found:
             out["deepspeed"][key.removesuffix("_device")] = found
     if "deepspeed" in out and out["deepspeed"].get("offload_param") and not out["deepspeed"].get("offload_optimizer"):
-        bad("deepspeed_config.offload_param_device", "parameter offload without optimizer offload",
-            "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading); set offload_optimizer_device: cpu", "E807")
+        bad(
+            "deepspeed_config.offload_param_device",
+            "parameter offload without optimizer offload",
+            "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading); set offload_optimizer_device: cpu",
+            "E807",
+        )
     return out

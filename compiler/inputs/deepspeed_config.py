@@ -33,39 +33,69 @@ class Reading:
 
 # DeepSpeed's config keys (deepspeed/runtime/config.py, zero/config.py) that the estimate
 # does not read, by why. Anything else outside the keys read is reported as unknown.
-DS_NO_MEMORY_EFFECT = frozenset({
-    "train_batch_size", "gradient_accumulation_steps", "gradient_clipping", "steps_per_print",
-    "wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor", "scheduler",
-    "dump_state", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
-    "zero_allow_untested_optimizer", "fp16.loss_scale", "fp16.loss_scale_window",
-    "fp16.initial_scale_power", "fp16.hysteresis", "fp16.min_loss_scale",
-    "fp16.consecutive_hysteresis", "fp16.auto_cast",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-    "zero_optimization.stage3_gather_fp16_weights_on_model_save",
-    "zero_optimization.gather_16bit_weights_on_model_save",
-    "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
-    "zero_optimization.round_robin_gradients", "zero_optimization.load_from_fp32_weights",
-    # NVMe offload's asynchronous I/O settings: its buffers are pinned host memory
-    # (deepspeed/runtime/swap_tensor/partitioned_param_swapper.py, AsyncPartitionedParameterSwapper._configure_aio)
-    "aio",
-})
+DS_NO_MEMORY_EFFECT = frozenset(
+    {
+        "train_batch_size",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "prescale_gradients",
+        "gradient_predivide_factor",
+        "scheduler",
+        "dump_state",
+        "flops_profiler",
+        "tensorboard",
+        "wandb",
+        "csv_monitor",
+        "comms_logger",
+        "zero_allow_untested_optimizer",
+        "fp16.loss_scale",
+        "fp16.loss_scale_window",
+        "fp16.initial_scale_power",
+        "fp16.hysteresis",
+        "fp16.min_loss_scale",
+        "fp16.consecutive_hysteresis",
+        "fp16.auto_cast",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+        "zero_optimization.gather_16bit_weights_on_model_save",
+        "zero_optimization.reduce_scatter",
+        "zero_optimization.allgather_partitions",
+        "zero_optimization.round_robin_gradients",
+        "zero_optimization.load_from_fp32_weights",
+        # NVMe offload's asynchronous I/O settings: its buffers are pinned host memory
+        # (deepspeed/runtime/swap_tensor/partitioned_param_swapper.py, AsyncPartitionedParameterSwapper._configure_aio)
+        "aio",
+    }
+)
 # Keys that change memory a little and are not modelled yet (a warning, not an error).
-DS_NOT_MODELLED = frozenset({
-    "optimizer", "activation_checkpointing", "zero_optimization.allgather_bucket_size",
-    "zero_optimization.stage3_model_persistence_threshold",
-    "zero_optimization.elastic_checkpoint", "zero_optimization.zero_hpz_partition_size",
-    "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
-})
+DS_NOT_MODELLED = frozenset(
+    {
+        "optimizer",
+        "activation_checkpointing",
+        "zero_optimization.allgather_bucket_size",
+        "zero_optimization.stage3_model_persistence_threshold",
+        "zero_optimization.elastic_checkpoint",
+        "zero_optimization.zero_hpz_partition_size",
+        "zero_optimization.zero_quantized_weights",
+        "zero_optimization.zero_quantized_gradients",
+    }
+)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 # DeepSpeed accepts "bfloat16" as another name for the "bf16" section (runtime/config.py).
 BF16_SECTIONS = ("bf16", "bfloat16")
 # DeepSpeed's element counts the estimate reads -> the experiment's `parallel` key; the first
 # three take HF Trainer's "auto" (sized from hidden_size in `resolve`).
-BUCKET_KEYS = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-               "stage3_param_persistence_threshold": "param_persistence_threshold",
-               "stage3_max_live_parameters": "max_live_parameters", "stage3_max_reuse_distance": "max_reuse_distance",
-               "sub_group_size": "sub_group_size"}
+BUCKET_KEYS = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "sub_group_size": "sub_group_size",
+}
 AUTO_KEYS = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
 
 
@@ -109,8 +139,17 @@ def _strict_json(path: str) -> None:
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MemspecError(Diagnostic("E801", path, exc.lineno, exc.colno, "", f"not valid JSON: {exc.msg}",
-                                      "DeepSpeed reads the config with json.load: no trailing commas, comments or single quotes")) from None
+        raise MemspecError(
+            Diagnostic(
+                "E801",
+                path,
+                exc.lineno,
+                exc.colno,
+                "",
+                f"not valid JSON: {exc.msg}",
+                "DeepSpeed reads the config with json.load: no trailing commas, comments or single quotes",
+            )
+        ) from None
 
 
 def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Reading:
@@ -138,7 +177,11 @@ def read_deepspeed(path: str, explicit: Mapping[str, Any] | None = None) -> Read
         mb = flat["train_micro_batch_size_per_gpu"]
         if mb != "auto":
             if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-                bad("train_micro_batch_size_per_gpu", f"expected a positive integer or \"auto\", got {mb!r}", "write \"auto\" to follow --per_device_train_batch_size, or a number")
+                bad(
+                    "train_micro_batch_size_per_gpu",
+                    f'expected a positive integer or "auto", got {mb!r}',
+                    'write "auto" to follow --per_device_train_batch_size, or a number',
+                )
             else:
                 out["micro_batch"] = mb
     problems += _mismatches(doc, out, explicit or {})
@@ -159,7 +202,7 @@ def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str
     if "zero_optimization.stage" in flat:
         used.add("zero_optimization.stage")
         if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-            bad("zero_optimization.stage", f"expected a ZeRO stage 0, 1, 2 or 3, got {stage!r}", "write \"stage\": 2 (an integer, unquoted)")
+            bad("zero_optimization.stage", f"expected a ZeRO stage 0, 1, 2 or 3, got {stage!r}", 'write "stage": 2 (an integer, unquoted)')
         else:
             ds["zero"] = stage
     for key in ("overlap_comm", "contiguous_gradients"):
@@ -169,7 +212,7 @@ def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str
             if isinstance(flat[dotted], bool):
                 ds[key] = flat[dotted]
             else:
-                bad(dotted, f"expected true or false, got {flat[dotted]!r}", f"write \"{key}\": true (unquoted)")
+                bad(dotted, f"expected true or false, got {flat[dotted]!r}", f'write "{key}": true (unquoted)')
     for key, name in BUCKET_KEYS.items():
         dotted = "zero_optimization." + key
         if dotted in flat:
@@ -179,9 +222,9 @@ def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str
             if value == "auto" and key in AUTO_KEYS:
                 ds[name] = "auto"
             elif n is None or n < 0:
-                auto = ", or \"auto\" for HF Trainer's size from hidden_size" if key in AUTO_KEYS else ""
+                auto = ', or "auto" for HF Trainer\'s size from hidden_size' if key in AUTO_KEYS else ""
                 expected = 'a number of elements or "auto"' if auto else "a number of elements"
-                bad(dotted, f"expected {expected}, got {value!r}", f"write \"{key}\": 5e8 (or 500000000){auto}")
+                bad(dotted, f"expected {expected}, got {value!r}", f'write "{key}": 5e8 (or 500000000){auto}')
             else:
                 ds[name] = n
     for key in ("offload_optimizer", "offload_param"):
@@ -192,9 +235,13 @@ def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str
             if device:
                 ds[key] = device
     if ds.get("offload_param") and not ds.get("offload_optimizer"):
-        bad("zero_optimization.offload_param", "parameter offload without optimizer offload",
-            "DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading: \"parameter offload is only "
-            "available with optimizer state offload\"); add \"offload_optimizer\": {\"device\": \"cpu\"}", "E807")
+        bad(
+            "zero_optimization.offload_param",
+            "parameter offload without optimizer offload",
+            'DeepSpeed refuses it (stage3.py, DeepSpeedZeroOptimizer_Stage3._configure_offloading: "parameter offload is only '
+            'available with optimizer state offload"); add "offload_optimizer": {"device": "cpu"}',
+            "E807",
+        )
     if "communication_data_type" in flat:
         used.add("communication_data_type")
         value = flat["communication_data_type"]
@@ -202,8 +249,11 @@ def _zero_optimization(flat: Mapping[str, Any], used: set[str], bad) -> dict[str
         if isinstance(value, str) and value.lower() in COMM_DTYPES:
             ds["communication_data_type"] = value.lower()
         elif value is not None:
-            bad("communication_data_type", f"expected one of {', '.join(COMM_DTYPES)}, got {value!r}",
-                "write \"communication_data_type\": \"fp32\", or leave it out to reduce gradients in their own dtype")
+            bad(
+                "communication_data_type",
+                f"expected one of {', '.join(COMM_DTYPES)}, got {value!r}",
+                'write "communication_data_type": "fp32", or leave it out to reduce gradients in their own dtype',
+            )
     return ds
 
 
@@ -218,17 +268,25 @@ def _offload(value: Any, dotted: str, bad, stage: int, optimizer: bool) -> str |
         return None
     where = dotted + (".device" if isinstance(value, dict) else "")
     if device not in OFFLOAD_DEVICES:
-        bad(where, f"expected one of {', '.join(OFFLOAD_DEVICES)}, got {device!r}", "write \"device\": \"cpu\", or \"none\"")
+        bad(where, f"expected one of {', '.join(OFFLOAD_DEVICES)}, got {device!r}", 'write "device": "cpu", or "none"')
         return None
     if stage == 3 or (optimizer and device == "cpu" and stage in (1, 2)):
         return device
     what = "optimizer states" if optimizer else "parameters"
-    modelled = ("modelled: offload_optimizer to cpu with ZeRO stage 1 or 2; offload_optimizer and offload_param to cpu "
-                "or nvme with ZeRO stage 3")
-    why = ("DeepSpeed offloads to NVMe only with ZeRO-3 (docs/_pages/config-json.md, offload_optimizer; stage_1_and_2.py has no swapper)" if device == "nvme" and stage in (1, 2) and optimizer
-           else "parameter offload is a ZeRO-3 feature" if not optimizer else "ZeRO-0 has no optimizer partition to offload")
-    bad(where, f"offloading {what} to {device} under ZeRO-{stage} is not modelled: {why}",
-        f"{modelled}; remove {dotted.split('.')[-1]} (or set \"device\": \"none\") to estimate with everything on the GPU", "E802")
+    modelled = "modelled: offload_optimizer to cpu with ZeRO stage 1 or 2; offload_optimizer and offload_param to cpu or nvme with ZeRO stage 3"
+    why = (
+        "DeepSpeed offloads to NVMe only with ZeRO-3 (docs/_pages/config-json.md, offload_optimizer; stage_1_and_2.py has no swapper)"
+        if device == "nvme" and stage in (1, 2) and optimizer
+        else "parameter offload is a ZeRO-3 feature"
+        if not optimizer
+        else "ZeRO-0 has no optimizer partition to offload"
+    )
+    bad(
+        where,
+        f"offloading {what} to {device} under ZeRO-{stage} is not modelled: {why}",
+        f'{modelled}; remove {dotted.split(".")[-1]} (or set "device": "none") to estimate with everything on the GPU',
+        "E802",
+    )
     return None
 
 
@@ -242,7 +300,7 @@ def _precision(flat: Mapping[str, Any], used: set, bad) -> tuple[str | None, set
         seen.add(key)
         value = flat[key]
         if value != "auto" and not isinstance(value, bool):
-            bad(key, f"expected true, false or \"auto\", got {value!r}", "write \"enabled\": \"auto\" to follow --bf16 / --fp16")
+            bad(key, f'expected true, false or "auto", got {value!r}', 'write "enabled": "auto" to follow --bf16 / --fp16')
             continue
         enabled["fp16" if section == "fp16" else "bf16"] = value
     if enabled.get("fp16") is True and enabled.get("bf16") is True:
@@ -260,12 +318,20 @@ def _precision(flat: Mapping[str, Any], used: set, bad) -> tuple[str | None, set
 def _mismatches(doc: Document, found: Mapping[str, Any], explicit: Mapping[str, Any]) -> list[Diagnostic]:
     """A number in the config against the launch command's own (HF's fill_match refuses)."""
     out = []
-    for key, json_key, flag in (("micro_batch", "train_micro_batch_size_per_gpu", "--per_device_train_batch_size"),
-                                ("precision", "bf16.enabled", "--bf16/--fp16")):
+    for key, json_key, flag in (
+        ("micro_batch", "train_micro_batch_size_per_gpu", "--per_device_train_batch_size"),
+        ("precision", "bf16.enabled", "--bf16/--fp16"),
+    ):
         if key in found and key in explicit and found[key] != explicit[key]:
             path = _json_path(json_key) if json_key in doc.data or key == "micro_batch" else "$"
-            out.append(doc.diag("E803", path, f"the config says {key.replace('_', '-')} {found[key]}, the command line {flag} says {explicit[key]}",
-                                "HF Trainer refuses the mismatch: write \"auto\" in the config, or make them agree"))
+            out.append(
+                doc.diag(
+                    "E803",
+                    path,
+                    f"the config says {key.replace('_', '-')} {found[key]}, the command line {flag} says {explicit[key]}",
+                    'HF Trainer refuses the mismatch: write "auto" in the config, or make them agree',
+                )
+            )
     return out
 
 

@@ -116,16 +116,26 @@ class Family:
         """The anyres grid pinpoints as [[height, width], ...] pixels, or E717."""
         root, *parts = self.anyres.pinpoints_key.split(".")
         found = _lookup({"config": config, "processor": processor or {}}[root], parts)
-        ok = isinstance(found, list) and found and all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p) for p in found)
+        ok = (
+            isinstance(found, list)
+            and found
+            and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p) for p in found)
+        )
         if not ok:
             shown = "missing" if found is _MISSING else repr(found)
-            raise MemspecError(Diagnostic(
-                "E717", "", 0, 0, "",
-                f"{where}: {self.anyres.pinpoints_key.split('.', 1)[1]} is {shown}, not a list of [height, width] pixel pairs (the {self.name} family's anyres tiling)",
-                "LLaVA-NeXT configs list them as image_grid_pinpoints, e.g. [[336, 672], [672, 336], [672, 672]]",
-            ))
+            raise MemspecError(
+                Diagnostic(
+                    "E717",
+                    "",
+                    0,
+                    0,
+                    "",
+                    f"{where}: {self.anyres.pinpoints_key.split('.', 1)[1]} is {shown}, not a list of [height, width] pixel pairs (the {self.name} family's anyres tiling)",
+                    "LLaVA-NeXT configs list them as image_grid_pinpoints, e.g. [[336, 672], [672, 336], [672, 672]]",
+                )
+            )
         return [list(p) for p in found]
+
     # Implementations transformers accepts, its default first: a list, or an expression giving
     # them comma-separated; () for all three.
     attention: tuple[str, ...] | Expr = ()
@@ -159,33 +169,54 @@ class Family:
                 found = c.default
                 origin[c.name] = f"default ({', '.join(k.split('.', 1)[1] for k in c.keys)} not set)"
             if found is _MISSING:
-                problems.append(Diagnostic(
-                    "E706", "", 0, 0, "",
-                    f"{where}: config.json has none of {', '.join(k.split('.', 1)[1] for k in c.keys)} (the {self.name} family's '{c.name}')",
-                    f"add the key to config.json, or give '{c.name}' a default in {self.file}",
-                ))
+                problems.append(
+                    Diagnostic(
+                        "E706",
+                        "",
+                        0,
+                        0,
+                        "",
+                        f"{where}: config.json has none of {', '.join(k.split('.', 1)[1] for k in c.keys)} (the {self.name} family's '{c.name}')",
+                        f"add the key to config.json, or give '{c.name}' a default in {self.file}",
+                    )
+                )
                 continue
             if isinstance(found, float) and found.is_integer():
                 found = int(found)
             # NB: a float (InternVL's downsample_ratio 0.5) may be compared in `requires` and
             # derivations; formula inputs take integers and booleans only, which resolve checks.
             if not isinstance(found, (int, bool, str, float)):
-                problems.append(Diagnostic(
-                    "E713", "", 0, 0, "",
-                    f"{where}: config value {origin[c.name]} = {found!r} is not a number, boolean or string (the {self.name} family's '{c.name}')",
-                    f"check config.json against {self.file}",
-                ))
+                problems.append(
+                    Diagnostic(
+                        "E713",
+                        "",
+                        0,
+                        0,
+                        "",
+                        f"{where}: config value {origin[c.name]} = {found!r} is not a number, boolean or string (the {self.name} family's '{c.name}')",
+                        f"check config.json against {self.file}",
+                    )
+                )
                 continue
             values[c.name] = found
         if problems:
             raise MemspecError(problems)
         unmet = [r for r in self.requires if not r.check(values)]
         if unmet:
-            raise MemspecError([
-                Diagnostic("E713", "", 0, 0, "", f"{where}: not supported by the {self.name} family: {r.check.source} is false ({r.message})",
-                           f"the values read: {_show_names(values, r.check.names)}; a family for this variant is a new file in specs/families/ (docs/adding-a-family.md)")
-                for r in unmet
-            ])
+            raise MemspecError(
+                [
+                    Diagnostic(
+                        "E713",
+                        "",
+                        0,
+                        0,
+                        "",
+                        f"{where}: not supported by the {self.name} family: {r.check.source} is false ({r.message})",
+                        f"the values read: {_show_names(values, r.check.names)}; a family for this variant is a new file in specs/families/ (docs/adding-a-family.md)",
+                    )
+                    for r in unmet
+                ]
+            )
         return Values(values, origin)
 
 
@@ -224,11 +255,17 @@ class Families:
             known = sorted(self.by_model_type)
             shown = f"'{model_type}'" if isinstance(model_type, str) else "missing"
             hint = did_you_mean(model_type, known) if isinstance(model_type, str) else None
-            raise MemspecError(Diagnostic(
-                "E708", "", 0, 0, "",
-                f"{where}: model_type {shown} is not covered by any family (covered: {', '.join(known)})",
-                (hint + " " if hint else "") + f"a family is one YAML file in {self.folder}/ (docs/adding-a-family.md)",
-            ))
+            raise MemspecError(
+                Diagnostic(
+                    "E708",
+                    "",
+                    0,
+                    0,
+                    "",
+                    f"{where}: model_type {shown} is not covered by any family (covered: {', '.join(known)})",
+                    (hint + " " if hint else "") + f"a family is one YAML file in {self.folder}/ (docs/adding-a-family.md)",
+                )
+            )
         return family
 
 
@@ -279,25 +316,39 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
     if "anyres" in data:
         a = data["anyres"]
         anyres = AnyresMapping(
-            compile_expr(a["tile"], doc, "$.anyres.tile", names, problems), a["grid_pinpoints"],
+            compile_expr(a["tile"], doc, "$.anyres.tile", names, problems),
+            a["grid_pinpoints"],
             tuple(compile_expr(x, doc, child_path("$.anyres.image_size", i), names, problems) for i, x in enumerate(a["image_size"])),
         )
     image_resize = None
     if "image_resize" in data:
         r = data["image_resize"]
-        image_resize = ImageResizeMapping(*(compile_expr(r[k], doc, child_path("$.image_resize", k), names, problems)
-                                            for k in ("factor", "min_pixels", "max_pixels")))
+        image_resize = ImageResizeMapping(
+            *(compile_expr(r[k], doc, child_path("$.image_resize", k), names, problems) for k in ("factor", "min_pixels", "max_pixels"))
+        )
     return Family(
-        name=data["family"], file=doc.file, summary=summary, model_types=tuple(data["model_types"]),
-        config=tuple(config), requires=requires, image_tokens=image_tokens, modules=tuple(modules),
-        ignore_tensors=tuple(data.get("ignore_tensors") or ()), notes=tuple(data.get("notes") or ()), doc=doc, anyres=anyres,
+        name=data["family"],
+        file=doc.file,
+        summary=summary,
+        model_types=tuple(data["model_types"]),
+        config=tuple(config),
+        requires=requires,
+        image_tokens=image_tokens,
+        modules=tuple(modules),
+        ignore_tensors=tuple(data.get("ignore_tensors") or ()),
+        notes=tuple(data.get("notes") or ()),
+        doc=doc,
+        anyres=anyres,
         image_resize=image_resize,
-        video_temporal_patch=(compile_expr(data["video_temporal_patch"], doc, "$.video_temporal_patch", names, problems)
-                              if "video_temporal_patch" in data else None),
-        image_slice_pixels=(compile_expr(data["image_slice_pixels"], doc, "$.image_slice_pixels", names, problems)
-                            if "image_slice_pixels" in data else None),
-        attention=(compile_expr(data["attention"], doc, "$.attention", names, problems)
-                   if isinstance(data.get("attention"), str) else tuple(data.get("attention") or ())),
+        video_temporal_patch=(
+            compile_expr(data["video_temporal_patch"], doc, "$.video_temporal_patch", names, problems) if "video_temporal_patch" in data else None
+        ),
+        image_slice_pixels=(compile_expr(data["image_slice_pixels"], doc, "$.image_slice_pixels", names, problems) if "image_slice_pixels" in data else None),
+        attention=(
+            compile_expr(data["attention"], doc, "$.attention", names, problems)
+            if isinstance(data.get("attention"), str)
+            else tuple(data.get("attention") or ())
+        ),
         encoder_decoder=bool(data.get("encoder_decoder")),
     )
 
@@ -328,10 +379,10 @@ def load_families(folder: str | Path) -> Families:
             continue
         for i, model_type in enumerate(family.model_types):
             if model_type in by_type:
-                problems.append(family.doc.diag("E207", child_path("$.model_types", i), f"model_type '{model_type}' is already covered by {by_type[model_type].file}"))
+                problems.append(
+                    family.doc.diag("E207", child_path("$.model_types", i), f"model_type '{model_type}' is already covered by {by_type[model_type].file}")
+                )
             by_type[model_type] = family
     if problems:
         raise MemspecError(problems)
     return Families(by_type, display(Path(folder)))
-
-

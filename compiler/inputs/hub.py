@@ -37,19 +37,42 @@ MAX_HEADER_BYTES = 100_000_000
 HEADER_LENGTH_BYTES = 8  # little-endian u64 before the JSON header
 # Element sizes of the safetensors dtypes (safetensors/src/tensor.rs, Dtype::size).
 DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 # Companion tensors of quantized weights: bitsandbytes 4-bit (absmax, quant_map, quant_state),
 # bitsandbytes int8 (SCB, weight_format), GPTQ/AWQ (qweight, qzeros, scales, g_idx), FP8
 # (weight_scale, input_scale).
 QUANTIZED_SUFFIXES = (
-    ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4",
-    ".quant_state.bitsandbytes__fp4", ".SCB", ".weight_format", ".qweight", ".qzeros", ".scales",
-    ".g_idx", ".weight_scale", ".input_scale",
+    ".absmax",
+    ".quant_map",
+    ".nested_absmax",
+    ".nested_quant_map",
+    ".quant_state.bitsandbytes__nf4",
+    ".quant_state.bitsandbytes__fp4",
+    ".SCB",
+    ".weight_format",
+    ".qweight",
+    ".qzeros",
+    ".scales",
+    ".g_idx",
+    ".weight_scale",
+    ".input_scale",
 )
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -91,11 +114,24 @@ def is_repo_id(text: str) -> bool:
 def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     if Path(source).is_dir():
         if revision:
-            raise MemspecError(_diag("E704", f"folder '{source}'", "--revision applies to a hub repo, not to a local folder", "check out the revision into the folder, or give the repo id"))
+            raise MemspecError(
+                _diag(
+                    "E704",
+                    f"folder '{source}'",
+                    "--revision applies to a hub repo, not to a local folder",
+                    "check out the revision into the folder, or give the repo id",
+                )
+            )
         return _local(source)
     if not is_repo_id(source):
-        raise MemspecError(_diag("E701", f"'{source}'", "is neither a model folder nor a Hugging Face repo id (owner/name)",
-                                 "give a folder holding config.json and *.safetensors, or a repo id such as meta-llama/Llama-2-7b-hf"))
+        raise MemspecError(
+            _diag(
+                "E701",
+                f"'{source}'",
+                "is neither a model folder nor a Hugging Face repo id (owner/name)",
+                "give a folder holding config.json and *.safetensors, or a repo id such as meta-llama/Llama-2-7b-hf",
+            )
+        )
     return _hub(source, revision)
 
 
@@ -105,27 +141,46 @@ def _diag(code: str, where: str, message: str, help: str | None = None) -> Diagn
 
 # --------------------------------------------------------------------------- headers
 
+
 def read_header(path: str | Path, where: str) -> dict[str, Any]:
     """The JSON header of one safetensors file; only the header bytes are read."""
     name = Path(path).name
     with open(path, "rb") as f:
         prefix = f.read(HEADER_LENGTH_BYTES)
         if len(prefix) < HEADER_LENGTH_BYTES:
-            raise MemspecError(_diag("E707", where, f"{name} is truncated: {len(prefix)} bytes, fewer than the {HEADER_LENGTH_BYTES}-byte header length",
-                                     "the file is incomplete: download it again"))
+            raise MemspecError(
+                _diag(
+                    "E707",
+                    where,
+                    f"{name} is truncated: {len(prefix)} bytes, fewer than the {HEADER_LENGTH_BYTES}-byte header length",
+                    "the file is incomplete: download it again",
+                )
+            )
         length = int.from_bytes(prefix, "little")
         _check_length(length, name, where)
         body = f.read(length)
     if len(body) < length:
-        raise MemspecError(_diag("E707", where, f"{name} is truncated: its header declares {length:,} bytes, the file holds {len(body):,}",
-                                 "the file is incomplete: download it again"))
+        raise MemspecError(
+            _diag(
+                "E707",
+                where,
+                f"{name} is truncated: its header declares {length:,} bytes, the file holds {len(body):,}",
+                "the file is incomplete: download it again",
+            )
+        )
     return parse_header(body, name, where)
 
 
 def _check_length(length: int, name: str, where: str) -> None:
     if length > MAX_HEADER_BYTES:
-        raise MemspecError(_diag("E707", where, f"{name}: header length {length:,} bytes exceeds safetensors' limit of {MAX_HEADER_BYTES:,}",
-                                 "the file is not a safetensors file or is corrupt"))
+        raise MemspecError(
+            _diag(
+                "E707",
+                where,
+                f"{name}: header length {length:,} bytes exceeds safetensors' limit of {MAX_HEADER_BYTES:,}",
+                "the file is not a safetensors file or is corrupt",
+            )
+        )
 
 
 def parse_header(body: bytes, name: str, where: str) -> dict[str, Any]:
@@ -146,12 +201,24 @@ def tensors_of(header: Mapping[str, Any], file: str, where: str) -> list[Tensor]
         try:
             dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise MemspecError(_diag("E707", where, f"{file}: tensor '{tensor_name}' has no valid dtype, shape and data_offsets",
-                                     "the file is not a safetensors file or is corrupt")) from None
+            raise MemspecError(
+                _diag(
+                    "E707",
+                    where,
+                    f"{file}: tensor '{tensor_name}' has no valid dtype, shape and data_offsets",
+                    "the file is not a safetensors file or is corrupt",
+                )
+            ) from None
         size = DTYPE_BYTES.get(dtype)
         if size is not None and end - begin != prod(shape) * size:
-            raise MemspecError(_diag("E707", where, f"{file}: tensor '{tensor_name}' {dtype}{list(shape)} needs {prod(shape) * size:,} bytes, its data_offsets span {end - begin:,}",
-                                     "the header is inconsistent: the file is corrupt"))
+            raise MemspecError(
+                _diag(
+                    "E707",
+                    where,
+                    f"{file}: tensor '{tensor_name}' {dtype}{list(shape)} needs {prod(shape) * size:,} bytes, its data_offsets span {end - begin:,}",
+                    "the header is inconsistent: the file is corrupt",
+                )
+            )
         out.append(Tensor(tensor_name, dtype, shape, file))
     return out
 
@@ -161,8 +228,11 @@ def _shards(index_path: Path, where: str) -> list[str]:
         index = json.loads(index_path.read_text(encoding="utf-8"))
         return sorted(set(index["weight_map"].values()))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise MemspecError(_diag("E707", where, f"{index_path.name} is not a valid index ({type(exc).__name__}: {exc})",
-                                 "it maps tensor names to shard files under 'weight_map'")) from None
+        raise MemspecError(
+            _diag(
+                "E707", where, f"{index_path.name} is not a valid index ({type(exc).__name__}: {exc})", "it maps tensor names to shard files under 'weight_map'"
+            )
+        ) from None
 
 
 def _read_json(path: Path, where: str, required: bool) -> dict[str, Any] | None:
@@ -181,6 +251,7 @@ def _read_json(path: Path, where: str, required: bool) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- a local folder
 
+
 def _local(source: str) -> Checkpoint:
     folder = Path(source)
     where = f"folder '{source}'"
@@ -198,36 +269,63 @@ def _local(source: str) -> Checkpoint:
     tensors: list[Tensor] = []
     for name in files:
         if not (folder / name).is_file():
-            raise MemspecError(_diag("E707", where, f"shard {name} (listed in {SAFETENSORS_INDEX}) is missing", "copy every shard the index lists into the folder"))
+            raise MemspecError(
+                _diag("E707", where, f"shard {name} (listed in {SAFETENSORS_INDEX}) is missing", "copy every shard the index lists into the folder")
+            )
         tensors.extend(tensors_of(read_header(folder / name, where), name, where))
     return Checkpoint(source, None, True, config, processor, tuple(tensors), tuple(files))
 
 
 # --------------------------------------------------------------------------- the hub
 
+
 def _hub_errors(repo: str, revision: str | None, exc: Exception, what: str) -> MemspecError:
     from huggingface_hub import errors as e
 
     where = f"repo '{repo}', revision '{revision or 'main'}'"
     if isinstance(exc, e.GatedRepoError):
-        return MemspecError(_diag("E702", where, "the repository is gated: your account has not been granted access, or no token was sent",
-                                  f"accept the license on https://huggingface.co/{repo}, then set HF_TOKEN (or run `hf auth login`) and retry"))
+        return MemspecError(
+            _diag(
+                "E702",
+                where,
+                "the repository is gated: your account has not been granted access, or no token was sent",
+                f"accept the license on https://huggingface.co/{repo}, then set HF_TOKEN (or run `hf auth login`) and retry",
+            )
+        )
     if isinstance(exc, e.RepositoryNotFoundError):
-        return MemspecError(_diag("E701", where, "repository not found on the Hugging Face hub (or it is private)",
-                                  "check the id (owner/name); for a private repo set HF_TOKEN (or run `hf auth login`)"))
+        return MemspecError(
+            _diag(
+                "E701",
+                where,
+                "repository not found on the Hugging Face hub (or it is private)",
+                "check the id (owner/name); for a private repo set HF_TOKEN (or run `hf auth login`)",
+            )
+        )
     if isinstance(exc, e.RevisionNotFoundError):
         return MemspecError(_diag("E704", where, "revision not found", "give a branch, tag or commit of the repo with --revision"))
     if isinstance(exc, (e.OfflineModeIsEnabled, e.LocalEntryNotFoundError)):
         offline = _offline()
         reason = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
-        return MemspecError(_diag("E703", where, f"{what} is not in the local cache and {reason}",
-                                  "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"))
+        return MemspecError(
+            _diag(
+                "E703",
+                where,
+                f"{what} is not in the local cache and {reason}",
+                "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder",
+            )
+        )
     if isinstance(exc, e.EntryNotFoundError):
         return MemspecError(_diag("E705", where, f"no {what} in the repository", "a model repo holds config.json; check the id and --revision"))
     if isinstance(exc, e.SafetensorsParsingError):
         return MemspecError(_diag("E707", where, f"{what}: {exc}", "the file is not a safetensors file or is corrupt"))
-    return MemspecError(_diag("E703", where, f"fetching {what} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                              "check the network and retry; HF_HUB_OFFLINE=1 uses the local cache only"))
+    return MemspecError(
+        _diag(
+            "E703",
+            where,
+            f"fetching {what} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "check the network and retry; HF_HUB_OFFLINE=1 uses the local cache only",
+        )
+    )
 
 
 def _offline() -> bool:
@@ -328,8 +426,14 @@ def _hub_weight_files(repo: str, commit: str, snapshot: Path) -> list[str] | Non
     if _exists(repo, commit, snapshot, SAFETENSORS_SINGLE):
         return [SAFETENSORS_SINGLE]
     if _local_only() and not any((snapshot / f).is_file() for f in BIN_FILES):
-        raise MemspecError(_diag("E703", where, f"neither {SAFETENSORS_INDEX} nor {SAFETENSORS_SINGLE} is in the local cache and HF_HUB_OFFLINE is set",
-                                 "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"))
+        raise MemspecError(
+            _diag(
+                "E703",
+                where,
+                f"neither {SAFETENSORS_INDEX} nor {SAFETENSORS_SINGLE} is in the local cache and HF_HUB_OFFLINE is set",
+                "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder",
+            )
+        )
     return None
 
 
@@ -348,8 +452,14 @@ def _hub_header(repo: str, commit: str, snapshot: Path, filename: str, where: st
         return parse_header(cached.read_bytes(), filename, where)
     if _local_only():
         reason = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
-        raise MemspecError(_diag("E703", where, f"the header of {filename} is not in the local cache and {reason}",
-                                 "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder"))
+        raise MemspecError(
+            _diag(
+                "E703",
+                where,
+                f"the header of {filename} is not in the local cache and {reason}",
+                "run the same command once with network access (unset HF_HUB_OFFLINE), or import from a local folder",
+            )
+        )
     body = _fetch_header(repo, commit, filename, where)
     header = parse_header(body, filename, where)
     cached.parent.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,7 @@ def _model_name(source: str) -> str:
 
 # --------------------------------------------------------------------------- quantized weights
 
+
 def _refuse_quantized(ckpt: Checkpoint) -> None:
     qc = ckpt.config.get("quantization_config")
     companions = [t for t in ckpt.tensors or () if t.name.endswith(QUANTIZED_SUFFIXES)]
@@ -111,11 +112,17 @@ def _refuse_quantized(ckpt: Checkpoint) -> None:
     if companions:
         suffixes = sorted({s for t in companions for s in QUANTIZED_SUFFIXES if t.name.endswith(s)})
         found.append(f"{len(companions)} companion tensors ({', '.join(suffixes)})")
-    raise MemspecError(Diagnostic(
-        "E711", "", 0, 0, "",
-        f"{ckpt.where}: quantized checkpoint ({method}{': ' + '; '.join(found) if found else ''}): not estimated yet",
-        "memspec counts 16- and 32-bit weights only; import the unquantized base model instead",
-    ))
+    raise MemspecError(
+        Diagnostic(
+            "E711",
+            "",
+            0,
+            0,
+            "",
+            f"{ckpt.where}: quantized checkpoint ({method}{': ' + '; '.join(found) if found else ''}): not estimated yet",
+            "memspec counts 16- and 32-bit weights only; import the unquantized base model instead",
+        )
+    )
 
 
 # --------------------------------------------------------------------------- reconciliation
@@ -134,11 +141,17 @@ def _assign(ckpt: Checkpoint, family: Family) -> Header:
         owner = next((m for p, m in prefixes if t.name.startswith(p)), None)
         (by_module[owner] if owner else unassigned).append(t)
     if unassigned:
-        raise MemspecError(Diagnostic(
-            "E709", "", 0, 0, "",
-            f"{ckpt.where}: {len(unassigned)} header tensors belong to no module of the {family.name} family: {_groups(unassigned)}",
-            f"the module prefixes are {', '.join(p for p, _ in prefixes)}; add the missing prefix (or a buffer suffix under ignore_tensors) in {family.file}",
-        ))
+        raise MemspecError(
+            Diagnostic(
+                "E709",
+                "",
+                0,
+                0,
+                "",
+                f"{ckpt.where}: {len(unassigned)} header tensors belong to no module of the {family.name} family: {_groups(unassigned)}",
+                f"the module prefixes are {', '.join(p for p, _ in prefixes)}; add the missing prefix (or a buffer suffix under ignore_tensors) in {family.file}",
+            )
+        )
     counts = {m: sum(t.elements for t in ts) for m, ts in by_module.items()}
     return counts, by_module, ignored
 
@@ -164,11 +177,17 @@ def _reconcile(formula: Mapping[str, int], header: Header, ckpt: Checkpoint, fam
     problems = []
     for name, count in counts.items():
         if formula[name] != count:
-            problems.append(Diagnostic(
-                "E710", "", 0, 0, "",
-                f"{ckpt.where}: module '{name}': the formulas count {formula[name]:,} parameters, the header {count:,} (off by {formula[name] - count:+,}); its tensors: {_groups(by_module[name]) or 'none'}",
-                f"check the module's inputs in {family.file} against config.json, and its tensor prefixes against the header",
-            ))
+            problems.append(
+                Diagnostic(
+                    "E710",
+                    "",
+                    0,
+                    0,
+                    "",
+                    f"{ckpt.where}: module '{name}': the formulas count {formula[name]:,} parameters, the header {count:,} (off by {formula[name] - count:+,}); its tensors: {_groups(by_module[name]) or 'none'}",
+                    f"check the module's inputs in {family.file} against config.json, and its tensor prefixes against the header",
+                )
+            )
     if problems:
         raise MemspecError(problems)
 
@@ -187,6 +206,7 @@ def formula_counts(spec: Spec) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- the spec
+
 
 def trainer_hidden_size(config: Mapping[str, Any]) -> int | None:
     """The hidden size HF Trainer fills DeepSpeed's "auto" bucket sizes from, found the way
@@ -212,7 +232,9 @@ def _number_or_text(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
-def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[str, Any], name: str, counts: Mapping[str, int], header: Header | None) -> dict[str, Any]:
+def _spec_data(
+    ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[str, Any], name: str, counts: Mapping[str, int], header: Header | None
+) -> dict[str, Any]:
     source: dict[str, Any] = {"repo": ckpt.source}
     if ckpt.revision:
         source["revision"] = ckpt.revision
@@ -240,12 +262,22 @@ def _spec_data(ckpt: Checkpoint, family: Family, values: Values, scope: Mapping[
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
         **({"context_length": n} if (n := context_length(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
-        **({"image_resize": {k: _integer(getattr(family.image_resize, k)(scope), f"image_resize.{k}", family, ckpt)
-                             for k in ("factor", "min_pixels", "max_pixels")}} if family.image_resize else {}),
-        **({"video_temporal_patch": _integer(family.video_temporal_patch(scope), "video_temporal_patch", family, ckpt)}
-           if family.video_temporal_patch else {}),
+        **(
+            {
+                "image_resize": {
+                    k: _integer(getattr(family.image_resize, k)(scope), f"image_resize.{k}", family, ckpt) for k in ("factor", "min_pixels", "max_pixels")
+                }
+            }
+            if family.image_resize
+            else {}
+        ),
+        **({"video_temporal_patch": _integer(family.video_temporal_patch(scope), "video_temporal_patch", family, ckpt)} if family.video_temporal_patch else {}),
         # NB: 0 where the processor slices nothing (MiniCPM-V with slice_mode off)
-        **({"image_slice_pixels": n} if family.image_slice_pixels and (n := _integer(family.image_slice_pixels(scope), "image_slice_pixels", family, ckpt)) else {}),
+        **(
+            {"image_slice_pixels": n}
+            if family.image_slice_pixels and (n := _integer(family.image_slice_pixels(scope), "image_slice_pixels", family, ckpt))
+            else {}
+        ),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
         **({"encoder_decoder": True} if family.encoder_decoder else {}),
         "image_tokens": scope["image_tokens"],
@@ -262,8 +294,7 @@ def _anyres_data(ckpt: Checkpoint, family: Family, scope: Mapping[str, Any]) -> 
     a = family.anyres
     return {
         "image_size": [_integer(e(scope), "anyres.image_size", family, ckpt) for e in a.image_size],
-        "anyres": {"tile": _integer(a.tile(scope), "anyres.tile", family, ckpt),
-                   "grid_pinpoints": family.pinpoints(ckpt.config, ckpt.processor, ckpt.where)},
+        "anyres": {"tile": _integer(a.tile(scope), "anyres.tile", family, ckpt), "grid_pinpoints": family.pinpoints(ckpt.config, ckpt.processor, ckpt.where)},
     }
 
 
@@ -308,7 +339,7 @@ def _input_comment(expr, values: Values, scope: Mapping[str, Any]) -> str:
     if expr.source in values.origin:
         origin = values.origin[expr.source]
         if origin.startswith("derived: "):
-            d = origin[len("derived: "):]
+            d = origin[len("derived: ") :]
             used = ", ".join(f"{n} {scope[n]!r}" for n in sorted(scope) if re.search(rf"\b{n}\b", d) and n != expr.source)
             return f"{d}" + (f" with {used}" if used else "")
         return origin
@@ -331,12 +362,14 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
     if "revision" in data["source"]:
         lines.append(f"  revision: {_scalar(data['source']['revision'])}")
     if "hidden_size" in data:
-        lines.append(_commented(f"hidden_size: {data['hidden_size']}", "what HF Trainer's DeepSpeed \"auto\" bucket sizes use"))
+        lines.append(_commented(f"hidden_size: {data['hidden_size']}", 'what HF Trainer\'s DeepSpeed "auto" bucket sizes use'))
     if "context_length" in data:
         lines.append(_commented(f"context_length: {data['context_length']}", "config.json max_position_embeddings: the longest sequence fit proposes"))
     if "anyres" in data:
         a = data["anyres"]
-        lines.append(_commented(f"image_size: [{', '.join(map(str, data['image_size']))}]", "the default input image (height, width); experiments set their own"))
+        lines.append(
+            _commented(f"image_size: [{', '.join(map(str, data['image_size']))}]", "the default input image (height, width); experiments set their own")
+        )
         lines.append(_commented("anyres:", f"tiling: config.json {family.anyres.pinpoints_key.split('.', 1)[1]}, tiles of {a['tile']} px"))
         lines.append(f"  tile: {a['tile']}")
         lines.append(f"  grid_pinpoints: [{', '.join(f'[{h}, {w}]' for h, w in a['grid_pinpoints'])}]")
@@ -352,7 +385,11 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
     if "image_slice_pixels" in data:
         lines.append(_commented(f"image_slice_pixels: {data['image_slice_pixels']}", "the processor slices a larger image (not modelled: refused)"))
     if "video_temporal_patch" in data:
-        lines.append(_commented(f"video_temporal_patch: {data['video_temporal_patch']}", "a video's frames per temporal patch: F frames are read as ceil(F / this) images"))
+        lines.append(
+            _commented(
+                f"video_temporal_patch: {data['video_temporal_patch']}", "a video's frames per temporal patch: F frames are read as ceil(F / this) images"
+            )
+        )
     lines.append("modules:")
     for m in family.modules:
         spec_m = data["modules"][m.name]
@@ -387,6 +424,7 @@ def _commented(line: str, comment: str) -> str:
 
 
 # --------------------------------------------------------------------------- writing, estimating
+
 
 def write_spec(path: str | Path, text: str, force: bool = False) -> None:
     """Write atomically (a temporary file in the same folder, then a rename)."""

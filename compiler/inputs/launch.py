@@ -37,16 +37,56 @@ TRUE_WORDS = ("yes", "true", "t", "y", "1")
 FALSE_WORDS = ("no", "false", "f", "n", "0")
 
 # HF TrainingArguments / LLaVA flags with no effect on the memory of a step.
-NO_MEMORY_EFFECT = frozenset({
-    "output_dir", "num_train_epochs", "max_steps", "per_device_eval_batch_size", "gradient_accumulation_steps",
-    "evaluation_strategy", "eval_strategy", "save_strategy", "save_steps", "save_total_limit", "learning_rate",
-    "weight_decay", "warmup_ratio", "warmup_steps", "lr_scheduler_type", "logging_steps", "tf32", "report_to",
-    "dataloader_num_workers", "lazy_preprocess", "data_path", "image_folder", "version", "seed", "run_name",
-    "group_by_modality_length", "mm_use_im_start_end", "mm_use_im_patch_token", "pretrain_mm_mlp_adapter",
-    "mm_projector_lr", "logging_dir", "overwrite_output_dir", "do_train", "remove_unused_columns", "max_grad_norm",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "save_only_model", "cache_dir", "local_rank", "mpt_attn_impl",
-    "freeze_backbone_bool", "ddp_find_unused_parameters", "dataloader_pin_memory", "push_to_hub",
-})
+NO_MEMORY_EFFECT = frozenset(
+    {
+        "output_dir",
+        "num_train_epochs",
+        "max_steps",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "evaluation_strategy",
+        "eval_strategy",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "warmup_steps",
+        "lr_scheduler_type",
+        "logging_steps",
+        "tf32",
+        "report_to",
+        "dataloader_num_workers",
+        "lazy_preprocess",
+        "data_path",
+        "image_folder",
+        "version",
+        "seed",
+        "run_name",
+        "group_by_modality_length",
+        "mm_use_im_start_end",
+        "mm_use_im_patch_token",
+        "pretrain_mm_mlp_adapter",
+        "mm_projector_lr",
+        "logging_dir",
+        "overwrite_output_dir",
+        "do_train",
+        "remove_unused_columns",
+        "max_grad_norm",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "save_only_model",
+        "cache_dir",
+        "local_rank",
+        "mpt_attn_impl",
+        "freeze_backbone_bool",
+        "ddp_find_unused_parameters",
+        "dataloader_pin_memory",
+        "push_to_hub",
+    }
+)
 # The training entry points whose attention implementation is fixed in code (LLaVA's
 # train_mem.py calls train(attn_implementation="flash_attention_2")).
 ENTRY_ATTENTION = {"train_mem.py": "flash_attention_2"}
@@ -63,15 +103,46 @@ TRL_LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.05, "bias": "none"}
 PEFT_DEFAULT_TARGETS = ["q_proj", "v_proj"]
 LLAVA_PROJECTORS = {"mlp2x_gelu": "mlp_projector"}
 LLAVA_ASPECT_RATIOS = ("pad", "square", "None")
-USED = frozenset({
-    "per_device_train_batch_size", "model_max_length", "max_seq_length", "gradient_checkpointing", "bf16", "fp16",
-    "optim", "deepspeed", "lora_enable", "lora_r", "lora_alpha", "lora_dropout", "lora_bias", "tune_mm_mlp_adapter",
-    "freeze_backbone", "freeze_mm_mlp_adapter", "unfreeze_mm_vision_tower", "vision_tower", "mm_projector_type",
-    "image_aspect_ratio", "mm_vision_select_layer", "attn_implementation", "bits", "double_quant", "quant_type", "model_name_or_path",
-    "num_gpus", "nproc_per_node", "use_liger_kernel", "padding_free",
-    "use_peft", "lora_target_modules", "lora_modules_to_save",
-    "torch_compile", "torch_compile_backend", "torch_compile_mode",
-})
+USED = frozenset(
+    {
+        "per_device_train_batch_size",
+        "model_max_length",
+        "max_seq_length",
+        "gradient_checkpointing",
+        "bf16",
+        "fp16",
+        "optim",
+        "deepspeed",
+        "lora_enable",
+        "lora_r",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_bias",
+        "tune_mm_mlp_adapter",
+        "freeze_backbone",
+        "freeze_mm_mlp_adapter",
+        "unfreeze_mm_vision_tower",
+        "vision_tower",
+        "mm_projector_type",
+        "image_aspect_ratio",
+        "mm_vision_select_layer",
+        "attn_implementation",
+        "bits",
+        "double_quant",
+        "quant_type",
+        "model_name_or_path",
+        "num_gpus",
+        "nproc_per_node",
+        "use_liger_kernel",
+        "padding_free",
+        "use_peft",
+        "lora_target_modules",
+        "lora_modules_to_save",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+    }
+)
 
 
 class _Reader:
@@ -93,7 +164,11 @@ class _Reader:
         if m:
             resolved = self.c.variables.get(m.group(1))
             if resolved is None or _VARIABLE.match(resolved) or resolved.startswith("$"):
-                self.bad(name, f"is the shell variable {value}, whose value the script does not set", "write the value in the script: memspec reads the script, it does not run it")
+                self.bad(
+                    name,
+                    f"is the shell variable {value}, whose value the script does not set",
+                    "write the value in the script: memspec reads the script, it does not run it",
+                )
                 return None
             return resolved
         return value
@@ -154,8 +229,7 @@ def flag_text(command: Command, name: str) -> tuple[Flag, str | None] | None:
     return r.flags[name], value
 
 
-def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]], model: str,
-                      model_from_script: bool = False) -> Reading:
+def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]], model: str, model_from_script: bool = False) -> Reading:
     """Experiment overrides from a launch command, for a model whose modules (name -> type
     and inputs) are given; `model` names the spec in notes. `model_from_script`: the model is
     the one the script's --model_name_or_path names (no file was given to memspec), so the
@@ -194,7 +268,9 @@ def command_overrides(command: Command, modules: Mapping[str, Mapping[str, Any]]
     out.update(_bits_flags(r))
     out.update(_dp_flag(r, command, notes))
     if "model_name_or_path" in r.flags and not model_from_script:
-        notes.append(f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read")
+        notes.append(
+            f"warning: the model is {model}, the file given to memspec; the script's --model_name_or_path {r.flags['model_name_or_path'].value} is not read"
+        )
     if r.problems:
         raise MemspecError(r.problems)
     return Reading(out, tuple(notes + _ignored_notes(command)))
@@ -212,8 +288,14 @@ def _bits_flags(r: _Reader) -> dict[str, Any]:
         # (default True), bnb_4bit_quant_type=--quant_type (default nf4)); the vision tower is
         # loaded after from_pretrained, unquantized
         double = r.boolean("double_quant")
-        return {"quantization": {"bits": bits, "quant_type": r.text("quant_type") or "nf4",
-                                 "double_quant": True if double is None else double, "modules": ["language"]}}
+        return {
+            "quantization": {
+                "bits": bits,
+                "quant_type": r.text("quant_type") or "nf4",
+                "double_quant": True if double is None else double,
+                "modules": ["language"],
+            }
+        }
     return {}
 
 
@@ -227,7 +309,9 @@ def _dp_flag(r: _Reader, command: Command, notes: list[str]) -> dict[str, Any]:
             dp = n
     if dp is not None:
         return {"dp": dp}
-    notes.append(f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1")
+    notes.append(
+        f"note: {command.file}:{command.line}: the {command.launcher} command does not say how many GPUs (it uses every visible one): dp comes from --dp, else the experiment, else 1"
+    )
     return {}
 
 
@@ -253,8 +337,12 @@ def _refuse_compile(r: _Reader) -> None:
     step's, and no compiled step has been measured yet."""
     for name in ("torch_compile", "torch_compile_backend", "torch_compile_mode"):
         if name in r.flags and (r.boolean(name) if name == "torch_compile" else r.text(name)):
-            r.bad(name, "torch.compile changes which activations are saved, and a compiled step is not modelled",
-                  "drop it to estimate the eager step (the compiled step's saved activations may be more or fewer)", "E813")
+            r.bad(
+                name,
+                "torch.compile changes which activations are saved, and a compiled step is not modelled",
+                "drop it to estimate the eager step (the compiled step's saved activations may be more or fewer)",
+                "E813",
+            )
             return
 
 
@@ -274,8 +362,10 @@ def _precision_flags(r: _Reader, command, notes: list[str]) -> dict[str, Any]:
     if precision == "fp32" or "deepspeed" in r.flags:
         return {"precision": precision}
     if bf16 and "llava/train/" in command.entry.replace("\\", "/"):
-        notes.append("note: --bf16 without --deepspeed: LLaVA's train.py loads the model in bf16, so the optimizer steps bf16 weights "
-                     "(precision bf16-true; the projector, built after loading, is counted in bf16 too)")
+        notes.append(
+            "note: --bf16 without --deepspeed: LLaVA's train.py loads the model in bf16, so the optimizer steps bf16 weights "
+            "(precision bf16-true; the projector, built after loading, is counted in bf16 too)"
+        )
         return {"precision": "bf16"}
     return {"precision": precision}  # NB: resolve realizes it as autocast unless DeepSpeed or FSDP is stated
 
@@ -284,7 +374,9 @@ def _optimizer_flag(r: _Reader, notes: list[str]) -> dict[str, Any]:
     name = r.text("optim")
     if name is None:
         if "optim" not in r.flags:
-            notes.append("note: no --optim: AdamW foreach (adamw_torch, transformers' default before torch 2.8; newer ones default to adamw_torch_fused: pass --optim to say)")
+            notes.append(
+                "note: no --optim: AdamW foreach (adamw_torch, transformers' default before torch 2.8; newer ones default to adamw_torch_fused: pass --optim to say)"
+            )
         return {}
     if name not in OPTIM:
         r.bad("optim", f"optimizer {name!r} is not modelled yet", f"modelled: {', '.join(OPTIM)}", "E813")
@@ -306,8 +398,10 @@ def _param_groups(command: Command, notes: list[str]) -> dict[str, Any]:
     decay: memspec's Trainer rule would put them in the smaller group and under-state the
     larger group's foreach temporaries; one group (every tensor) bounds it from above."""
     if "llava/train/" in command.entry.replace("\\", "/"):
-        notes.append("note: LLaVA's trainer groups parameters by its own rule (RMSNorm weights decay): estimated with one "
-                     "parameter group, an upper bound of its step temporaries (biases and LayerNorm parameters, a few MB at most)")
+        notes.append(
+            "note: LLaVA's trainer groups parameters by its own rule (RMSNorm weights decay): estimated with one "
+            "parameter group, an upper bound of its step temporaries (biases and LayerNorm parameters, a few MB at most)"
+        )
         return {}
     return {"param_groups": "trainer"}
 
@@ -328,8 +422,7 @@ def _trainable_flags(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"trainable": trainable}
     if r.boolean("lora_enable"):
         lora = dict(LLAVA_LORA_DEFAULTS)
-        for key, value in (("r", r.integer("lora_r")), ("alpha", r.number("lora_alpha")),
-                           ("dropout", r.number("lora_dropout")), ("bias", r.text("lora_bias"))):
+        for key, value in (("r", r.integer("lora_r")), ("alpha", r.number("lora_alpha")), ("dropout", r.number("lora_dropout")), ("bias", r.text("lora_bias"))):
             if value is not None:
                 lora[key] = int(value) if key == "alpha" and float(value).is_integer() else value
         # NB: LLaVA's find_all_linear_names: every linear outside the vision tower and projector
@@ -363,8 +456,12 @@ def _trl_lora(r: _Reader, modules: Mapping[str, Any]) -> dict[str, Any]:
     else:
         plain = [m for m in modules.values() if m.get("type") == "llama_causal_lm" and not m.get("inputs", {}).get("fused")]
         if len(plain) != len(modules):
-            r.bad("use_peft", "--use_peft without --lora_target_modules: peft picks target modules by model type, which memspec "
-                  "knows for Llama-style causal LMs only", "give --lora_target_modules, e.g. --lora_target_modules all-linear", "E812")
+            r.bad(
+                "use_peft",
+                "--use_peft without --lora_target_modules: peft picks target modules by model type, which memspec knows for Llama-style causal LMs only",
+                "give --lora_target_modules, e.g. --lora_target_modules all-linear",
+                "E812",
+            )
         lora["target_modules"] = list(PEFT_DEFAULT_TARGETS)
     saves = r.text("lora_modules_to_save")
     if saves is not None:
@@ -380,17 +477,29 @@ def _llava_checks(r: _Reader, modules: Mapping[str, Mapping[str, Any]]) -> dict[
         want = LLAVA_PROJECTORS.get(projector)
         have = modules.get("projector", {}).get("type")
         if want is None or have != want:
-            r.bad("mm_projector_type", f"projector {projector!r} is not the model spec's ({have or 'none'})",
-                  "modelled: mlp2x_gelu (mlp_projector); use a spec with this projector", "E813")
+            r.bad(
+                "mm_projector_type",
+                f"projector {projector!r} is not the model spec's ({have or 'none'})",
+                "modelled: mlp2x_gelu (mlp_projector); use a spec with this projector",
+                "E813",
+            )
     ratio = r.text("image_aspect_ratio")
     if ratio is not None and ratio not in LLAVA_ASPECT_RATIOS:
-        r.bad("image_aspect_ratio", f"image_aspect_ratio {ratio!r} is not modelled yet (several crops per image)",
-              f"modelled: {', '.join(LLAVA_ASPECT_RATIOS)} (one image of the tower's size)", "E813")
+        r.bad(
+            "image_aspect_ratio",
+            f"image_aspect_ratio {ratio!r} is not modelled yet (several crops per image)",
+            f"modelled: {', '.join(LLAVA_ASPECT_RATIOS)} (one image of the tower's size)",
+            "E813",
+        )
     layer = r.integer("mm_vision_select_layer", minimum=-(1 << 30))
     have_layer = modules.get("vision", {}).get("inputs", {}).get("feature_layer")
     if layer is not None and have_layer is not None and layer != have_layer:
-        r.bad("mm_vision_select_layer", f"selects layer {layer}, the model spec's vision tower feature_layer is {have_layer}",
-              "use a spec whose feature_layer matches, or change the flag", "E813")
+        r.bad(
+            "mm_vision_select_layer",
+            f"selects layer {layer}, the model spec's vision tower feature_layer is {have_layer}",
+            "use a spec whose feature_layer matches, or change the flag",
+            "E813",
+        )
     return {}
 
 
@@ -422,5 +531,15 @@ def command_deepspeed(command: Command) -> str | None:
     if command.launcher_deepspeed:
         return deepspeed_path(command.launcher_deepspeed, command)
     if flag is not None:
-        raise MemspecError(Diagnostic("E812", command.file, flag.line, flag.col, "--deepspeed", f"names no file memspec can read ({flag.value!r})", "write the config's path, or give memspec --deepspeed FILE"))
+        raise MemspecError(
+            Diagnostic(
+                "E812",
+                command.file,
+                flag.line,
+                flag.col,
+                "--deepspeed",
+                f"names no file memspec can read ({flag.value!r})",
+                "write the config's path, or give memspec --deepspeed FILE",
+            )
+        )
     return None

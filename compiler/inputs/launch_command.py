@@ -46,17 +46,75 @@ class Command:
 # Launcher options that take a value (the rest are bare flags). deepspeed/launcher/runner.py,
 # torch/distributed/run.py, accelerate/commands/launch.py.
 LAUNCHER_VALUE_OPTIONS = {
-    "deepspeed": {"num_gpus", "num_nodes", "include", "exclude", "master_port", "master_addr", "hostfile",
-                  "launcher", "launcher_args", "node_rank", "ssh_port", "elastic_training", "min_elastic_nodes",
-                  "max_elastic_nodes", "bind_core_list", "comment", "venv_script"},
-    "torchrun": {"nproc_per_node", "nproc-per-node", "nnodes", "node_rank", "node-rank", "master_addr", "master-addr",
-                 "master_port", "master-port", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
-                 "rdzv_id", "rdzv-id", "rdzv_conf", "rdzv-conf", "max_restarts", "max-restarts", "monitor_interval",
-                 "monitor-interval", "start_method", "start-method", "role", "log_dir", "log-dir", "redirects",
-                 "tee", "local_addr", "local-addr", "logs_specs", "logs-specs"},
-    "accelerate": {"num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
-                   "config_file", "mixed_precision", "gpu_ids", "dynamo_backend", "deepspeed_config_file",
-                   "zero_stage", "gradient_accumulation_steps", "num_cpu_threads_per_process", "rdzv_backend"},
+    "deepspeed": {
+        "num_gpus",
+        "num_nodes",
+        "include",
+        "exclude",
+        "master_port",
+        "master_addr",
+        "hostfile",
+        "launcher",
+        "launcher_args",
+        "node_rank",
+        "ssh_port",
+        "elastic_training",
+        "min_elastic_nodes",
+        "max_elastic_nodes",
+        "bind_core_list",
+        "comment",
+        "venv_script",
+    },
+    "torchrun": {
+        "nproc_per_node",
+        "nproc-per-node",
+        "nnodes",
+        "node_rank",
+        "node-rank",
+        "master_addr",
+        "master-addr",
+        "master_port",
+        "master-port",
+        "rdzv_backend",
+        "rdzv-backend",
+        "rdzv_endpoint",
+        "rdzv-endpoint",
+        "rdzv_id",
+        "rdzv-id",
+        "rdzv_conf",
+        "rdzv-conf",
+        "max_restarts",
+        "max-restarts",
+        "monitor_interval",
+        "monitor-interval",
+        "start_method",
+        "start-method",
+        "role",
+        "log_dir",
+        "log-dir",
+        "redirects",
+        "tee",
+        "local_addr",
+        "local-addr",
+        "logs_specs",
+        "logs-specs",
+    },
+    "accelerate": {
+        "num_processes",
+        "num_machines",
+        "machine_rank",
+        "main_process_ip",
+        "main_process_port",
+        "config_file",
+        "mixed_precision",
+        "gpu_ids",
+        "dynamo_backend",
+        "deepspeed_config_file",
+        "zero_stage",
+        "gradient_accumulation_steps",
+        "num_cpu_threads_per_process",
+        "rdzv_backend",
+    },
     "python": set(),
 }
 PYTHONS = ("python", "python3")
@@ -158,7 +216,11 @@ def read_command(path: str) -> Command:
     for start, line in _logical_lines(text):
         tokens = _tokens(line)
         if tokens is None:
-            raise MemspecError(Diagnostic("E811", path, start, 1, "", "unbalanced quotes in this command", "close the quote; memspec splits the line as the shell does (shlex)"))
+            raise MemspecError(
+                Diagnostic(
+                    "E811", path, start, 1, "", "unbalanced quotes in this command", "close the quote; memspec splits the line as the shell does (shlex)"
+                )
+            )
         if len(tokens) == 1 and _ASSIGNMENT.match(tokens[0]):
             name, value = _ASSIGNMENT.match(tokens[0]).groups()
             variables[name] = value
@@ -168,8 +230,17 @@ def read_command(path: str) -> Command:
             continue
         launcher, args = found
         return _command(path, start, launcher, args, _line_finder(physical, start), variables)
-    raise MemspecError(Diagnostic("E811", path, 0, 0, "", "no training command found",
-                                  "memspec reads the first line running deepspeed, torchrun, python -m torch.distributed.run, accelerate launch or python"))
+    raise MemspecError(
+        Diagnostic(
+            "E811",
+            path,
+            0,
+            0,
+            "",
+            "no training command found",
+            "memspec reads the first line running deepspeed, torchrun, python -m torch.distributed.run, accelerate launch or python",
+        )
+    )
 
 
 def _read_script(path: str) -> str:
@@ -201,18 +272,43 @@ def _command(path: str, start: int, launcher: str, args: list[str], line_of, var
     if rest[:1] == ["-m"]:
         rest = rest[1:]
     if not rest:
-        raise MemspecError(Diagnostic("E811", path, start, 1, "", f"the {launcher} command names no training script", "the command line is: launcher [options] train.py --flag value ..."))
+        raise MemspecError(
+            Diagnostic(
+                "E811",
+                path,
+                start,
+                1,
+                "",
+                f"the {launcher} command names no training script",
+                "the command line is: launcher [options] train.py --flag value ...",
+            )
+        )
     entry, script_args = rest[0], rest[1:]
     gpus, nodes = _processes(launcher, opts, path, line_of)
     flags, positionals = _script_flags(script_args, line_of)
-    return Command(path, launcher, entry, gpus, nodes, opts.get("deepspeed_config_file"), tuple(flags), tuple(positionals), dict(variables), start,
-                   opts.get("config_file") if launcher == "accelerate" else None)
+    return Command(
+        path,
+        launcher,
+        entry,
+        gpus,
+        nodes,
+        opts.get("deepspeed_config_file"),
+        tuple(flags),
+        tuple(positionals),
+        dict(variables),
+        start,
+        opts.get("config_file") if launcher == "accelerate" else None,
+    )
 
 
 def _processes(launcher: str, opts: Mapping[str, str | None], path: str, line_of) -> tuple[int | None, int]:
     """(GPUs per node, nodes) from the launcher's options; GPUs None when it does not say."""
-    names = {"deepspeed": ("num_gpus", "num_nodes"), "torchrun": ("nproc_per_node", "nnodes"),
-             "accelerate": ("num_processes", "num_machines"), "python": ("", "")}[launcher]
+    names = {
+        "deepspeed": ("num_gpus", "num_nodes"),
+        "torchrun": ("nproc_per_node", "nnodes"),
+        "accelerate": ("num_processes", "num_machines"),
+        "python": ("", ""),
+    }[launcher]
     gpus_key = next((k for k in (names[0], names[0].replace("_", "-")) if k and k in opts), None)
     nodes_key = next((k for k in (names[1], names[1].replace("_", "-")) if k and k in opts), None)
 
@@ -220,7 +316,11 @@ def _processes(launcher: str, opts: Mapping[str, str | None], path: str, line_of
         value = opts[key]
         if value is None or not value.isdigit() or int(value) < 1:
             line, col = line_of("--" + key)
-            raise MemspecError(Diagnostic("E812", path, line, col, "--" + key, f"expected a positive number of processes, got {value!r}", "write the number, e.g. --" + key + " 8"))
+            raise MemspecError(
+                Diagnostic(
+                    "E812", path, line, col, "--" + key, f"expected a positive number of processes, got {value!r}", "write the number, e.g. --" + key + " 8"
+                )
+            )
         return int(value)
 
     gpus = number(gpus_key) if gpus_key else None

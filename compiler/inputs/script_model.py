@@ -57,24 +57,35 @@ class ScriptModel:
         return f"{self.script}:{self.line} {flags} -> {self.target}"
 
     def as_data(self) -> dict[str, Any]:
-        return {"script": self.script, "line": self.line, "flags": dict(self.flags), "kind": self.kind,
-                "file": self.file, "description": self.describe()}
+        return {"script": self.script, "line": self.line, "flags": dict(self.flags), "kind": self.kind, "file": self.file, "description": self.describe()}
 
 
 def _help(command: Command) -> str:
-    return (f"name the model after the script (--from-command {command.file} MODEL): a spec or experiment file, "
-            "a short name from 'memspec list', a model folder or a hub id")
+    return (
+        f"name the model after the script (--from-command {command.file} MODEL): a spec or experiment file, "
+        "a short name from 'memspec list', a model folder or a hub id"
+    )
 
 
 def resolve(command: Command, revision: str | None = None) -> ScriptModel:
     found = flag_text(command, "model_name_or_path")
     if found is None:
-        raise MemspecError(Diagnostic("E814", command.file, command.line, 1, "", f"the {command.launcher} command names no "
-                                      "--model_name_or_path, and no model was given to memspec", _help(command)))
+        raise MemspecError(
+            Diagnostic(
+                "E814",
+                command.file,
+                command.line,
+                1,
+                "",
+                f"the {command.launcher} command names no --model_name_or_path, and no model was given to memspec",
+                _help(command),
+            )
+        )
     flag, value = found
     if not value:
-        raise MemspecError(Diagnostic("E812", command.file, flag.line, flag.col, "--model_name_or_path", "has no value",
-                                      "write the model's hub id or folder after it"))
+        raise MemspecError(
+            Diagnostic("E812", command.file, flag.line, flag.col, "--model_name_or_path", "has no value", "write the model's hub id or folder after it")
+        )
     if any(f.name == "vision_tower" for f in command.flags):
         return _llava(command, flag, value)
     folder = _folder(value, command)
@@ -113,15 +124,31 @@ def _bundled(value: str):
         base = key.rsplit("/", 1)[-1]
         hits = [e for e in hits if base in (e.name.lower(), e.model.lower())] or hits
     if len(hits) > 1:
-        raise MemspecError(Diagnostic("E111", "", 0, 0, "", f"'{value}' names {len(hits)} bundled specs: "
-                                      f"{', '.join(display(e.path) for e in hits)}", "give the path of the one you mean after the script"))
+        raise MemspecError(
+            Diagnostic(
+                "E111",
+                "",
+                0,
+                0,
+                "",
+                f"'{value}' names {len(hits)} bundled specs: {', '.join(display(e.path) for e in hits)}",
+                "give the path of the one you mean after the script",
+            )
+        )
     return hits[0] if hits else None
 
 
 def _bundled_model(command: Command, flag: Flag, flags: Mapping[str, str], entry) -> ScriptModel:
     note = (entry.source.get("parts") or {}).get("note") if "vision_tower" in flags else None
-    return ScriptModel(display(entry.path), "bundled", command.file, flag.line, dict(flags),
-                       f"bundled {entry.name} ({display(entry.path)})", (f"note: {entry.name}: {' '.join(note.split())}",) if note else ())
+    return ScriptModel(
+        display(entry.path),
+        "bundled",
+        command.file,
+        flag.line,
+        dict(flags),
+        f"bundled {entry.name} ({display(entry.path)})",
+        (f"note: {entry.name}: {' '.join(note.split())}",) if note else (),
+    )
 
 
 def _llava(command: Command, flag: Flag, value: str) -> ScriptModel:
@@ -135,18 +162,34 @@ def _llava(command: Command, flag: Flag, value: str) -> ScriptModel:
     parts = [(e, e.source.get("parts")) for e in catalog.entries() if e.kind == "spec" and isinstance(e.source.get("parts"), dict)]
     hits = [e for e, p in parts if all(str(p.get(k, "")).lower() == flags[k].lower() for k in flags)]
     if len(hits) > 1:
-        raise MemspecError(Diagnostic("E111", command.file, flag.line, flag.col, "--model_name_or_path",
-                                      f"these parts name {len(hits)} bundled specs: {', '.join(display(e.path) for e in hits)}",
-                                      "give the path of the one you mean after the script"))
+        raise MemspecError(
+            Diagnostic(
+                "E111",
+                command.file,
+                flag.line,
+                flag.col,
+                "--model_name_or_path",
+                f"these parts name {len(hits)} bundled specs: {', '.join(display(e.path) for e in hits)}",
+                "give the path of the one you mean after the script",
+            )
+        )
     if hits:
         return _bundled_model(command, flag, flags, hits[0])
     default = "" if any(f.name == "mm_projector_type" for f in command.flags) else " (LLaVA's default)"
     known = "; ".join(f"{e.name}: {p['model_name_or_path']}, {p['vision_tower']}, {p['mm_projector_type']}" for e, p in parts)
-    raise MemspecError(Diagnostic(
-        "E814", command.file, flag.line, flag.col, "--model_name_or_path",
-        f"{value} with --vision_tower {flags['vision_tower']} and --mm_projector_type {flags['mm_projector_type']}{default}: "
-        f"no bundled spec is built from these parts (bundled: {known or 'none'}); memspec does not compose a LLaVA "
-        "model from a language model and a vision tower", _help(command)))
+    raise MemspecError(
+        Diagnostic(
+            "E814",
+            command.file,
+            flag.line,
+            flag.col,
+            "--model_name_or_path",
+            f"{value} with --vision_tower {flags['vision_tower']} and --mm_projector_type {flags['mm_projector_type']}{default}: "
+            f"no bundled spec is built from these parts (bundled: {known or 'none'}); memspec does not compose a LLaVA "
+            "model from a language model and a vision tower",
+            _help(command),
+        )
+    )
 
 
 def _imported(command: Command, flag: Flag, value: str, source: str, kind: str, revision: str | None) -> ScriptModel:
@@ -162,16 +205,22 @@ def _hub(command: Command, flag: Flag, value: str, revision: str | None) -> Scri
     """A hub id read from the caches (or the hub); not found anywhere: E814."""
     from .hub import is_repo_id
 
-    looked = (f"{value} is no model folder (neither {Path(os.path.expanduser(value)).resolve()} nor one below a folder above "
-              "the script), no bundled spec's hub id, model or short name")
+    looked = (
+        f"{value} is no model folder (neither {Path(os.path.expanduser(value)).resolve()} nor one below a folder above "
+        "the script), no bundled spec's hub id, model or short name"
+    )
     if not is_repo_id(value):
-        raise MemspecError(Diagnostic("E814", command.file, flag.line, flag.col, "--model_name_or_path",
-                                      f"{looked}, and no hub id (owner/name)", _help(command)))
+        raise MemspecError(
+            Diagnostic("E814", command.file, flag.line, flag.col, "--model_name_or_path", f"{looked}, and no hub id (owner/name)", _help(command))
+        )
     try:
         return _imported(command, flag, value, value, "hub", revision)
     except MemspecError as exc:
         if not all(d.code in NOT_FOUND for d in exc.diagnostics):
             raise
         reason = "; ".join(d.message for d in exc.diagnostics)
-        raise MemspecError(Diagnostic("E814", command.file, flag.line, flag.col, "--model_name_or_path",
-                                      f"{looked}, and a hub id memspec cannot read ({reason})", _help(command))) from None
+        raise MemspecError(
+            Diagnostic(
+                "E814", command.file, flag.line, flag.col, "--model_name_or_path", f"{looked}, and a hub id memspec cannot read ({reason})", _help(command)
+            )
+        ) from None

@@ -20,9 +20,27 @@ from ..pipeline.load import child_path
 from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
 
 DEFAULT_CONTEXT: Mapping[str, Any] = {
-    "batch": 1, "seq": 1, "trainable": False, "grad_in": False, "attention": "sdpa", "images": 1, "image_h": 0, "image_w": 0, "grid_rows": 0, "grid_cols": 0, "checkpointing": False,
-    "videos": 0, "video_frames": 0, "micro_batch": 1, "target_len": 0,
-    "fused_loss": False, "offloading": False, "autocast": False, "requires_grad": False, "packed": False, "bias_trains": False,
+    "batch": 1,
+    "seq": 1,
+    "trainable": False,
+    "grad_in": False,
+    "attention": "sdpa",
+    "images": 1,
+    "image_h": 0,
+    "image_w": 0,
+    "grid_rows": 0,
+    "grid_cols": 0,
+    "checkpointing": False,
+    "videos": 0,
+    "video_frames": 0,
+    "micro_batch": 1,
+    "target_len": 0,
+    "fused_loss": False,
+    "offloading": False,
+    "autocast": False,
+    "requires_grad": False,
+    "packed": False,
+    "bias_trains": False,
     "transformers": TRANSFORMERS,
 }
 
@@ -32,19 +50,38 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
     values, master, state = derive_bytes("bf16-mixed", Optimizer("adamw", "foreach", 0.0), mode)
     values = {**values, **(context.get("bytes") or {})}
     return Setup(
-        experiment="example", file="", micro_batch=context.get("micro_batch", 1), seq_len=1, images_per_sample=context.get("images", 1),
-        videos_per_sample=context.get("videos", 0), video_frames=context.get("video_frames", 0), target_len=context.get("target_len", 0),
+        experiment="example",
+        file="",
+        micro_batch=context.get("micro_batch", 1),
+        seq_len=1,
+        images_per_sample=context.get("images", 1),
+        videos_per_sample=context.get("videos", 0),
+        video_frames=context.get("video_frames", 0),
+        target_len=context.get("target_len", 0),
         image_size=(context["image_h"], context["image_w"]) if context.get("image_h") else None,
-        trainable=frozenset(), precision="bf16-mixed", optimizer=Optimizer("adamw", "foreach", 0.0),
-        gradient_checkpointing=frozenset(), attention=context.get("attention", "sdpa"), dp=1, zero=0, deepspeed=None, gpu=None,
+        trainable=frozenset(),
+        precision="bf16-mixed",
+        optimizer=Optimizer("adamw", "foreach", 0.0),
+        gradient_checkpointing=frozenset(),
+        attention=context.get("attention", "sdpa"),
+        dp=1,
+        zero=0,
+        deepspeed=None,
+        gpu=None,
         target=gpu_catalog()[1].default_gpu,
-        bytes=values, master_bytes=master, state_bytes=state,
+        bytes=values,
+        master_bytes=master,
+        state_bytes=state,
         # NB: an example names its anyres tile grid directly: one pinpoint of rows x cols 1-px tiles
         anyres=Anyres(1, ((context["grid_rows"], context["grid_cols"]),)) if context.get("grid_rows") else None,
         loss="fused_linear_cross_entropy" if context.get("fused_loss") else "cross_entropy",
-        activation_offloading=bool(context.get("offloading")), packing=bool(context.get("packed")),
-        tp=context.get("tp", 1), sp=bool(context.get("sp")), pp=context.get("pp", 1),
-        precision_mode=mode, transformers=context.get("transformers", TRANSFORMERS),
+        activation_offloading=bool(context.get("offloading")),
+        packing=bool(context.get("packed")),
+        tp=context.get("tp", 1),
+        sp=bool(context.get("sp")),
+        pp=context.get("pp", 1),
+        precision_mode=mode,
+        transformers=context.get("transformers", TRANSFORMERS),
     )
 
 
@@ -58,9 +95,24 @@ def evaluate_example(library: Library, formula: Formula, example: Example, expan
         path = child_path(child_path(example.path, "inputs"), key) if key else example.path
         return formula.doc.diag("E407", path, message, help)
 
-    inst = _instance(expansion or _Expansion(library), formula, path=formula.layer_type, template=formula.layer_type, index=(), module=formula.layer_type,
-        given=example.inputs, tensors={}, setup=setup, batch=ctx["batch"], seq=ctx["seq"], trainable=ctx["trainable"],
-        grad_in=ctx["grad_in"], reaches_loss=True, checkpointing=ctx["checkpointing"], checkpointed=False, locate=locate,
+    inst = _instance(
+        expansion or _Expansion(library),
+        formula,
+        path=formula.layer_type,
+        template=formula.layer_type,
+        index=(),
+        module=formula.layer_type,
+        given=example.inputs,
+        tensors={},
+        setup=setup,
+        batch=ctx["batch"],
+        seq=ctx["seq"],
+        trainable=ctx["trainable"],
+        grad_in=ctx["grad_in"],
+        reaches_loss=True,
+        checkpointing=ctx["checkpointing"],
+        checkpointed=False,
+        locate=locate,
         # NB: `bias_trains` in an example's context: peft's bias option reaches this (frozen) layer
         bias_ok=bool(ctx["bias_trains"]),
     )
@@ -89,10 +141,7 @@ def run_examples(library: Library) -> list[Diagnostic]:
                 got = evaluate_example(library, formula, example, expansion)
             except MemspecError as exc:
                 # NB: an evaluation error is located at the expression; say which inputs made it
-                problems.extend(
-                    replace(d, message=f"{d.message} (in example '{example.name}')") if d.code == "E404" else d
-                    for d in exc.diagnostics
-                )
+                problems.extend(replace(d, message=f"{d.message} (in example '{example.name}')") if d.code == "E404" else d for d in exc.diagnostics)
                 continue
             for key, want in example.expect.items():
                 if got[key] != want:

@@ -39,10 +39,12 @@ def _crop_to_patches(height: int, width: int, tile: int, min_patches: int, max_p
     count, then by columns; on a tie the later grid wins while the image's area is over half
     the grid's), plus the thumbnail a grid of more than one tile gets (use_thumbnail)."""
     if not 1 <= min_patches <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
-        raise ValueError(f"crop_to_patches({height}, {width}, {tile}, {min_patches}, {max_patches}): "
-                         f"sizes >= 1 and 1 <= min_patches <= max_patches <= {MAX_PATCHES}")
-    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
-                    if min_patches <= c * r <= max_patches), key=lambda g: g[0] * g[1])
+        raise ValueError(
+            f"crop_to_patches({height}, {width}, {tile}, {min_patches}, {max_patches}): sizes >= 1 and 1 <= min_patches <= max_patches <= {MAX_PATCHES}"
+        )
+    grids = sorted(
+        ((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1) if min_patches <= c * r <= max_patches), key=lambda g: g[0] * g[1]
+    )
     aspect, area = width / height, width * height
     best_diff, best = float("inf"), (1, 1)
     for columns, rows in grids:
@@ -63,10 +65,8 @@ def _canvas_tiles(height: int, width: int, tile: int, max_patches: int) -> int:
     smallest scale >= 1 wins, or, when every grid would shrink the image, the first with the
     largest; min_patches plays no part. Plus the thumbnail a grid of more than one tile gets."""
     if not 1 <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
-        raise ValueError(f"canvas_tiles({height}, {width}, {tile}, {max_patches}): "
-                         f"sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
-    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
-                    if c * r <= max_patches), key=lambda g: g[0] * g[1])
+        raise ValueError(f"canvas_tiles({height}, {width}, {tile}, {max_patches}): sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
+    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1) if c * r <= max_patches), key=lambda g: g[0] * g[1])
     scales = [min(c * tile / width, r * tile / height) for c, r in grids]
     if all(s < 1 for s in scales):
         best = grids[scales.index(max(scales))]
@@ -92,10 +92,8 @@ def _covering_tiles(height: int, width: int, tile: int, max_patches: int) -> int
     covering more than 0.9, or the best covering (then the fewest tiles) when none does; plus the
     thumbnail a grid of more than one tile gets."""
     if not 1 <= max_patches <= MAX_PATCHES or height < 1 or width < 1 or tile < 1:
-        raise ValueError(f"covering_tiles({height}, {width}, {tile}, {max_patches}): "
-                         f"sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
-    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1)
-                    if c * r <= max_patches), key=lambda g: g[0] * g[1])
+        raise ValueError(f"covering_tiles({height}, {width}, {tile}, {max_patches}): sizes >= 1 and 1 <= max_patches <= {MAX_PATCHES}")
+    grids = sorted(((c, r) for c in range(1, max_patches + 1) for r in range(1, max_patches + 1) if c * r <= max_patches), key=lambda g: g[0] * g[1])
 
     def covered(left: int, upper: int, right: int, lower: int) -> float:
         long, short = max(right - left, lower - upper), min(right - left, lower - upper)
@@ -106,9 +104,11 @@ def _covering_tiles(height: int, width: int, tile: int, max_patches: int) -> int
     def ratio(grid: tuple[int, int]) -> float:
         rows, cols = grid
         row_h, col_w = height // rows, width // cols
-        parts = [covered(col * col_w, row * row_h, width if col == cols - 1 else (col + 1) * col_w,
-                         height if row == rows - 1 else (row + 1) * row_h)
-                 for row in range(rows) for col in range(cols)]
+        parts = [
+            covered(col * col_w, row * row_h, width if col == cols - 1 else (col + 1) * col_w, height if row == rows - 1 else (row + 1) * row_h)
+            for row in range(rows)
+            for col in range(cols)
+        ]
         return sum(parts) / (width * height)
 
     scored = [(grid, ratio(grid)) for grid in grids]
@@ -121,9 +121,16 @@ def _covering_tiles(height: int, width: int, tile: int, max_patches: int) -> int
     return blocks + 1 if blocks > 1 else blocks
 
 
-FUNCTIONS: Mapping[str, Callable[..., int]] = {"min": min, "max": max, "ceil_div": _ceil_div, "next_pow2": _next_pow2,
-                                              "floordiv_sqrt": _floordiv_sqrt, "crop_to_patches": _crop_to_patches,
-                                              "canvas_tiles": _canvas_tiles, "covering_tiles": _covering_tiles}
+FUNCTIONS: Mapping[str, Callable[..., int]] = {
+    "min": min,
+    "max": max,
+    "ceil_div": _ceil_div,
+    "next_pow2": _next_pow2,
+    "floordiv_sqrt": _floordiv_sqrt,
+    "crop_to_patches": _crop_to_patches,
+    "canvas_tiles": _canvas_tiles,
+    "covering_tiles": _covering_tiles,
+}
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
 # any byte count, and the bound keeps an expression's evaluation instant.
@@ -182,7 +189,7 @@ def _py(node) -> str:
 def _pow(left: Any, right: Any) -> Any:
     if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 and right * abs(left).bit_length() > MAX_POWER_BITS:
         raise ValueError("power past MAX_POWER_BITS")  # NB: Jinja2's evaluation gives the message
-    return left ** right
+    return left**right
 
 
 _PY_GLOBALS: dict[str, Any] = {"__builtins__": {}, "_F": FUNCTIONS, "_pow": _pow}

@@ -141,9 +141,7 @@ def compile_expr(value: Any, doc: Document, path: str, declared: frozenset[str],
         return Expr(source, doc.file, path, line, col, frozenset(), constant=0)
     for name in sorted(names - declared - set(FUNCTIONS)):
         hint = did_you_mean(name, declared)
-        problems.append(
-            doc.diag("E401", path, f"undeclared name '{name}' in '{source}'", hint or "declare it under inputs: or let:")
-        )
+        problems.append(doc.diag("E401", path, f"undeclared name '{name}' in '{source}'", hint or "declare it under inputs: or let:"))
     return Expr(source, doc.file, path, line, col, names, compiled=True, python=python)
 
 
@@ -309,13 +307,25 @@ def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, t
             elif "free" in entry or "grad" in entry:
                 op = "free" if "free" in entry else "grad"
                 if entry[op] not in made:
-                    problems.append(doc.diag("E401", child_path(path, op), f"'{entry[op]}' is {'freed' if op == 'free' else 'made the gradient'} before any alloc of that name",
-                                             did_you_mean(entry[op], made) or f"allocated above: {', '.join(made) or 'nothing'}"))
+                    problems.append(
+                        doc.diag(
+                            "E401",
+                            child_path(path, op),
+                            f"'{entry[op]}' is {'freed' if op == 'free' else 'made the gradient'} before any alloc of that name",
+                            did_you_mean(entry[op], made) or f"allocated above: {', '.join(made) or 'nothing'}",
+                        )
+                    )
                 order.append(Allocation(op, entry[op]))
             else:
                 if entry["saved"] not in saved:
-                    problems.append(doc.diag("E401", child_path(path, "saved"), f"'{entry['saved']}' is none of the layer's activations",
-                                             did_you_mean(entry["saved"], saved) or f"activations: {', '.join(saved) or 'none'}"))
+                    problems.append(
+                        doc.diag(
+                            "E401",
+                            child_path(path, "saved"),
+                            f"'{entry['saved']}' is none of the layer's activations",
+                            did_you_mean(entry["saved"], saved) or f"activations: {', '.join(saved) or 'none'}",
+                        )
+                    )
                 order.append(Allocation("saved", entry["saved"]))
         out[phase] = tuple(order)
     return out
@@ -333,8 +343,10 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
                 "the file stem is the layer type: rename one of them",
             )
         )
-    inputs = {name: Input(name, spec["type"], spec.get("default"), "default" in spec, spec.get("min"), tuple(spec.get("choices", ())))
-              for name, spec in (data.get("inputs") or {}).items()}
+    inputs = {
+        name: Input(name, spec["type"], spec.get("default"), "default" in spec, spec.get("min"), tuple(spec.get("choices", ())))
+        for name, spec in (data.get("inputs") or {}).items()
+    }
     lets, scope = _compile_lets(data.get("let") or {}, inputs, doc, problems)
     raw_factors = data.get("factors") or {}
     factors = {
@@ -348,16 +360,17 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     buffers = _compile_tensor_list(raw_factors.get("buffers"), doc, "buffers", scope, problems)
     param_rows = _compile_tensor_list(raw_factors.get("parameter_rows"), doc, "parameter_rows", scope, problems)
     if param_rows and len(param_rows) != len(param_tensors):
-        problems.append(doc.diag("E208", "$.factors.parameter_rows", f"{len(param_rows)} rows for {len(param_tensors)} parameter tensors",
-                                 "give dim 0 of every tensor listed under parameters, in the same order"))
-    transient = {
-        name: compile_expr(value, doc, child_path("$.transient", name), scope, problems)
-        for name, value in (data.get("transient") or {}).items()
-    }
+        problems.append(
+            doc.diag(
+                "E208",
+                "$.factors.parameter_rows",
+                f"{len(param_rows)} rows for {len(param_tensors)} parameter tensors",
+                "give dim 0 of every tensor listed under parameters, in the same order",
+            )
+        )
+    transient = {name: compile_expr(value, doc, child_path("$.transient", name), scope, problems) for name, value in (data.get("transient") or {}).items()}
     activations = _compile_saved(data.get("activations"), doc, "$.activations", scope, inputs, problems)
-    checkpoint = _compile_saved(
-        (data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems
-    )
+    checkpoint = _compile_saved((data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems)
     children = _compile_children(data.get("children") or (), doc, scope, problems)
     allocations = _compile_allocations(data.get("allocations") or {}, doc, scope, activations, problems)
     examples = tuple(
@@ -391,7 +404,6 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     )
 
 
-
 def _compile_lets(raw: Mapping[str, Any], inputs: Mapping[str, Input], doc: Document, problems) -> tuple[list, frozenset[str]]:
     """The `let` names in order, each compiled over the context, the inputs and the lets
     before it; and every name the rest of the file may use."""
@@ -413,6 +425,7 @@ def _compile_children(raw, doc: Document, scope: frozenset[str], problems) -> tu
         if c.name in names[:i]:
             problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
     return children
+
 
 def _compile_parameters(raw, doc: Document, scope: frozenset[str], problems) -> tuple[tuple[Expr, ...], tuple, tuple[str, ...]]:
     """Parameter tensors: a bytes expression each, or `{shape: [dims], name: n}` (elements in
@@ -464,10 +477,7 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
         type=entry["type"],
         count=expr("count", entry["count"]) if "count" in entry else None,
         inputs=inputs,
-        context={
-            k: compile_expr(v, doc, child_path(child_path(path, "context"), k), scope, problems)
-            for k, v in (entry.get("context") or {}).items()
-        },
+        context={k: compile_expr(v, doc, child_path(child_path(path, "context"), k), scope, problems) for k, v in (entry.get("context") or {}).items()},
         grad_in=expr("grad_in", entry["grad_in"], frozenset({"previous", "upstream"})) if "grad_in" in entry else None,
         reaches_loss=expr("reaches_loss", entry["reaches_loss"]) if "reaches_loss" in entry else None,
         checkpoint_unit=bool(entry.get("checkpoint_unit", False)),
@@ -523,31 +533,43 @@ def _link_child(parent: Formula, c: Child, target: Formula, problems) -> Child:
         decl = target.input(key)
         if decl is None:
             problems.append(
-                Diagnostic("E203", raw.file, raw.line, raw.col, raw.path, f"'{target.layer_type}' has no input '{key}'",
-                           did_you_mean(key, [i.name for i in target.inputs]) or f"its inputs: {', '.join(i.name for i in target.inputs)}")
+                Diagnostic(
+                    "E203",
+                    raw.file,
+                    raw.line,
+                    raw.col,
+                    raw.path,
+                    f"'{target.layer_type}' has no input '{key}'",
+                    did_you_mean(key, [i.name for i in target.inputs]) or f"its inputs: {', '.join(i.name for i in target.inputs)}",
+                )
             )
             continue
         if decl.type == "tensor":
             ref = _tensor_ref(str(raw.constant), {})
             if ref is not None and ref not in parent_tensors:
                 problems.append(
-                    Diagnostic("E401", raw.file, raw.line, raw.col, raw.path, f"'{raw.constant}' names no tensor input of '{parent.layer_type}'",
-                               did_you_mean(ref, parent_tensors) or "use a plain name for a tensor local to this composite")
+                    Diagnostic(
+                        "E401",
+                        raw.file,
+                        raw.line,
+                        raw.col,
+                        raw.path,
+                        f"'{raw.constant}' names no tensor input of '{parent.layer_type}'",
+                        did_you_mean(ref, parent_tensors) or "use a plain name for a tensor local to this composite",
+                    )
                 )
             inputs[key] = raw
         else:
             inputs[key] = compile_expr(raw.constant, parent.doc, raw.path, scope, problems)
     for decl in target.inputs:
         if not decl.has_default and decl.name not in inputs:
-            problems.append(
-                parent.doc.diag("E201", child_path(c.path, "inputs"), f"missing input '{decl.name}' of '{target.layer_type}'")
-            )
+            problems.append(parent.doc.diag("E201", child_path(c.path, "inputs"), f"missing input '{decl.name}' of '{target.layer_type}'"))
     return Child(**{**c.__dict__, "inputs": inputs})
 
 
 def _find_cycle(name: str, formulas: Mapping[str, Formula], stack: tuple[str, ...]) -> tuple[str, ...] | None:
     if name in stack:
-        return stack[stack.index(name):] + (name,)
+        return stack[stack.index(name) :] + (name,)
     f = formulas.get(name)
     if f is None:
         return None
@@ -629,7 +651,6 @@ def _load_library(folder: str | Path, types: Iterable[str] | None, by_stem: Mapp
     if problems:
         raise MemspecError(problems)
     return Library(formulas, str(folder), frozenset(by_stem))
-
 
 
 # --------------------------------------------------------------------------- binding

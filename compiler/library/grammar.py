@@ -34,8 +34,14 @@ def _env():
             intercepted_binops = frozenset({"**"})
 
             def call_binop(self, context, operator, left, right):
-                if (operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1
-                        and right > 0 and right * abs(left).bit_length() > MAX_POWER_BITS):
+                if (
+                    operator == "**"
+                    and isinstance(left, int)
+                    and isinstance(right, int)
+                    and abs(left) > 1
+                    and right > 0
+                    and right * abs(left).bit_length() > MAX_POWER_BITS
+                ):
                     raise ValueError(f"{left} ** {right} has more than {MAX_POWER_BITS} bits; no memory size is that large")
                 return super().call_binop(context, operator, left, right)
 

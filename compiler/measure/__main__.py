@@ -8,8 +8,7 @@ from . import cli
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="memspec measure", description=cli.DESCRIPTION, epilog=cli.EXAMPLES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="memspec measure", description=cli.DESCRIPTION, epilog=cli.EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_arguments(parser)
     return cli.main(parser.parse_args(argv))
 

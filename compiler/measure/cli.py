@@ -16,11 +16,20 @@ import traceback
 from pathlib import Path
 
 from .experiment import (
-    ATTENTIONS, PRECISION_MODES, PRECISIONS, ExperimentError, expand_matrix, label, load_experiment, with_overrides,
+    ATTENTIONS,
+    PRECISION_MODES,
+    PRECISIONS,
+    ExperimentError,
+    expand_matrix,
+    label,
+    load_experiment,
+    with_overrides,
 )
 
-DESCRIPTION = ("Measure the peak GPU memory of training steps by tracing them on fake tensors, or by running "
-               "them on a CUDA device with --device cuda (needs torch and transformers).")
+DESCRIPTION = (
+    "Measure the peak GPU memory of training steps by tracing them on fake tensors, or by running "
+    "them on a CUDA device with --device cuda (needs torch and transformers)."
+)
 EXAMPLES = """examples:
   memspec measure tests/measured/tiny/tiny-finetune.yaml --steps 2                    # the record on stdout
   memspec measure tests/measured/tiny/tiny-pretrain.yaml --micro-batch 1 --seq-len 32 --format text
@@ -41,7 +50,7 @@ fit's answers are checked at their boundary. Run one measurement per process on 
 otherwise idle GPU: the baseline is read before the process touches the device.
 """
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def _modules(text: str) -> list[str]:
@@ -51,8 +60,7 @@ def _modules(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", nargs="?", help="experiment YAML (specs/experiments/*.yaml)")
     parser.add_argument("--matrix", metavar="FILE", help="measure every entry of a matrix YAML into -o DIR")
-    parser.add_argument("-o", "--output", metavar="PATH",
-                        help="record file (single experiment; default stdout) or folder (--matrix)")
+    parser.add_argument("-o", "--output", metavar="PATH", help="record file (single experiment; default stdout) or folder (--matrix)")
     parser.add_argument("--steps", type=int, default=3, help="training steps to run (>= 2; default 3)")
     parser.add_argument("--name", help="record name (default: the experiment name plus overrides)")
     parser.add_argument("--micro-batch", type=int, dest="micro_batch")
@@ -60,30 +68,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-len", type=int, dest="target_len", help="an encoder-decoder model's target positions (T5)")
     parser.add_argument("--attention", choices=ATTENTIONS)
     parser.add_argument("--precision", choices=PRECISIONS)
-    parser.add_argument("--precision-mode", choices=PRECISION_MODES, dest="precision_mode",
-                        help="how bf16-mixed runs: autocast (fp32 weights, torch.autocast as accelerate wraps the forward) "
-                             "or master-weights (16-bit weights, fp32 masters: DeepSpeed)")
+    parser.add_argument(
+        "--precision-mode",
+        choices=PRECISION_MODES,
+        dest="precision_mode",
+        help="how bf16-mixed runs: autocast (fp32 weights, torch.autocast as accelerate wraps the forward) "
+        "or master-weights (16-bit weights, fp32 masters: DeepSpeed)",
+    )
     parser.add_argument("--trainable", type=_modules, metavar="M[,M]", help="e.g. projector,language")
-    parser.add_argument("--gradient-checkpointing", type=_modules, dest="gradient_checkpointing",
-                        metavar="M[,M]", help="e.g. language,vision; 'none' for off")
-    parser.add_argument("--no-parallel", action="store_true", dest="no_parallel",
-                        help="measure as one GPU without sharding (parallel: {dp: 1, zero: 0})")
+    parser.add_argument("--gradient-checkpointing", type=_modules, dest="gradient_checkpointing", metavar="M[,M]", help="e.g. language,vision; 'none' for off")
+    parser.add_argument("--no-parallel", action="store_true", dest="no_parallel", help="measure as one GPU without sharding (parallel: {dp: 1, zero: 0})")
     parser.add_argument("--timeline", metavar="FILE", help="write the live-bytes timeline (JSON lines)")
-    parser.add_argument("--inventory", metavar="FILE",
-                        help="write the live activations at the end of the last forward")
+    parser.add_argument("--inventory", metavar="FILE", help="write the live activations at the end of the last forward")
     parser.add_argument("--only", metavar="TEXT", help="with --matrix: entries whose name contains TEXT")
-    parser.add_argument("--device", type=_cuda_device, metavar="cuda[:N]",
-                        help="run the steps on this CUDA device instead of tracing them on fake tensors")
-    parser.add_argument("--memory-history", metavar="PATH", dest="memory_history",
-                        help="with --device: keep the caching allocator's trace of every allocation and free "
-                             "(gzip JSON lines; with --matrix PATH is a folder, one NAME.history.jsonl.gz each); "
-                             "python -m compiler.measure.history replays it through the allocator model")
-    parser.add_argument("--format", choices=["json", "text"], default="json",
-                        help="json: the record (default); text: a one-line summary per record")
+    parser.add_argument("--device", type=_cuda_device, metavar="cuda[:N]", help="run the steps on this CUDA device instead of tracing them on fake tensors")
+    parser.add_argument(
+        "--memory-history",
+        metavar="PATH",
+        dest="memory_history",
+        help="with --device: keep the caching allocator's trace of every allocation and free "
+        "(gzip JSON lines; with --matrix PATH is a folder, one NAME.history.jsonl.gz each); "
+        "python -m compiler.measure.history replays it through the allocator model",
+    )
+    parser.add_argument("--format", choices=["json", "text"], default="json", help="json: the record (default); text: a one-line summary per record")
 
 
 def _cuda_device(text: str) -> str:
-    index = text[len("cuda:"):] if text.startswith("cuda:") else None
+    index = text[len("cuda:") :] if text.startswith("cuda:") else None
     if text != "cuda" and not (index and index.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a CUDA device: give cuda or cuda:N (N a device index)")
     return text
@@ -100,14 +111,15 @@ def _summary(record: dict) -> str:
     if record["source"] == "gpu":
         return _gpu_summary(record)
     peak = max(record["steps"][1:], key=lambda s: s["allocated"])
-    return (f"{record['allocated'] / GIB:8.2f} GiB steady, {record['allocated_first_step'] / GIB:8.2f} GiB step 1; "
-            f"peak in {peak['phase']} at {peak['op']} ({peak['module'] or '<root>'})")
+    return (
+        f"{record['allocated'] / GIB:8.2f} GiB steady, {record['allocated_first_step'] / GIB:8.2f} GiB step 1; "
+        f"peak in {peak['phase']} at {peak['op']} ({peak['module'] or '<root>'})"
+    )
 
 
 def _gpu_summary(record: dict) -> str:
     device = "-" if record["device"] is None else f"{record['device'] / GIB:.2f}"
-    figures = (f"allocated {record['allocated'] / GIB:.2f} GiB, reserved {(record['reserved'] or 0) / GIB:.2f} GiB, "
-               f"device {device} GiB")
+    figures = f"allocated {record['allocated'] / GIB:.2f} GiB, reserved {(record['reserved'] or 0) / GIB:.2f} GiB, device {device} GiB"
     oom = record.get("out_of_memory")
     if oom is None:
         return figures + f" (steady); {record['machine']['accelerator']}"
@@ -161,8 +173,7 @@ def _cost(exp: dict) -> tuple:
     """Smaller first: tokens per step, then the language model's size, eager last."""
     config = json.loads(Path(exp["config"]).read_text())
     text = config.get("text_config", config)  # a text-only model's sizes are at the top level
-    return (exp["micro_batch"] * exp["seq_len"], text.get("hidden_size", 0) * text.get("num_hidden_layers", 0),
-            exp["attention"] == "eager")
+    return (exp["micro_batch"] * exp["seq_len"], text.get("hidden_size", 0) * text.get("num_hidden_layers", 0), exp["attention"] == "eager")
 
 
 def _run_matrix(args) -> int:
@@ -193,10 +204,8 @@ def _run_matrix(args) -> int:
             rec = _measure_one(name, exp, args)
             record.write_record(rec, path)
         done += 1
-        _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, "
-             f"{time.perf_counter() - started:.0f} s total]")
-    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix"
-         + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+        _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.0f} s total]")
+    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix" + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
     return EXIT_INPUT if failed else EXIT_OK
 
 
@@ -209,8 +218,9 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
     from . import record
 
     child = multiprocessing.get_context("spawn").Process(
-        target=_measure_child, args=(name, exp, args.steps, args.device, str(path),
-                                     str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None))
+        target=_measure_child,
+        args=(name, exp, args.steps, args.device, str(path), str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None),
+    )
     child.start()
     child.join()
     if child.exitcode != 0 or not path.exists():
@@ -250,8 +260,7 @@ def main(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        _say(f"memspec measure needs torch and transformers ({exc.name} is missing): "
-             "pip install 'memspec[measure]'")
+        _say(f"memspec measure needs torch and transformers ({exc.name} is missing): pip install 'memspec[measure]'")
         return EXIT_INPUT
     try:
         return _run_matrix(args) if args.matrix else _run_single(args)

@@ -35,7 +35,8 @@ PHASE_ORDER = (FORWARD, LOSS, BACKWARD, OPTIMIZER)
 CUDA_NOTE = (
     "real CUDA steps with random weights, built by compiler.measure.harness (build_model, make_batch, the "
     "optimizer); allocated/reserved: torch.cuda max_memory_allocated/max_memory_reserved, reset at each "
-    "phase start; device: NVML used bytes at each phase end minus the idle baseline ({baseline})")
+    "phase start; device: NVML used bytes at each phase end minus the idle baseline ({baseline})"
+)
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,10 @@ class TorchCuda:
         if smi is None:
             return None
         try:
-            out = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits", f"--id={target}"],
-                                 capture_output=True, text=True, timeout=10, check=True).stdout
-            return int(out.split()[0]) * 2 ** 20
+            out = subprocess.run(
+                [smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits", f"--id={target}"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+            return int(out.split()[0]) * 2**20
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
 
@@ -179,8 +181,10 @@ def check_runnable(exp: dict) -> None:
     """What the CPU trace can stand in for but one real process cannot run."""
     check_measurable(exp)
     if exp["parallel"].get("fsdp"):
-        raise ExperimentError(f"experiment {exp['experiment']!r}: FSDP needs one process per GPU (torchrun); "
-                              "--device cuda measures a single process (the CPU trace emulates the shards)")
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: FSDP needs one process per GPU (torchrun); "
+            "--device cuda measures a single process (the CPU trace emulates the shards)"
+        )
 
 
 class _StepLog:
@@ -233,8 +237,7 @@ def _attention_kernel(exp: dict) -> Iterator[tuple[str, ...]]:
         yield (harness.FA2_AS_SDPA,)
 
 
-def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None,
-            history: bool = False) -> GpuMeasurement:
+def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None, history: bool = False) -> GpuMeasurement:
     """Run `steps` training steps of `exp` on `device`; see the module docstring. `history`:
     keep the caching allocator's trace of every allocation and free, from the model's build on
     (`GpuMeasurement.history`)."""
@@ -244,8 +247,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
     where = torch.device(device)
     if counters is None:
         if not torch.cuda.is_available():
-            raise ExperimentError(f"--device {device}: torch {torch.__version__} sees no CUDA device "
-                                  "(torch.cuda.is_available() is False)")
+            raise ExperimentError(f"--device {device}: torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
         counters = TorchCuda(where)
     name, total = counters.accelerator()
     config = harness.load_config(exp["config"])
@@ -259,8 +261,16 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
     except counters.oom_error as exc:
         # NB: the weights alone do not fit; the highest reached stands as step 0's setup phase
         log.steps.append(GpuStep(0, {SETUP: counters.read()}))
-        return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), (), OutOfMemory(0, SETUP, _first_line(exc)),
-                              counters.history() if history else None, counters.alloc_retries())
+        return GpuMeasurement(
+            tuple(log.steps),
+            name,
+            total,
+            counters.baseline(),
+            (),
+            OutOfMemory(0, SETUP, _first_line(exc)),
+            counters.history() if history else None,
+            counters.alloc_retries(),
+        )
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, scale = harness._make_optimizer(exp, model, trainable, _Relabels())
 
@@ -285,8 +295,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
                 oom = OutOfMemory(step, log.phase or FORWARD, _first_line(exc))
                 log.cut_short()
                 break
-    return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom,
-                          counters.history() if history else None, counters.alloc_retries())
+    return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom, counters.history() if history else None, counters.alloc_retries())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -297,7 +306,7 @@ def _first_line(exc: BaseException) -> str:
 def _train_step(step: int, model, batch: dict, optimizer, scale: float, log: _StepLog, offload: bool) -> None:
     """One Trainer step as harness._train_step runs it, the counters read at each phase."""
     log.begin_step(step)
-    with (torch.autograd.graph.save_on_cpu(pin_memory=False) if offload else contextlib.nullcontext()):
+    with torch.autograd.graph.save_on_cpu(pin_memory=False) if offload else contextlib.nullcontext():
         loss = model(**batch).loss  # the output object (logits) dies here
     log.enter(BACKWARD)
     (loss * scale if scale != 1.0 else loss).backward()
@@ -310,5 +319,10 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, log: _St
 
 def machine(m: GpuMeasurement) -> dict:
     baseline = "not readable" if m.baseline is None else f"{m.baseline:,} B"
-    return {"system": platform.system(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "accelerator": m.accelerator, "note": CUDA_NOTE.format(baseline=baseline)}
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "accelerator": m.accelerator,
+        "note": CUDA_NOTE.format(baseline=baseline),
+    }

@@ -160,8 +160,7 @@ class LayerNormStatsInFp32(TorchDispatchMode):
 
 
 def _sdpa_as_cuda(original):
-    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                     is_causal=False, scale=None, enable_gqa=False):
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if torch.is_autocast_enabled("cpu"):
             # NB: under autocast, CUDA's policy for scaled_dot_product_attention
             # (lower_precision_fp) casts q, k, v and a floating mask before the kernel is picked
@@ -176,13 +175,11 @@ def _sdpa_as_cuda(original):
         head_dim = query.shape[-1]
         same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
         if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM and same_dims:
-            return torch.ops.aten._scaled_dot_product_flash_attention(
-                query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(
-                attn_mask.logical_not(), float("-inf"))
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+
     scaled_dot_product_attention.__wrapped__ = original
     return scaled_dot_product_attention
 
@@ -192,6 +189,7 @@ def _dropout_as_cuda(original):
         if training and 0.0 < p < 1.0 and not inplace:
             return torch.ops.aten.native_dropout(input, p, training)[0]
         return original(input, p, training, inplace)
+
     dropout.__wrapped__ = original
     return dropout
 
@@ -205,6 +203,7 @@ def _packed_sequences_as_cuda(original):
         if isinstance(position_ids, FakeTensor):
             return None
         return original(position_ids)
+
     return find_packed_sequence_indices
 
 
@@ -215,6 +214,7 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bo
     `host_values`: the batch has fake tensors with constants (see `HOST_VALUES`)."""
     import torch.nn.functional as F
     from torch._subclasses import fake_tensor
+
     try:
         from transformers import masking_utils
     except ImportError:  # NB: transformers 4.x builds its masks in each model, packed sequences unseen
@@ -268,39 +268,146 @@ AUTOCAST_CUDA_POLICY = "autocast-cuda-op-policy"
 
 # torch 2.13 aten/src/ATen/autocast_mode.h (installed under torch/include/ATen): CUDA's lists.
 CUDA_LOWER_PRECISION_FP = (
-    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
-    "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr", "matmul",
-    "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
-    "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    "_convolution.deprecated",
+    "_convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linalg_vecdot",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention",
+    "scaled_dot_product_attention",
     # autocast_mode.cpp registers these two for CUDA besides the list
-    "cudnn_convolution", "cudnn_convolution_transpose",
+    "cudnn_convolution",
+    "cudnn_convolution_transpose",
 )
 CUDA_FP32 = (
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
-    "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm", "native_layer_norm",
-    "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
-    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss",
-    "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
-    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
-    "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
-    "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "rms_norm",
+    "group_norm",
+    "frobenius_norm.dim",
+    "nuclear_norm",
+    "nuclear_norm.dim",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "upsample_nearest1d",
+    "_upsample_nearest_exact1d",
+    "upsample_nearest2d",
+    "_upsample_nearest_exact2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact3d",
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d",
+    "upsample_bicubic2d",
+    "_upsample_bicubic2d_aa",
 )
 CUDA_FP32_SET_OPT_DTYPE = (
-    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
-    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+    "prod",
+    "prod.dim_int",
+    "softmax.int",
+    "log_softmax.int",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "linalg_matrix_norm.str_ord",
+    "sum",
+    "sum.dim_IntList",
 )
 # fp32_append_dtype: norm without a dtype redispatched to its overload with one
 CUDA_FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
-CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
-                "tensordot", "scatter_add")
+CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put", "tensordot", "scatter_add")
 # autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten, AutocastCPU, m): its lower_precision_fp list
 CPU_LOWER_PRECISION_FP = (
-    "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d", "conv3d.padding", "bmm", "mm", "linalg_vecdot",
-    "baddbmm", "addmm", "_addmm_activation", "addbmm", "linear", "_convolution.deprecated", "matmul", "conv_tbc",
-    "mkldnn_rnn_layer", "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
-    "scaled_dot_product_attention", "_native_multi_head_attention",
+    "conv1d",
+    "conv1d.padding",
+    "conv2d",
+    "conv2d.padding",
+    "conv3d",
+    "conv3d.padding",
+    "bmm",
+    "mm",
+    "linalg_vecdot",
+    "baddbmm",
+    "addmm",
+    "_addmm_activation",
+    "addbmm",
+    "linear",
+    "_convolution.deprecated",
+    "matmul",
+    "conv_tbc",
+    "mkldnn_rnn_layer",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "prelu",
+    "scaled_dot_product_attention",
+    "_native_multi_head_attention",
 )
 # The AutocastCPU kernels left in place: the same policy (lower_precision_fp) on both devices.
 KEEP_CPU_KERNEL = frozenset(CUDA_LOWER_PRECISION_FP) & frozenset(CPU_LOWER_PRECISION_FP)
@@ -347,8 +454,7 @@ class CudaAutocastPolicy:
         dtype_index = next((i for i, a in enumerate(args_schema) if a.name == "dtype"), None)
 
         def cast_all(args, kwargs, dtype, cache):
-            return ([self._cast(dtype, a, cache) for a in args],
-                    {k: self._cast(dtype, v, cache) for k, v in kwargs.items()})
+            return ([self._cast(dtype, a, cache) for a in args], {k: self._cast(dtype, v, cache) for k, v in kwargs.items()})
 
         def kernel(*args, **kwargs):
             lower = torch.get_autocast_dtype("cpu")
@@ -374,6 +480,7 @@ class CudaAutocastPolicy:
                     args, kwargs = cast_all(args, kwargs, widest, False)
                 # else: an op only CPU's lists name: CUDA runs it uncast
                 return op(*args, **kwargs)
+
         return kernel
 
     def __enter__(self):
@@ -391,6 +498,7 @@ class CudaAutocastPolicy:
         def clear_autocast_cache():
             self.cache.clear()
             self.saved_clear()
+
         torch.clear_autocast_cache = clear_autocast_cache
         return self
 

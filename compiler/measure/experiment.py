@@ -36,12 +36,33 @@ DEFAULTS: dict[str, Any] = {
 }
 # Keys a record keeps, in this order; descriptive keys pass through when present.
 MEASURED_KEYS = (
-    "experiment", "model", "micro_batch", "seq_len", "images_per_sample", "trainable",
-    "precision", "optimizer", "gradient_checkpointing", "attention", "parallel",
+    "experiment",
+    "model",
+    "micro_batch",
+    "seq_len",
+    "images_per_sample",
+    "trainable",
+    "precision",
+    "optimizer",
+    "gradient_checkpointing",
+    "attention",
+    "parallel",
 )
 # Measured keys only some families have; a record keeps them when present.
-OPTIONAL_KEYS = ("target_len", "image_size", "videos_per_sample", "video_frames", "lora", "loss", "packing", "activation_offloading", "precision_mode",
-                 "versions", "device_map", "max_memory")
+OPTIONAL_KEYS = (
+    "target_len",
+    "image_size",
+    "videos_per_sample",
+    "video_frames",
+    "lora",
+    "loss",
+    "packing",
+    "activation_offloading",
+    "precision_mode",
+    "versions",
+    "device_map",
+    "max_memory",
+)
 # Libraries whose release an experiment may name (`versions: {transformers: 4.46.3}`): the
 # measurement runs only under that release (the record's own `versions` say what ran).
 VERSIONED = ("transformers",)
@@ -56,8 +77,16 @@ LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
 # peft's LoraConfig defaults for what an experiment's `lora` block leaves out
 # (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
 # restricts the targets to memspec modules (LLaVA's recipes adapt the language model only).
-LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
-                                 "modules": ["language"], "modules_to_save": [], "bias": "none", "use_dora": False}
+LORA_DEFAULTS: dict[str, Any] = {
+    "r": 8,
+    "alpha": 8,
+    "dropout": 0.0,
+    "target_modules": "all-linear",
+    "modules": ["language"],
+    "modules_to_save": [],
+    "bias": "none",
+    "use_dora": False,
+}
 LORA_BIAS = ("none", "all", "lora_only")
 # FSDP2 (torch.distributed.fsdp.fully_shard) defaults for what `parallel.fsdp` leaves out:
 # fully_shard's reshard_after_forward=True; gradients reduced in fp32 (MixedPrecisionPolicy
@@ -116,8 +145,7 @@ def _check(exp: dict, where: str) -> None:
     if mode is not None and mode not in PRECISION_MODES:
         fail(f"precision_mode {mode!r} is not one of {list(PRECISION_MODES)}")
     if mode == "autocast" and exp["precision"] != "bf16-mixed":
-        fail(f"precision_mode autocast is measured with precision bf16-mixed, got {exp['precision']!r} "
-             "(16-mixed adds the GradScaler's steps, not traced)")
+        fail(f"precision_mode autocast is measured with precision bf16-mixed, got {exp['precision']!r} (16-mixed adds the GradScaler's steps, not traced)")
     if mode == "autocast" and exp["parallel"].get("fsdp") is not None:
         fail("precision_mode autocast with FSDP2 is not measured: FSDP2's MixedPrecisionPolicy casts the weights itself")
     if exp["attention"] not in ATTENTIONS:
@@ -139,8 +167,10 @@ def _check(exp: dict, where: str) -> None:
         _check_fsdp(exp["parallel"], fail)
     bits = (exp.get("quantization") or {}).get("bits", 16)
     if bits != 16:
-        fail(f"quantization bits {bits}: bitsandbytes' 4-/8-bit layers need CUDA and real tensors and cannot run on fake "
-             "tensors (the estimate pins them to bitsandbytes' source: formulas/linear_4bit.yaml, linear_8bit.yaml)")
+        fail(
+            f"quantization bits {bits}: bitsandbytes' 4-/8-bit layers need CUDA and real tensors and cannot run on fake "
+            "tensors (the estimate pins them to bitsandbytes' source: formulas/linear_4bit.yaml, linear_8bit.yaml)"
+        )
     if exp.get("loss") is not None and exp["loss"] not in LOSSES:
         fail(f"loss {exp['loss']!r} is not one of {list(LOSSES)}")
     for key in ("packing", "activation_offloading"):
@@ -153,8 +183,7 @@ def _check(exp: dict, where: str) -> None:
             fail(f"{key} is measured for text-only batches (images_per_sample 0)")
     _check_versions(exp.get("versions"), fail)
     size = exp.get("image_size")
-    if size is not None and not (isinstance(size, list) and len(size) == 2
-                                 and all(isinstance(x, int) and x > 0 for x in size)):
+    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(isinstance(x, int) and x > 0 for x in size)):
         fail(f"image_size must be [height, width] in pixels, got {size!r}")
 
 
@@ -162,8 +191,10 @@ def _check_optimizer(optimizer: dict, fail) -> None:
     if optimizer.get("type") not in OPTIMIZER_TYPES:
         fail(f"optimizer.type {optimizer.get('type')!r} is not one of {list(OPTIMIZER_TYPES)}")
     if optimizer.get("impl", "foreach") not in OPTIMIZER_IMPLS:
-        fail(f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}"
-             + (" (bitsandbytes needs CUDA and real tensors: it cannot run on fake tensors)" if optimizer.get("impl") == "bitsandbytes" else ""))
+        fail(
+            f"optimizer.impl {optimizer.get('impl')!r} is not one of {list(OPTIMIZER_IMPLS)}"
+            + (" (bitsandbytes needs CUDA and real tensors: it cannot run on fake tensors)" if optimizer.get("impl") == "bitsandbytes" else "")
+        )
     unknown = sorted(set(optimizer) - set(OPTIMIZER_KEYS))
     if unknown:
         fail(f"optimizer: unknown key(s) {unknown}; measurable: {list(OPTIMIZER_KEYS)}")
@@ -201,8 +232,10 @@ def check_installed(exp: dict) -> None:
 
     for name, release in (exp.get("versions") or {}).items():
         if version(name) != release:
-            raise ExperimentError(f"experiment {exp['experiment']!r} names {name} {release}; {version(name)} is installed "
-                                  f"(measure it with {name}=={release} installed, e.g. on PYTHONPATH)")
+            raise ExperimentError(
+                f"experiment {exp['experiment']!r} names {name} {release}; {version(name)} is installed "
+                f"(measure it with {name}=={release} installed, e.g. on PYTHONPATH)"
+            )
 
 
 def _check_lora(lora: dict, fail) -> None:
@@ -249,7 +282,8 @@ def check_measurable(exp: dict) -> None:
     if parallel.get("dp", 1) != 1 or parallel.get("zero", 0) != 0:
         raise ExperimentError(
             f"experiment {exp['experiment']!r}: parallel {exp['parallel']} cannot be measured here: "
-            "only dp 1, zero 0 runs on one process (the CLI's --no-parallel measures it unsharded)")
+            "only dp 1, zero 0 runs on one process (the CLI's --no-parallel measures it unsharded)"
+        )
 
 
 def normalise(raw: dict, base_dir: Path, where: str) -> dict:
@@ -264,13 +298,17 @@ def normalise(raw: dict, base_dir: Path, where: str) -> dict:
     # NB: as the estimator defaults them: every module of the spec trains; images only where
     # the model has a vision tower
     exp = {**DEFAULTS, "trainable": list(modules), "images_per_sample": 1 if "vision" in modules else 0, **raw}
-    exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}),
-                        **exp["optimizer"]}
+    exp["optimizer"] = {**({"impl": "foreach"} if exp["optimizer"].get("type", "adamw") in ("adamw", "adam") else {}), **exp["optimizer"]}
     exp["parallel"] = normalise_parallel(exp["parallel"])
     exp["precision"] = PRECISION_NAMES.get(exp["precision"], exp["precision"])
     stated = raw.get("parallel") or {}
-    if "precision" in raw and exp["precision"] in ("bf16-mixed", "fp16-mixed") and "precision_mode" not in raw \
-            and "zero" not in stated and stated.get("fsdp") is None:
+    if (
+        "precision" in raw
+        and exp["precision"] in ("bf16-mixed", "fp16-mixed")
+        and "precision_mode" not in raw
+        and "zero" not in stated
+        and stated.get("fsdp") is None
+    ):
         # NB: as the estimator reads the same file (resolve.precision_mode): a mixed precision
         # stated without a ZeRO stage is autocast on fp32 weights
         exp["precision_mode"] = "autocast"
@@ -359,8 +397,9 @@ def expand_matrix(path: str | Path) -> list[tuple[str, dict]]:
         raw["experiment"] = f"{matrix.get('matrix', path.stem)}_{labels}"
         # NB: LoRA adapters train inside their modules, so gradients flow there too
         adapted = (raw.get("lora") or {}).get("modules", LORA_DEFAULTS["modules"]) if raw.get("lora") else []
-        raw["gradient_checkpointing"] = [m for m in raw.get("gradient_checkpointing", [])
-                                         if m in grad_flows(list(raw.get("trainable", DEFAULTS["trainable"])) + list(adapted))]
+        raw["gradient_checkpointing"] = [
+            m for m in raw.get("gradient_checkpointing", []) if m in grad_flows(list(raw.get("trainable", DEFAULTS["trainable"])) + list(adapted))
+        ]
         exp = normalise(raw, path.parent, f"{path} entry {labels}")
         out.append((raw["experiment"], exp))
     return out
@@ -388,5 +427,11 @@ def label(key: str, value: Any) -> str:
         return f"dp{value['dp']}-zero{value['zero']}"
     if key == "image_size":
         return f"{value[0]}x{value[1]}"
-    return {"micro_batch": f"b{value}", "seq_len": f"s{value}", "target_len": f"t{value}", "lora.r": f"r{value}",
-            "lora.dropout": f"drop{value}", "video_frames": f"f{value}"}.get(key, str(value))
+    return {
+        "micro_batch": f"b{value}",
+        "seq_len": f"s{value}",
+        "target_len": f"t{value}",
+        "lora.r": f"r{value}",
+        "lora.dropout": f"drop{value}",
+        "video_frames": f"f{value}",
+    }.get(key, str(value))

@@ -62,8 +62,7 @@ def shard(model, exp: dict, device_mesh) -> list[str]:
     cfg = exp["parallel"]["fsdp"]
     param_dtype = POLICY[exp["precision"]][0]
     reduce = cfg.get("reduce_dtype")
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                  reduce_dtype=REDUCE_DTYPES[reduce] if reduce else None)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=REDUCE_DTYPES[reduce] if reduce else None)
     kwargs = {"mesh": device_mesh, "mp_policy": policy, "reshard_after_forward": cfg.get("reshard_after_forward", True)}
     classes = wrapped_classes(model)
     units = []

@@ -40,8 +40,21 @@ from . import device_map, emulation, fsdp, tricks
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
 from .tracer import (
-    BACKWARD, BUFFERS, FORWARD, GRADIENTS, INPUTS, LOSS, MASTER_GRADIENTS, OPTIMIZER,
-    OPTIMIZER_STATES, PARAMETERS, PHASES, SETUP, MemoryTracer, ModuleScope, Peak,
+    BACKWARD,
+    BUFFERS,
+    FORWARD,
+    GRADIENTS,
+    INPUTS,
+    LOSS,
+    MASTER_GRADIENTS,
+    OPTIMIZER,
+    OPTIMIZER_STATES,
+    PARAMETERS,
+    PHASES,
+    SETUP,
+    MemoryTracer,
+    ModuleScope,
+    Peak,
 )
 
 DTYPES = {
@@ -52,7 +65,7 @@ DTYPES = {
 }
 MIXED = ("bf16-mixed", "fp16-mixed")
 # DeepSpeed fp16 `initial_scale_power` default 16 (deepspeed/runtime/fp16/loss_scaler.py).
-FP16_INITIAL_LOSS_SCALE = 2.0 ** 16
+FP16_INITIAL_LOSS_SCALE = 2.0**16
 # LLaVA-1.5 finetune recipe (scripts/v1_5/finetune.sh): learning rate 2e-5, weight decay 0.
 LEARNING_RATE = 2e-5
 WEIGHT_DECAY = 0.0
@@ -146,14 +159,15 @@ def build_model(config, exp: dict):
     # param_dtype copies are what the layers compute with
     dtype = weight_dtype(exp)
     try:
-        model = family.model_class()._from_config(
-            config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], **{DTYPE_KWARG: dtype})
+        model = family.model_class()._from_config(config, attn_implementation=ATTN_IMPLEMENTATION[exp["attention"]], **{DTYPE_KWARG: dtype})
     except ValueError as error:
         if "attention implementation" not in str(error):
             raise
         # NB: transformers refuses a kernel the architecture does not support (Gemma 2: no sdpa)
-        raise ExperimentError(f"experiment {exp['experiment']!r}: transformers does not build {family.model_class().__name__} "
-                              f"with attention {exp['attention']!r} ({str(error).splitlines()[0][:160]})") from None
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: transformers does not build {family.model_class().__name__} "
+            f"with attention {exp['attention']!r} ({str(error).splitlines()[0][:160]})"
+        ) from None
     model.train()
     model.requires_grad_(False)
     groups = family.module_groups(model)
@@ -215,9 +229,15 @@ def apply_lora(model, exp: dict, groups: dict):
     from peft.utils.other import ModulesToSaveWrapper
 
     lora = exp["lora"]
-    config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                        target_modules=lora_targets(model, lora, groups), bias=lora["bias"],
-                        modules_to_save=lora["modules_to_save"] or None, use_dora=lora.get("use_dora", False))
+    config = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora_targets(model, lora, groups),
+        bias=lora["bias"],
+        modules_to_save=lora["modules_to_save"] or None,
+        use_dora=lora.get("use_dora", False),
+    )
     # NB: adapters are created in the base dtype (the default dtype while peft builds them)
     # on the base device, which is where peft then moves them (`_replace_module`,
     # `_move_adapter_to_device_of_base_layer`); `Module.to()` cannot swap a fake parameter
@@ -310,8 +330,7 @@ def make_torch_optimizer(params: list[torch.Tensor], spec: dict, groups: list[li
     flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
     decay = spec.get("weight_decay", WEIGHT_DECAY)
     if groups is not None:
-        params = [{"params": [params[i] for i in groups[0]], "weight_decay": decay},
-                  {"params": [params[i] for i in groups[1]], "weight_decay": 0.0}]
+        params = [{"params": [params[i] for i in groups[0]], "weight_decay": decay}, {"params": [params[i] for i in groups[1]], "weight_decay": 0.0}]
     if spec["type"] == "adamw":
         return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, weight_decay=decay, **flags)
     if spec["type"] == "adam":
@@ -319,17 +338,14 @@ def make_torch_optimizer(params: list[torch.Tensor], spec: dict, groups: list[li
     if spec["type"] == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=LEARNING_RATE, scale_parameter=False, relative_step=False,
-                         beta1=spec.get("momentum") or None, weight_decay=decay)
-    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=spec.get("momentum", 0.0),
-                           weight_decay=decay, **flags)
+        return Adafactor(params, lr=LEARNING_RATE, scale_parameter=False, relative_step=False, beta1=spec.get("momentum") or None, weight_decay=decay)
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=spec.get("momentum", 0.0), weight_decay=decay, **flags)
 
 
 class MasterWeightOptimizer:
     """fp32 master weights around a torch optimizer (DeepSpeed bf16/fp16, Megatron)."""
 
-    def __init__(self, params: list[torch.Tensor], spec: dict, tracer: MemoryTracer, loss_scale: float,
-                 groups: list[list[int]] | None = None) -> None:
+    def __init__(self, params: list[torch.Tensor], spec: dict, tracer: MemoryTracer, loss_scale: float, groups: list[list[int]] | None = None) -> None:
         self.params = params
         self.spec = spec
         self.groups = groups
@@ -403,8 +419,9 @@ def _step_peak(tracer: MemoryTracer, step: int) -> StepPeak:
             phases[phase] = {"allocated": p.allocated, "op": p.op, "module": p.module, "breakdown": p.breakdown()}
             if tracer.watched.get((step, phase)):
                 phases[phase]["modules"] = dict(tracer.watched[(step, phase)])
-    return StepPeak(step=step, allocated=peak.allocated, traced=peak.traced, phase=peak.phase, op=peak.op,
-                    module=peak.module, breakdown=peak.breakdown(), phases=phases)
+    return StepPeak(
+        step=step, allocated=peak.allocated, traced=peak.traced, phase=peak.phase, op=peak.op, module=peak.module, breakdown=peak.breakdown(), phases=phases
+    )
 
 
 def format_inventory(rows: list[tuple[str, str, int, int]], title: str) -> str:
@@ -431,13 +448,22 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
         names.append(FA2_AS_SDPA)
     if autocast(exp):
         names.append(emulation.AUTOCAST_CUDA_POLICY)
-    return tuple(names + [emulation.STEP_ON_HOST, emulation.FLASH_BACKWARD_SCRATCH,
-                          emulation.MASKED_SCATTER_SCRATCH, emulation.MASKED_SELECT_SCRATCH,
-                          emulation.CUBLAS_WORKSPACE, emulation.SOFTMAX_BACKWARD_SCRATCH])
+    return tuple(
+        names
+        + [
+            emulation.STEP_ON_HOST,
+            emulation.FLASH_BACKWARD_SCRATCH,
+            emulation.MASKED_SCATTER_SCRATCH,
+            emulation.MASKED_SELECT_SCRATCH,
+            emulation.CUBLAS_WORKSPACE,
+            emulation.SOFTMAX_BACKWARD_SCRATCH,
+        ]
+    )
 
 
-def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: MemoryTracer,
-                scope: ModuleScope, emulate: bool, after_forward=None, offload: bool = False) -> None:
+def _train_step(
+    step: int, model, batch: dict, optimizer, scale: float, tracer: MemoryTracer, scope: ModuleScope, emulate: bool, after_forward=None, offload: bool = False
+) -> None:
     """One Trainer step, telling the tracer and the module scope where it is."""
     tracer.step = step
     scope.reset_calls()
@@ -445,7 +471,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     if emulate:
         tracer.persistent = emulation.persistent_scratch(1 if step == 1 else 2)
         tracer.workspaces(emulation.allocate_workspaces, 1 if step == 1 else 2)
-    with (tricks.offloaded() if offload else _nothing()):
+    with tricks.offloaded() if offload else _nothing():
         loss = model(**batch).loss  # the output object (logits) dies here
     scope.unmark()
     if after_forward is not None:
@@ -464,8 +490,9 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, tracer: 
     tracer.phase, scope.label = SETUP, ""
 
 
-def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False,
-            emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None) -> Measurement:
+def measure(
+    exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False, emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None
+) -> Measurement:
     """Trace `steps` training steps of `exp`; see the module docstring.
 
     `fake=False` runs on real CPU tensors; `emulate=False` turns the CUDA emulation off and
@@ -503,11 +530,20 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
 
     family_patches = getattr(family_for(exp["config"]), "host_patches", None)
     patches = family_patches() if emulate and family_patches else _nothing([])
-    with (fake_mode or _nothing()), behaviour as applied, patches as patched, stats_mode, policy, tracer:
+    with fake_mode or _nothing(), behaviour as applied, patches as patched, stats_mode, policy, tracer:
         for step in range(1, steps + 1):
-            _train_step(step, model, batch, optimizer, scale, tracer, scope, emulate,
-                        after_forward=take_inventory if step == steps else None,
-                        offload=bool(exp.get("activation_offloading")))
+            _train_step(
+                step,
+                model,
+                batch,
+                optimizer,
+                scale,
+                tracer,
+                scope,
+                emulate,
+                after_forward=take_inventory if step == steps else None,
+                offload=bool(exp.get("activation_offloading")),
+            )
     scope.remove()
     if undo is not None:
         undo()
@@ -520,8 +556,7 @@ def measure(exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = Fa
         reserved=tracer.peak_reserved,
         allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None and split is None else None,
         devices=tracer.device_peaks if split is not None else None,
-        device_reserved=({gpu: a.peak_reserved for gpu, a in tracer.allocators.items()}
-                         if split is not None and tracer.allocators is not None else None),
+        device_reserved=({gpu: a.peak_reserved for gpu, a in tracer.allocators.items()} if split is not None and tracer.allocators is not None else None),
     )
 
 
@@ -554,7 +589,7 @@ def _model_and_batch(exp: dict, fake: bool):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake_mode = FakeTensorMode()
-    with (fake_mode or _nothing()):
+    with fake_mode or _nothing():
         model = build_model(config, exp)
         if device_mesh is not None:
             fsdp.shard(model, exp, device_mesh)
@@ -563,13 +598,11 @@ def _model_and_batch(exp: dict, fake: bool):
     batch = make_batch(config, exp)
     host_values = frozenset(getattr(family_for(exp["config"]), "HOST_VALUES", ()))
     if fake_mode is not None:
-        batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v)
-                 for k, v in batch.items()}
+        batch = {k: (_fake_input(fake_mode, v, k in host_values) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
     return fake_mode, model, batch, host_values
 
 
-def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None,
-            split: tuple | None = None) -> MemoryTracer:
+def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None, split: tuple | None = None) -> MemoryTracer:
     """The tracer of one measurement, the model's parameters, buffers and the batch registered;
     with `split` (device_map.plan's), each on its GPU (the batch on GPU 0)."""
     tracer = MemoryTracer(
@@ -601,6 +634,7 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
     tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS, device=lambda t: 0)
     return tracer
 
+
 def _input_embeddings(model, scope: ModuleScope) -> frozenset:
     """The path of the model's token embeddings (PreTrainedModel.get_input_embeddings)."""
     try:
@@ -616,8 +650,9 @@ def _check_fused_loss(exp: dict) -> None:
     from .families import causal_lm
 
     if family_for(exp["config"]).make_batch is not causal_lm.make_batch:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: loss fused_linear_cross_entropy is measured for "
-                              "text-only causal language models (…ForCausalLM) only")
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: loss fused_linear_cross_entropy is measured for text-only causal language models (…ForCausalLM) only"
+        )
 
 
 def _fake_input(fake_mode, tensor: torch.Tensor, host_value: bool) -> torch.Tensor:

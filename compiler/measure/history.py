@@ -101,10 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     gib = 2**30
     for path in paths:
         r = replay(read(path))
-        print(f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
-              f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "
-              f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated"
-              + (f"; {r.unmatched_frees} frees of blocks from before the history" if r.unmatched_frees else ""))
+        print(
+            f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
+            f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "
+            f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated"
+            + (f"; {r.unmatched_frees} frees of blocks from before the history" if r.unmatched_frees else "")
+        )
     return 0
 
 

@@ -89,9 +89,15 @@ def build_record(name: str, exp: dict, measurement, config_sha256: str) -> dict[
         peaks = measurement.devices
         gpus = sorted({g for highs in peaks.values() for g in highs})
         reserved = getattr(measurement, "device_reserved", None) or {}
-        record["devices"] = [{"gpu": g, "allocated": max(peaks[s].get(g, 0) for s in peaks if s >= 2),
-                              "allocated_first_step": peaks.get(1, {}).get(g, 0),
-                              **({"reserved": reserved[g]} if g in reserved else {})} for g in gpus]
+        record["devices"] = [
+            {
+                "gpu": g,
+                "allocated": max(peaks[s].get(g, 0) for s in peaks if s >= 2),
+                "allocated_first_step": peaks.get(1, {}).get(g, 0),
+                **({"reserved": reserved[g]} if g in reserved else {}),
+            }
+            for g in gpus
+        ]
         record["allocated"] = max(d["allocated"] for d in record["devices"])
         record["allocated_first_step"] = max(d["allocated_first_step"] for d in record["devices"])
         # NB: each GPU's own allocator; the record's reserved is the largest GPU's
@@ -119,8 +125,7 @@ def _gpu_step(step) -> dict[str, Any]:
         "reserved": step.reserved,
         "device": step.device,
         "phase": step.peak_phase,
-        "phases": {name: {"allocated": p.allocated, "reserved": p.reserved, "device": p.device}
-                   for name, p in step.phases.items()},
+        "phases": {name: {"allocated": p.allocated, "reserved": p.reserved, "device": p.device} for name, p in step.phases.items()},
     }
 
 

@@ -50,8 +50,17 @@ BACKWARD_TEMPORARIES = "backward_temporaries"
 OPTIMIZER_TEMPORARIES = "optimizer_temporaries"
 OTHER = "other"
 CATEGORIES = (
-    PARAMETERS, BUFFERS, INPUTS, GRADIENTS, MASTER_GRADIENTS, OPTIMIZER_STATES,
-    ACTIVATIONS, RECOMPUTED, BACKWARD_TEMPORARIES, OPTIMIZER_TEMPORARIES, OTHER,
+    PARAMETERS,
+    BUFFERS,
+    INPUTS,
+    GRADIENTS,
+    MASTER_GRADIENTS,
+    OPTIMIZER_STATES,
+    ACTIVATIONS,
+    RECOMPUTED,
+    BACKWARD_TEMPORARIES,
+    OPTIMIZER_TEMPORARIES,
+    OTHER,
 )
 
 # Phases of a training step, in order. "loss" is the part of the model's forward after the
@@ -245,8 +254,7 @@ class MemoryTracer(TorchDispatchMode):
             firsts = [self.gpu_of(t) if isinstance(t, torch.Tensor) else None for t in args[0]]
             fallback = next((d for d in firsts if d is not None), self.module_device(module))
             return [firsts[i] if i < len(firsts) and firsts[i] is not None else fallback for i in range(len(outs))]
-        known = next((d for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-                      for d in (self.gpu_of(t),) if d is not None), None)
+        known = next((d for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) for d in (self.gpu_of(t),) if d is not None), None)
         return [known if known is not None else self.module_device(module)] * len(outs)
 
     def _track(self, tensor: torch.Tensor, category: str, module: str, op: str, device: int | None = None) -> Allocation | None:
@@ -327,8 +335,14 @@ class MemoryTracer(TorchDispatchMode):
         self.total += nbytes - record.nbytes
         self.by_category[record.category] += nbytes - record.nbytes
         self.live[storage._cdata] = Allocation(
-            nbytes=nbytes, category=record.category, phase=self.phase,
-            module=module if nbytes else record.module, op="resize_", dtype=record.dtype, shape=record.shape)
+            nbytes=nbytes,
+            category=record.category,
+            phase=self.phase,
+            module=module if nbytes else record.module,
+            op="resize_",
+            dtype=record.dtype,
+            shape=record.shape,
+        )
         self._observe("resize_", module, ())
 
     def __enter__(self):
@@ -350,8 +364,7 @@ class MemoryTracer(TorchDispatchMode):
         torch.UntypedStorage.resize_ = self._original_resize
         return super().__exit__(*exc)
 
-    def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "",
-                 device: Callable[[torch.Tensor], int] | None = None) -> None:
+    def register(self, tensors: Iterable[torch.Tensor], category: str, module: str = "", device: Callable[[torch.Tensor], int] | None = None) -> None:
         """Count tensors created before tracing began (weights, buffers, the batch); `device`
         gives each one's GPU when devices are tracked."""
         for tensor in tensors:
@@ -440,15 +453,17 @@ class MemoryTracer(TorchDispatchMode):
                 scratch=scratch,
             )
         if self.keep_timeline:
-            self.timeline.append({
-                "step": self.step,
-                "phase": self.phase,
-                "module": module,
-                "op": op,
-                "allocated": point,
-                **{c: self.by_category[c] for c in CATEGORIES if self.by_category[c]},
-                **{f"scratch.{n}": b for n, b in scratch},
-            })
+            self.timeline.append(
+                {
+                    "step": self.step,
+                    "phase": self.phase,
+                    "module": module,
+                    "op": op,
+                    "allocated": point,
+                    **{c: self.by_category[c] for c in CATEGORIES if self.by_category[c]},
+                    **{f"scratch.{n}": b for n, b in scratch},
+                }
+            )
 
     # -- reports --------------------------------------------------------------------------
 

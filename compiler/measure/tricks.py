@@ -129,6 +129,7 @@ def offloaded() -> Iterator[None]:
     itself is the CPU, so `.cpu()` would copy within it; `meta` is a device the tracer does
     not count, and `.to(device)` of a meta tensor allocates the same fresh device copy.
     """
+
     def pack(tensor):
         return tensor.device, tensor.to("meta")
 

@@ -98,8 +98,9 @@ class AllocatorConfig:
                     continue
                 from ..errors import did_you_mean
 
-                raise AllocConfError(key, f"unknown allocator option '{key}'",
-                                     did_you_mean(key, list(_KEYS) + list(_IGNORED)) or f"options: {', '.join(sorted(_KEYS))}")
+                raise AllocConfError(
+                    key, f"unknown allocator option '{key}'", did_you_mean(key, list(_KEYS) + list(_IGNORED)) or f"options: {', '.join(sorted(_KEYS))}"
+                )
             config = parse(config, key, value)
         return config
 
@@ -233,8 +234,11 @@ _KEYS = {
 }
 # Options torch accepts that do not change what the native allocator reserves
 _IGNORED = {
-    "release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
-    "pinned_use_background_threads", "graph_capture_record_stream_reuse",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "graph_capture_record_stream_reuse",
 }
 
 
@@ -335,9 +339,11 @@ class OutOfMemory:
 
     def message(self) -> str:
         gib = 1 << 30
-        return (f"CUDA out of memory at allocation #{self.event}: tried to allocate {self.requested / gib:.2f} GiB; "
-                f"{self.allocated / gib:.2f} GiB allocated, {self.reserved / gib:.2f} GiB reserved of "
-                f"{self.capacity / gib:.2f} GiB the allocator may use")
+        return (
+            f"CUDA out of memory at allocation #{self.event}: tried to allocate {self.requested / gib:.2f} GiB; "
+            f"{self.allocated / gib:.2f} GiB allocated, {self.reserved / gib:.2f} GiB reserved of "
+            f"{self.capacity / gib:.2f} GiB the allocator may use"
+        )
 
 
 class OutOfMemoryError(Exception):
@@ -407,9 +413,11 @@ class Allocator:
     def _fresh(self, pool: _Pool, size: int, key: object, nbytes: int) -> _Block:
         """Nothing cached fits: a new segment, after giving cached ones back if need be."""
         self._collect_garbage()
-        block = (self._new_block(pool, size)
-                 or (self._release_oversize(pool, size) and self._new_block(pool, size))
-                 or (self.empty_cache() and self._new_block(pool, size)))
+        block = (
+            self._new_block(pool, size)
+            or (self._release_oversize(pool, size) and self._new_block(pool, size))
+            or (self.empty_cache() and self._new_block(pool, size))
+        )
         if not block:
             raise OutOfMemoryError(OutOfMemory(self.mallocs - 1, key, nbytes, self.allocated, self.reserved, self.limit))
         return block
@@ -660,8 +668,7 @@ class Allocator:
             return
         target = int(threshold * self.limit)
         while self.reserved > target:
-            whole = [b for p in (self._small, self._large) for b in p.free.values()
-                     if b.prev is None and b.next is None]
+            whole = [b for p in (self._small, self._large) for b in p.free.values() if b.prev is None and b.next is None]
             if not whole:
                 return
             ages = [self.mallocs - b.freed_at for b in whole]

@@ -32,13 +32,23 @@ from ..paths import data_root
 from .expand import expand, experiment_scope
 from .load import Document
 from .resolve import (
-    OLDER_TRANSFORMERS, TRANSFORMERS, TRANSFORMERS_RELEASE, Lora, Module, Optimizer, Resolution, Setup, Spec, _optimizer,
-    derive_bytes, gpu_catalog, release_text,
+    OLDER_TRANSFORMERS,
+    TRANSFORMERS,
+    TRANSFORMERS_RELEASE,
+    Lora,
+    Module,
+    Optimizer,
+    Resolution,
+    Setup,
+    Spec,
+    _optimizer,
+    derive_bytes,
+    gpu_catalog,
+    release_text,
 )
 
 
-def admit(doc: Document | None, spec: Spec, setup: Setup, overrides: Mapping[str, Any] | None = None,
-          formulas: Library | None = None) -> Setup:
+def admit(doc: Document | None, spec: Spec, setup: Setup, overrides: Mapping[str, Any] | None = None, formulas: Library | None = None) -> Setup:
     """`setup` (resolved from `doc` and `overrides`) when every part of it is modelled, else
     the refusals raised together. `formulas`: the library whose `setups:` decide (default:
     the shipped formulas the spec reaches)."""
@@ -46,22 +56,29 @@ def admit(doc: Document | None, spec: Spec, setup: Setup, overrides: Mapping[str
     data, parallel, complain = r.data, r.parallel, r.complain
     data["transformers"] = setup.transformers  # NB: as resolve's check_knobs read it
     if data.get("activation_offloading") and data["gradient_checkpointing"]:
-        complain("activation_offloading", "E315",
-                 "activation offloading together with gradient checkpointing is not modelled",
-                 "turn one off (gradient_checkpointing: [] or activation_offloading: false)")
+        complain(
+            "activation_offloading",
+            "E315",
+            "activation offloading together with gradient checkpointing is not modelled",
+            "turn one off (gradient_checkpointing: [] or activation_offloading: false)",
+        )
     for key in ("packing", "activation_offloading"):
         if data.get(key) and (data["images_per_sample"] or data["videos_per_sample"]):
-            complain(key, "E316",
-                     f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
-                     + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
-                     f"set images_per_sample: 0 (a text-only model), or {key}: false")
+            complain(
+                key,
+                "E316",
+                f"{key.replace('_', ' ')} is modelled for text-only batches; this experiment has images_per_sample {data['images_per_sample']}"
+                + (f" and videos_per_sample {data['videos_per_sample']}" if data["videos_per_sample"] else ""),
+                f"set images_per_sample: 0 (a text-only model), or {key}: false",
+            )
     if data["precision_mode"] == "autocast":
         _check_autocast(data, parallel, complain)
     if data["transformers"] < OLDER_TRANSFORMERS:
         _check_older_transformers(data, parallel, complain)
     # NB: packing or offloading with images is refused above, whatever the formulas declare
-    refused = _check_setups(data, parallel, spec, formulas, complain,
-                            {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set())
+    refused = _check_setups(
+        data, parallel, spec, formulas, complain, {"packing", "activation_offloading"} if data["images_per_sample"] or data["videos_per_sample"] else set()
+    )
     if not refused & {"tensor_parallel", "sequence_parallel", "pipeline_parallel"}:
         _check_model_parallel(parallel, data, spec, complain)
     _check_pairings(setup, parallel, complain)
@@ -77,15 +94,23 @@ def _check_pairings(setup: Setup, parallel: Mapping[str, Any], complain) -> None
     if parallel.get("fsdp") is not None and not _fsdp_modelled(optimizer):
         # NB: the FSDP2 walk sizes states and step temporaries for torch's AdamW/Adam and SGD
         # without weight decay; other optimizers on DTensor shards are not modelled
-        complain("optimizer", "E308", f"optimizer {optimizer.label} is not modelled with FSDP2",
-                 "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO")
+        complain(
+            "optimizer",
+            "E308",
+            f"optimizer {optimizer.label} is not modelled with FSDP2",
+            "use adamw/adam (torch) or sgd without weight decay with FSDP2, or estimate with DeepSpeed ZeRO",
+        )
     if lora is not None:
         _check_lora_extras(lora, parallel, complain)
     if quantization is not None:
         trained = sorted(quantization.modules & (frozenset(setup.trainable) - (lora.modules if lora else frozenset())))
         if trained:
-            complain("quantization", "E307", f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
-                     "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable")
+            complain(
+                "quantization",
+                "E307",
+                f"module(s) {', '.join(trained)} are quantized and trainable: bitsandbytes' 4-/8-bit weights do not train",
+                "adapt them with LoRA (lora: {modules: [...]}) or leave them out of trainable",
+            )
 
 
 def _fsdp_modelled(o: Optimizer) -> bool:
@@ -100,8 +125,9 @@ def _check_lora_extras(lora: Lora, parallel: Mapping[str, Any], complain) -> Non
     if parallel.get("fsdp") is not None:
         # NB: FSDP2's units hold frozen and trainable parameters of one layer in one flat
         # group; a bias-only or copied layer's reduce-scatter is not walked
-        complain("lora", "E321", f"peft {' and '.join(extras)} with FSDP2 is not modelled",
-                 "estimate with DeepSpeed ZeRO (parallel: {zero: N}) or without them")
+        complain(
+            "lora", "E321", f"peft {' and '.join(extras)} with FSDP2 is not modelled", "estimate with DeepSpeed ZeRO (parallel: {zero: N}) or without them"
+        )
     if lora.use_dora and lora.bias != "none":
         # NB: peft's DoRA layer subtracts and re-adds the base bias around its magnitude scaling
         # (lora/dora.py DoraLinearLayer.forward), a path not in dora_linear's formula
@@ -160,8 +186,9 @@ def instantiated_types(spec: Spec, setup: Setup, library: Library) -> dict[str, 
     return out
 
 
-def setup_refusals(spec: Spec, setup: Setup, library: Library, wanted: Iterable[str],
-                   reached: Mapping[str, tuple[Mapping[str, str], bool]] | None = None) -> dict[str, tuple[str, str, str]]:
+def setup_refusals(
+    spec: Spec, setup: Setup, library: Library, wanted: Iterable[str], reached: Mapping[str, tuple[Mapping[str, str], bool]] | None = None
+) -> dict[str, tuple[str, str, str]]:
     """For each wanted setup that a formula `spec` instantiates under `setup` does not declare:
     (module, layer type, path of its first instance). A setup that changes only what a
     forward holds (_RUN_ONLY) is not asked of modules that run on no rows, and needs one that
@@ -197,8 +224,7 @@ def _runs(module: Module, setup: Setup) -> bool:
         return True
 
 
-def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain,
-                  skip: set[str]) -> set[str]:
+def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Spec, formulas: Library | None, complain, skip: set[str]) -> set[str]:
     """Refuse each setup beyond a plain step (SETUPS) that a formula the spec instantiates does
     not declare in its `setups:`; returns the refused ones. The formulas are instantiated for
     the experiment's batch, images, loss, packing and offloading on one GPU without LoRA or
@@ -218,20 +244,31 @@ def _check_setups(data: Mapping[str, Any], parallel: Mapping[str, Any], spec: Sp
     for name, (module, layer_type, path) in refusals.items():
         key, code = _SETUP_KEYS[name]
         if name in _PARALLEL:
-            if any(n in refusals for n in _PARALLEL[:_PARALLEL.index(name)]):
+            if any(n in refusals for n in _PARALLEL[: _PARALLEL.index(name)]):
                 continue  # NB: one refusal of model parallelism
             key = next((k for k in (key, "tp", "pp") if k in flags), "parallel")
         what, off = _refused(name, key, data)
         if not module and layer_type:
-            complain(key, code, f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}", off)
+            complain(
+                key,
+                code,
+                f"{what} needs a causal language model head: no formula of {spec.model} ({', '.join(sorted({m.type for m in spec.modules}))}) switches to {layer_type}",
+                off,
+            )
             continue
         if not module:
-            complain(key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off)
+            complain(
+                key, code, f"{what} is not modelled for {spec.model}: none of its modules ({', '.join(m.name for m in spec.modules)}) runs on this batch", off
+            )
             continue
         file = _shown(library[layer_type].file)
         declared = ", ".join(k for k in SETUPS if k in library[layer_type].setups) or "none"
-        complain(key, code, f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
-                 f"{off}; a formula lists a setup in `setups:` once its figures model it")
+        complain(
+            key,
+            code,
+            f"{what} is not modelled by layer type '{layer_type}' of module '{module}' (first at {path}): {file} does not list {name} under setups (it lists {declared})",
+            f"{off}; a formula lists a setup in `setups:` once its figures model it",
+        )
     return set(refusals)
 
 
@@ -244,16 +281,35 @@ def _probe_setup(data: Mapping[str, Any], spec: Spec) -> Setup:
     _, consts = gpu_catalog()
     image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
     return Setup(
-        experiment=data.get("experiment", spec.model), file=spec.file, micro_batch=data["micro_batch"], seq_len=data["seq_len"],
-        images_per_sample=data["images_per_sample"], image_size=image_size, anyres=spec.anyres, image_resize=spec.image_resize,
-        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        experiment=data.get("experiment", spec.model),
+        file=spec.file,
+        micro_batch=data["micro_batch"],
+        seq_len=data["seq_len"],
+        images_per_sample=data["images_per_sample"],
+        image_size=image_size,
+        anyres=spec.anyres,
+        image_resize=spec.image_resize,
+        videos_per_sample=data["videos_per_sample"],
+        video_frames=data.get("video_frames") or 0,
         video_temporal_patch=spec.video_temporal_patch or 1,
-        trainable=frozenset(data["trainable"]) & names, precision=data["precision"],
+        trainable=frozenset(data["trainable"]) & names,
+        precision=data["precision"],
         optimizer=optimizer,
-        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names, attention=data["attention"],
-        dp=1, zero=0, deepspeed=None, gpu=None, target=consts.default_gpu, bytes=values, master_bytes=master, state_bytes=state,
-        loss=data["loss"], activation_offloading=bool(data["activation_offloading"]), packing=bool(data["packing"]),
-        precision_mode=data["precision_mode"], transformers=data.get("transformers", TRANSFORMERS),
+        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) & names,
+        attention=data["attention"],
+        dp=1,
+        zero=0,
+        deepspeed=None,
+        gpu=None,
+        target=consts.default_gpu,
+        bytes=values,
+        master_bytes=master,
+        state_bytes=state,
+        loss=data["loss"],
+        activation_offloading=bool(data["activation_offloading"]),
+        packing=bool(data["packing"]),
+        precision_mode=data["precision_mode"],
+        transformers=data.get("transformers", TRANSFORMERS),
     )
 
 
@@ -264,9 +320,15 @@ def _refused(name: str, key: str, data: Mapping[str, Any]) -> tuple[str, str]:
         what = f"precision {data.get('precision_given', data['precision'])} as torch.autocast on fp32 weights"
     if name == "older_transformers":
         what = f"transformers {release_text(data['transformers'])}"
-    off = {"precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
-           "loss": "use loss: cross_entropy", "parallel": "set tp: 1 and pp: 1",
-           "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later", "tp": "set tp: 1", "pp": "set pp: 1", "sp": "set sp: false"}.get(key, f"set {key}: false")
+    off = {
+        "precision": "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N, --deepspeed) for 16-bit weights with fp32 master weights, or use bf16-true (pure bf16) or fp32",
+        "loss": "use loss: cross_entropy",
+        "parallel": "set tp: 1 and pp: 1",
+        "versions": f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later",
+        "tp": "set tp: 1",
+        "pp": "set pp: 1",
+        "sp": "set sp: false",
+    }.get(key, f"set {key}: false")
     return what, off
 
 
@@ -278,8 +340,12 @@ def _check_older_transformers(data: Mapping[str, Any], parallel: Mapping[str, An
     if data["attention"] == "eager":
         others.insert(0, "eager attention")
     if others:
-        complain("versions", "E331", f"transformers {release} is modelled for a plain step with sdpa or flash_attention_2; not with {', '.join(others)}",
-                 f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later")
+        complain(
+            "versions",
+            "E331",
+            f"transformers {release} is modelled for a plain step with sdpa or flash_attention_2; not with {', '.join(others)}",
+            f"leave versions.transformers out (the formulas' release, {TRANSFORMERS_RELEASE}) or name 4.49 or later",
+        )
 
 
 def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], complain) -> None:
@@ -290,20 +356,28 @@ def _check_autocast(data: Mapping[str, Any], parallel: Mapping[str, Any], compla
     (softmax(dtype=fp32).to(query.dtype) with an fp32 query after the fp32 rotary), which
     attention_core does not model."""
     given = data.get("precision_given", data["precision"])
-    unmeasured = [(key, what) for key, on, what in (
-        ("attention", data["attention"] == "eager", "eager attention"),
-        ("packing", bool(data.get("packing")), "packing"),
-        ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
-        ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
-        ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
-        # NB: the setups check instantiates the spec without adapters or quantization, so
-        # lora_linear, dora_linear and the bitsandbytes linears are refused here
-        ("lora", bool(data.get("lora")), "LoRA (peft adapters on frozen fp32 weights)"),
-        ("quantization", bool(data.get("quantization")), "bitsandbytes quantization"),
-    ) if on]
+    unmeasured = [
+        (key, what)
+        for key, on, what in (
+            ("attention", data["attention"] == "eager", "eager attention"),
+            ("packing", bool(data.get("packing")), "packing"),
+            ("activation_offloading", bool(data.get("activation_offloading")), "activation offloading"),
+            ("loss", data.get("loss") == "fused_linear_cross_entropy", "loss fused_linear_cross_entropy"),
+            ("parallel", parallel["tp"] > 1 or parallel["pp"] > 1, "tensor or pipeline parallelism"),
+            # NB: the setups check instantiates the spec without adapters or quantization, so
+            # lora_linear, dora_linear and the bitsandbytes linears are refused here
+            ("lora", bool(data.get("lora")), "LoRA (peft adapters on frozen fp32 weights)"),
+            ("quantization", bool(data.get("quantization")), "bitsandbytes quantization"),
+        )
+        if on
+    ]
     for key, what in unmeasured:
-        complain(key, "E325", f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: full or partial fine-tuning without adapters, sdpa or flash attention, unpacked, nothing offloaded)",
-                 "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32")
+        complain(
+            key,
+            "E325",
+            f"{what} with precision {given} as torch.autocast on fp32 weights is not modelled (measured: full or partial fine-tuning without adapters, sdpa or flash attention, unpacked, nothing offloaded)",
+            "state a DeepSpeed ZeRO stage (zero: 0 to 3, --zero N) for 16-bit weights with fp32 master weights, or use bf16-true or fp32",
+        )
 
 
 def _shown(file: str) -> str:
@@ -339,11 +413,19 @@ def _check_model_parallel(parallel: Mapping[str, Any], data: Mapping[str, Any], 
     elif parallel.get("fsdp") is not None or parallel.get("zero"):  # NB: --fsdp alone is {}
         why = "FSDP2 or ZeRO sharding"
     if why:
-        complain(at("tp", "pp"), "E318", f"tensor / pipeline parallelism (tp {tp}, pp {pp}) is modelled for a text-only Llama-style causal LM without {why}",
-                 "set tp: 1 and pp: 1")
+        complain(
+            at("tp", "pp"),
+            "E318",
+            f"tensor / pipeline parallelism (tp {tp}, pp {pp}) is modelled for a text-only Llama-style causal LM without {why}",
+            "set tp: 1 and pp: 1",
+        )
         return
     for m in spec.modules:
         for key, degree in (("n_heads", tp), ("n_kv_heads", tp), ("intermediate", tp), ("n_layers", pp)):
             if key in m.inputs and m.inputs[key] % degree:
-                complain(at("pp" if key == "n_layers" else "tp"), "E319", f"{'tp' if key != 'n_layers' else 'pp'} {degree} does not divide {key} {m.inputs[key]} of module '{m.name}'",
-                         "Megatron splits heads and the MLP evenly across tensor ranks, and layers evenly across pipeline stages")
+                complain(
+                    at("pp" if key == "n_layers" else "tp"),
+                    "E319",
+                    f"{'tp' if key != 'n_layers' else 'pp'} {degree} does not divide {key} {m.inputs[key]} of module '{m.name}'",
+                    "Megatron splits heads and the MLP evenly across tensor ranks, and layers evenly across pipeline stages",
+                )

@@ -83,22 +83,30 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
         shapes = tuple(None if dims is None else tuple(integer(d, d(scope)) for d in dims) for dims in formula.param_shapes)
         buffers = tuple(integer(e, e(scope)) for e in formula.buffers)
         factors = tuple(integer(formula.factors[n], formula.factors[n](scope)) if n in formula.factors else 0 for n in FACTOR_NAMES)
-        factors = (sum(params), *factors, sum(buffers), tuple(b for b in params if b), tuple(b for b in buffers if b),
-                   tuple(s for b, s in zip(params, shapes) if b), tuple(n for b, n in zip(params, formula.param_names) if b))
+        factors = (
+            sum(params),
+            *factors,
+            sum(buffers),
+            tuple(b for b in params if b),
+            tuple(b for b in buffers if b),
+            tuple(s for b, s in zip(params, shapes) if b),
+            tuple(n for b, n in zip(params, formula.param_names) if b),
+        )
         saved = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.activations)
         ckpt = tuple(integer(s.bytes, s.bytes(scope)) for s in formula.checkpoint)
         tf = integer(formula.transient["forward"], formula.transient["forward"](scope)) if "forward" in formula.transient else 0
         tb = integer(formula.transient["backward"], formula.transient["backward"](scope)) if "backward" in formula.transient else 0
         given = tuple(integer(e, e(scope)) for e in formula.param_rows) or (0,) * len(params)
         rows = tuple(r for b, r in zip(params, given) if b)
-        order = {phase: tuple((a.op, a.name, integer(a.bytes, a.bytes(scope)) if a.bytes is not None else 0) for a in entries)
-                 for phase, entries in formula.allocations.items()}
+        order = {
+            phase: tuple((a.op, a.name, integer(a.bytes, a.bytes(scope)) if a.bytes is not None else 0) for a in entries)
+            for phase, entries in formula.allocations.items()
+        }
         hit = memo[key] = (factors, saved, ckpt, tf, tb, rows, order)
     return hit
 
 
-def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0,
-             master_bytes: int = 0) -> tuple[Node, ...]:
+def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0, master_bytes: int = 0) -> tuple[Node, ...]:
     """`optimizer` (with one state element's bytes and the master copy's) replaces the formulas' element-wise
     `bytes.optim` by the optimizer's own states where they are not element-wise (Adafactor's
     factored moments, bitsandbytes' 8-bit blocks)."""
@@ -124,8 +132,11 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     params, grads, optim, *buffers = factors
     if inst.idle:
         # NB: a ModulesToSaveWrapper's original_module: its weights stay, nothing runs
-        return Node(inst, Cost(params, 0, 0, factors[3], factors[4], factors[5], shapes, (), (), (), 0, 0, param_rows=rows, param_names=names),
-                    tuple(_node(c, memo, states) for c in inst.children))
+        return Node(
+            inst,
+            Cost(params, 0, 0, factors[3], factors[4], factors[5], shapes, (), (), (), 0, 0, param_rows=rows, param_names=names),
+            tuple(_node(c, memo, states) for c in inst.children),
+        )
     if inst.bias_only:
         # NB: peft's bias option: the tensors named bias alone have gradients and states (the
         # formula's own factors count a frozen layer's: none)
@@ -164,8 +175,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
     return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
 
 
-def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...], ckpt: tuple[int, ...], order: Mapping,
-             memo: dict) -> tuple:
+def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...], ckpt: tuple[int, ...], order: Mapping, memo: dict) -> tuple:
     """A formula's saved tensors, checkpoint tensors and allocation orders in one scope, with
     their bytes and the names as the formula writes them (each instance binds its own):
     (name, bytes, until) of each activation and checkpoint tensor with bytes, and each
@@ -189,18 +199,26 @@ def _order(entries: tuple, formula: Formula, saved: tuple[int, ...]) -> tuple[tu
     return tuple((op, name, size) for op, name, size in entries if name not in empty)
 
 
-def _optimizer_states(inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int],
-                      optimizer: Optimizer, state_bytes: int, master_bytes: int) -> int:
+def _optimizer_states(
+    inst: Instance, tensors: tuple[int, ...], shapes: tuple, b: Mapping[str, int], optimizer: Optimizer, state_bytes: int, master_bytes: int
+) -> int:
     """A layer's optimizer bytes from its tensors: the fp32 master copy plus every state
     tensor the optimizer makes for each (compiler/memory/optimizers.py)."""
     total = 0
     for nbytes, shape in zip(tensors, shapes):
         elements = nbytes // b["param"]
         if optimizer.type == "adafactor" and shape is None:
-            raise MemspecError(Diagnostic(
-                "E306", inst.formula.file, 0, 0, "$.factors.parameters",
-                f"Adafactor needs each parameter tensor's shape; {inst.formula.layer_type} gives only its bytes ({inst.path})",
-                "list the parameters as {shape: [dims]} entries (formulas/README.md)"))
+            raise MemspecError(
+                Diagnostic(
+                    "E306",
+                    inst.formula.file,
+                    0,
+                    0,
+                    "$.factors.parameters",
+                    f"Adafactor needs each parameter tensor's shape; {inst.formula.layer_type} gives only its bytes ({inst.path})",
+                    "list the parameters as {shape: [dims]} entries (formulas/README.md)",
+                )
+            )
         total += master_bytes * elements + sum(s.nbytes for s in optimizers.states(optimizer, elements, shape, state_bytes))
     return total
 
@@ -244,11 +262,7 @@ def first_charges(nodes: tuple[Node, ...]) -> dict[str, str]:
 def _dims(inst: Instance) -> str:
     """b, s and the inputs that differ from their defaults (so that a new input with a
     default leaves every existing table as it was)."""
-    shown = [
-        (i.name, inst.scope[i.name])
-        for i in inst.formula.inputs
-        if i.type != "tensor" and not (i.has_default and inst.scope[i.name] == i.default)
-    ]
+    shown = [(i.name, inst.scope[i.name]) for i in inst.formula.inputs if i.type != "tensor" and not (i.has_default and inst.scope[i.name] == i.default)]
     ctx = f"b={inst.scope['batch']} s={inst.scope['seq']}"
     return " ".join([ctx] + [f"{k}={_fmt(v)}" for k, v in shown])
 

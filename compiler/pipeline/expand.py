@@ -77,8 +77,9 @@ class Instance:
             yield from c.walk()
 
 
-def _context(setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool,
-             bias_trains: bool = False, requires_grad: bool | None = None) -> dict[str, Any]:
+def _context(
+    setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool, bias_trains: bool = False, requires_grad: bool | None = None
+) -> dict[str, Any]:
     return {
         "batch": batch,
         "seq": seq,
@@ -117,10 +118,18 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
     NB: packing makes the language model's batch one row of every token (text-only, E316)."""
     rows_b, rows_s = setup.rows
     # NB: a video is its temporal patches, each read by the tower as an image of its frame size
-    return {"micro_batch": rows_b, "seq_len": rows_s, "target_len": setup.target_len, "images_per_sample": setup.vision_items,
-            "image_h": setup.image_hw[0], "image_w": setup.image_hw[1],
-            "grid_rows": setup.grid[0], "grid_cols": setup.grid[1],
-            "videos_per_sample": setup.videos_per_sample, "video_frames": setup.video_frames}
+    return {
+        "micro_batch": rows_b,
+        "seq_len": rows_s,
+        "target_len": setup.target_len,
+        "images_per_sample": setup.vision_items,
+        "image_h": setup.image_hw[0],
+        "image_w": setup.image_hw[1],
+        "grid_rows": setup.grid[0],
+        "grid_cols": setup.grid[1],
+        "videos_per_sample": setup.videos_per_sample,
+        "video_frames": setup.video_frames,
+    }
 
 
 def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
@@ -146,8 +155,17 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
         short = _image_tokens_over_seq(root, setup)
         if short:
             line, col = spec.doc.where(m.path)
-            problems.append(Diagnostic("E723", spec.file, line, col, m.path, short,
-                                       "seq_len counts the LLM positions of the text and the image tokens together: raise it, or give a smaller image_size"))
+            problems.append(
+                Diagnostic(
+                    "E723",
+                    spec.file,
+                    line,
+                    col,
+                    m.path,
+                    short,
+                    "seq_len counts the LLM positions of the text and the image tokens together: raise it, or give a smaller image_size",
+                )
+            )
     if not problems:
         problems.extend(unmatched_saves(setup, tuple(roots), ex.matched))
     if problems:
@@ -161,8 +179,15 @@ def _unknown_type(spec: Spec, m: Module, library: Library) -> Diagnostic:
     from ..errors import did_you_mean
 
     line, col = spec.doc.where(m.path + ".type")
-    return Diagnostic("E301", spec.file, line, col, m.path + ".type", f"unknown layer type '{m.type}'",
-                      did_you_mean(m.type, library.known or library.formulas) or "layer types are the file stems in formulas/")
+    return Diagnostic(
+        "E301",
+        spec.file,
+        line,
+        col,
+        m.path + ".type",
+        f"unknown layer type '{m.type}'",
+        did_you_mean(m.type, library.known or library.formulas) or "layer types are the file stems in formulas/",
+    )
 
 
 def _module_locate(spec: Spec, module_path: str):
@@ -272,8 +297,7 @@ def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
         return None
     size = f" at image size {setup.image_hw[0]} x {setup.image_hw[1]}" if setup.image_size else ""
     terms = " + ".join(f"{n} x {t}" for n, t in merges if n)
-    return (f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold "
-            f"({terms} = {need}{size})")
+    return f"seq_len {inst.scope['seq']} is shorter than the image tokens it must hold ({terms} = {need}{size})"
 
 
 def _grad_out(inst: Instance) -> bool:
@@ -308,8 +332,7 @@ def _bound_scope(memo: dict, formula: Formula, given: Mapping[str, Any], scope_k
     return hit[1]
 
 
-def _child_values(memo: dict, child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple,
-                  upstream: bool = False) -> tuple:
+def _child_values(memo: dict, child: Child, c_formula: Formula, scope: Mapping[str, Any], previous: bool, scope_key: tuple, upstream: bool = False) -> tuple:
     key = ("child", child.path, c_formula.layer_type, scope_key, previous, upstream)
     hit = memo.get(key)
     if hit is None:
@@ -325,18 +348,39 @@ def _child_values(memo: dict, child: Child, c_formula: Formula, scope: Mapping[s
     return hit
 
 
-def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module, given, tensors, setup, batch, seq,
-              trainable, grad_in, reaches_loss, checkpointing, checkpointed, locate, shard_unit=False,
-              bias_ok=False, idle=False, saved=False) -> Instance:
+def _instance(
+    ex: _Expansion,
+    formula: Formula,
+    *,
+    path,
+    template,
+    index,
+    module,
+    given,
+    tensors,
+    setup,
+    batch,
+    seq,
+    trainable,
+    grad_in,
+    reaches_loss,
+    checkpointing,
+    checkpointed,
+    locate,
+    shard_unit=False,
+    bias_ok=False,
+    idle=False,
+    saved=False,
+) -> Instance:
     """One instance and its children. `bias_ok`: peft's bias option turns on this instance's
     parameters named `bias` (bias='all' everywhere; 'lora_only' a LoRA layer's base layer);
     `idle`: inside a ModulesToSaveWrapper's original_module; `saved`: inside a module that
     modules_to_save copies (peft puts no adapter there)."""
     scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only = _own_scope(
-        ex, formula, given, setup, path, batch, seq, trainable, grad_in, reaches_loss, checkpointing, locate, bias_ok, idle)
+        ex, formula, given, setup, path, batch, seq, trainable, grad_in, reaches_loss, checkpointing, locate, bias_ok, idle
+    )
     bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
-    parent = _Parent(formula, scope, scope_key, bound, setup, path, template, index, module, requires_grad, reaches_loss, checkpointing,
-                     locate, idle, saved)
+    parent = _Parent(formula, scope, scope_key, bound, setup, path, template, index, module, requires_grad, reaches_loss, checkpointing, locate, idle, saved)
     return Instance(
         path=path,
         template=template,
@@ -357,8 +401,22 @@ def _instance(ex: _Expansion, formula: Formula, *, path, template, index, module
     )
 
 
-def _own_scope(ex: _Expansion, formula: Formula, given, setup: Setup, path: str, batch: int, seq: int, trainable: bool, grad_in: bool,
-               reaches_loss: bool, checkpointing: bool, locate, bias_ok: bool, idle: bool) -> tuple:
+def _own_scope(
+    ex: _Expansion,
+    formula: Formula,
+    given,
+    setup: Setup,
+    path: str,
+    batch: int,
+    seq: int,
+    trainable: bool,
+    grad_in: bool,
+    reaches_loss: bool,
+    checkpointing: bool,
+    locate,
+    bias_ok: bool,
+    idle: bool,
+) -> tuple:
     """An instance's own grad-flow flags and the scope its formula is evaluated in:
     (scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only)."""
     # NB: DeepSpeed's flat fp32 partition covers every parameter that requires grad, reached
@@ -371,8 +429,9 @@ def _own_scope(ex: _Expansion, formula: Formula, given, setup: Setup, path: str,
     # Instances with the same formula, the same inputs mapping and the same context share
     # one scope (identical instances are built from one memoised inputs mapping).
     scope_key = (id(formula), id(given), batch, seq, trainable, grad_in, checkpointing, requires_grad)
-    scope = _bound_scope(ex.memo, formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing,
-                                                                     requires_grad=requires_grad), locate)
+    scope = _bound_scope(
+        ex.memo, formula, given, scope_key, lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, requires_grad=requires_grad), locate
+    )
     bias_only = False
     if bias_ok and not requires_grad and not idle:
         check_bias_modelled(setup, formula, scope, path)
@@ -380,8 +439,14 @@ def _own_scope(ex: _Expansion, formula: Formula, given, setup: Setup, path: str,
             bias_only = True
             flat_states = not reaches_loss and setup.master_bytes > 0 and setup.fsdp is None
             if reaches_loss:
-                scope = _bound_scope(ex.memo, formula, given, scope_key + ("bias",),
-                                     lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, bias_trains=True), locate)
+                scope = _bound_scope(
+                    ex.memo,
+                    formula,
+                    given,
+                    scope_key + ("bias",),
+                    lambda: _context(setup, batch, seq, trainable, grad_in, checkpointing, bias_trains=True),
+                    locate,
+                )
     return scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only
 
 
@@ -423,24 +488,63 @@ def _children(ex: _Expansion, p: _Parent, grad_in: bool) -> tuple[Instance, ...]
         c_tensors = {k: _tensor_name(v, p.tensors, p.path) for k, v in c_given.items() if _is_tensor(c_formula, k)}
         c_requires = p.requires_grad and not (child.frozen is not None and bool(child.frozen(scope)))
         plain = (c_formula, c_given, c_tensors, c_requires)
-        c_formula, c_given, c_tensors, c_requires = _peft_child(ex, setup, formula, child, plain, path=p.path, module=p.module,
-                                                                idle=p.idle, saved=p.saved, adapter=adapter)
+        c_formula, c_given, c_tensors, c_requires = _peft_child(
+            ex, setup, formula, child, plain, path=p.path, module=p.module, idle=p.idle, saved=p.saved, adapter=adapter
+        )
         # peft bias='all': every `.bias` of the model (the wrapped originals excepted);
         # 'lora_only': the bias of each LoRA layer (its base layer's)
         c_bias = bias_all or (setup.lora is not None and setup.lora.bias == "lora_only" and adapter and child.name == "base_layer")
-        made, out = _copies(ex, child, count, c_formula, plain, dict(
-            module=p.module, given=c_given, tensors=c_tensors, setup=setup, batch=c_batch, seq=c_seq, trainable=c_requires,
-            reaches_loss=c_reaches, checkpointing=p.checkpointing, checkpointed=p.checkpointing and child.checkpoint_unit,
-            locate=_child_locate(child, p.locate), shard_unit=child.checkpoint_unit, bias_ok=c_bias, idle=p.idle, saved=p.saved),
-            path=p.path, template=p.template, index=p.index, grad_in=c_grad_in, previous=previous, adapter=adapter)
+        made, out = _copies(
+            ex,
+            child,
+            count,
+            c_formula,
+            plain,
+            dict(
+                module=p.module,
+                given=c_given,
+                tensors=c_tensors,
+                setup=setup,
+                batch=c_batch,
+                seq=c_seq,
+                trainable=c_requires,
+                reaches_loss=c_reaches,
+                checkpointing=p.checkpointing,
+                checkpointed=p.checkpointing and child.checkpoint_unit,
+                locate=_child_locate(child, p.locate),
+                shard_unit=child.checkpoint_unit,
+                bias_ok=c_bias,
+                idle=p.idle,
+                saved=p.saved,
+            ),
+            path=p.path,
+            template=p.template,
+            index=p.index,
+            grad_in=c_grad_in,
+            previous=previous,
+            adapter=adapter,
+        )
         children.extend(made)
         previous = out
         upstream = upstream or out
     return tuple(children)
 
 
-def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple, shared: dict, *, path: str, template: str,
-            index: tuple, grad_in: bool, previous: bool, adapter: bool) -> tuple[list[Instance], bool]:
+def _copies(
+    ex: _Expansion,
+    child,
+    count: int,
+    c_formula: Formula,
+    plain: tuple,
+    shared: dict,
+    *,
+    path: str,
+    template: str,
+    index: tuple,
+    grad_in: bool,
+    previous: bool,
+    adapter: bool,
+) -> tuple[list[Instance], bool]:
     """The `count` instances of one child (`shared`: the keywords they all take) and whether
     the last one's output requires grad (`previous` when the child reaches no loss); a child
     that modules_to_save names is wrapped."""
@@ -449,13 +553,23 @@ def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple,
     for i in range(count):
         name = f"{child.name}[{i}]" if count > 1 or child.count is not None else child.name
         c_template = f"{child.name}[{{}}]" if count > 1 or child.count is not None else child.name
-        kw = dict(shared, path=f"{path}.{name}", template=f"{template}.{c_template}",
-                  index=index + ((i,) if "{}" in c_template else ()), grad_in=grad_in if i == 0 else out)
+        kw = dict(
+            shared,
+            path=f"{path}.{name}",
+            template=f"{template}.{c_template}",
+            index=index + ((i,) if "{}" in c_template else ()),
+            grad_in=grad_in if i == 0 else out,
+        )
         target = None if setup.lora is None or idle else saved_name(setup.lora, kw["path"])
         if target is not None and (saved or adapter):
             where = "inside the module modules_to_save already copies" if saved else f"inside the LoRA layer '{path}'"
-            raise save_error(setup, target, "E322", f"modules_to_save '{target}' matches '{kw['path']}', {where}",
-                              "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)")
+            raise save_error(
+                setup,
+                target,
+                "E322",
+                f"modules_to_save '{target}' matches '{kw['path']}', {where}",
+                "name the outer module only (peft wraps each matched module once; it refuses a LoRA layer's internals)",
+            )
         if target is not None:
             kw["given"], kw["tensors"], kw["trainable"] = plain[1], plain[2], plain[3]
             inst = _wrapped(ex, plain[0], kw, target)
@@ -466,24 +580,38 @@ def _copies(ex: _Expansion, child, count: int, c_formula: Formula, plain: tuple,
     return made, out
 
 
-def _peft_child(ex: _Expansion, setup: Setup, formula: Formula, child, plain: tuple, *, path: str, module: str, idle: bool,
-                saved: bool, adapter: bool) -> tuple[Formula, Mapping[str, Any], Mapping[str, str], bool]:
+def _peft_child(
+    ex: _Expansion, setup: Setup, formula: Formula, child, plain: tuple, *, path: str, module: str, idle: bool, saved: bool, adapter: bool
+) -> tuple[Formula, Mapping[str, Any], Mapping[str, str], bool]:
     """A child linear as peft leaves it: adapted by LoRA (its formula lora_linear, the adapters
     trained), quantized by bitsandbytes (frozen), or as it is. NB: the adapter's own linears
     (inside a lora_linear) are never adapted again, and peft adapts nothing inside a module
     modules_to_save names (_check_target_module_exists)."""
     c_formula, c_given, c_tensors, c_requires = plain
-    if (setup.lora is not None and not (idle or saved) and c_formula.layer_type == "linear" and not adapter
-            and lora_target(setup.lora, module, f"{path}.{child.name}")):
+    if (
+        setup.lora is not None
+        and not (idle or saved)
+        and c_formula.layer_type == "linear"
+        and not adapter
+        and lora_target(setup.lora, module, f"{path}.{child.name}")
+    ):
         check_not_retargeted(setup, ex.roots.get(module), f"{path}.{child.name}", child.name)
         c_formula, c_given, c_tensors = _with_lora(ex, setup.lora, c_given, c_tensors)
         c_requires = True  # the adapters train; lora_linear's base_layer is frozen
-    elif setup.quantization is not None and c_formula.layer_type == "linear" and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}"):
+    elif (
+        setup.quantization is not None
+        and c_formula.layer_type == "linear"
+        and quantized(setup.quantization, module, formula.layer_type, child.name, f"{path}.{child.name}")
+    ):
         if idle or saved:
-            raise save_error(setup, saved_name(setup.lora, path) or "", "E322",
-                              f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
-                              "of a 4-/8-bit weight cannot require grad",
-                              "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)")
+            raise save_error(
+                setup,
+                saved_name(setup.lora, path) or "",
+                "E322",
+                f"modules_to_save copies '{path}', which holds the bitsandbytes-quantized linear '{child.name}': peft's deep copy "
+                "of a 4-/8-bit weight cannot require grad",
+                "name an unquantized module (the quantization block's skip_modules keep it in 16 bits)",
+            )
         c_formula, c_given = _quantized(ex, setup.quantization, c_given)
         c_requires = False
     return c_formula, c_given, c_tensors, c_requires
@@ -509,17 +637,58 @@ def _wrapped(ex: _Expansion, formula: Formula, kw: dict, target: str) -> Instanc
         if hit is None:
             hit = ex.memo[key] = (given, {**given, "shared_weight": False})
         given = hit[1]
-    original = _instance(ex, formula, **{**kw, "path": kw["path"] + ".original_module", "template": kw["template"] + ".original_module",
-                                               "trainable": False, "grad_in": False, "checkpointed": False, "shard_unit": False,
-                                               "bias_ok": False, "idle": True, "saved": True})
-    copy = _instance(ex, formula, **{**kw, "path": kw["path"] + ".modules_to_save", "template": kw["template"] + ".modules_to_save",
-                                           "given": given, "trainable": True, "bias_ok": False, "saved": True})
+    original = _instance(
+        ex,
+        formula,
+        **{
+            **kw,
+            "path": kw["path"] + ".original_module",
+            "template": kw["template"] + ".original_module",
+            "trainable": False,
+            "grad_in": False,
+            "checkpointed": False,
+            "shard_unit": False,
+            "bias_ok": False,
+            "idle": True,
+            "saved": True,
+        },
+    )
+    copy = _instance(
+        ex,
+        formula,
+        **{
+            **kw,
+            "path": kw["path"] + ".modules_to_save",
+            "template": kw["template"] + ".modules_to_save",
+            "given": given,
+            "trainable": True,
+            "bias_ok": False,
+            "saved": True,
+        },
+    )
     w = ex.library[WRAPPER]
-    scope = _bound_scope(ex.memo, w, {}, (id(w), kw["batch"], kw["seq"], copy.trainable, kw["grad_in"]),
-                         lambda: _context(kw["setup"], kw["batch"], kw["seq"], copy.trainable, copy.grad_in, kw["checkpointing"]), kw["locate"])
-    return Instance(path=kw["path"], template=kw["template"], index=kw["index"], module=kw["module"], formula=w, scope=scope,
-                    tensors={}, trainable=copy.trainable, grad_in=copy.grad_in, grad_flows=copy.grad_flows, checkpointed=False,
-                    children=(original, copy))
+    scope = _bound_scope(
+        ex.memo,
+        w,
+        {},
+        (id(w), kw["batch"], kw["seq"], copy.trainable, kw["grad_in"]),
+        lambda: _context(kw["setup"], kw["batch"], kw["seq"], copy.trainable, copy.grad_in, kw["checkpointing"]),
+        kw["locate"],
+    )
+    return Instance(
+        path=kw["path"],
+        template=kw["template"],
+        index=kw["index"],
+        module=kw["module"],
+        formula=w,
+        scope=scope,
+        tensors={},
+        trainable=copy.trainable,
+        grad_in=copy.grad_in,
+        grad_flows=copy.grad_flows,
+        checkpointed=False,
+        children=(original, copy),
+    )
 
 
 def _quantized(ex: _Expansion, q, given: Mapping[str, Any]) -> tuple:

@@ -39,8 +39,8 @@ class Gpu:
 # as GPU vendors print them (80GB = 80 x 10^9 bytes), binary powers of 2 as torch and
 # nvidia-smi count (MiB = 2^20 bytes). Matched without regard to case.
 SIZE_UNITS: Mapping[str, tuple[str, int]] = {
-    u.lower(): (u, n) for u, n in (("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12),
-                                   ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+    u.lower(): (u, n)
+    for u, n in (("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 }
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 SIZE_HELP = "write a number and a unit: 24GiB (GiB = 2^30 bytes) or 80GB (GB = 10^9 bytes)"
@@ -146,7 +146,10 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
 
     gpus = {
         k: Gpu(
-            k, v["name"], v["memory_mib"] * MIB, v["arch"],
+            k,
+            v["name"],
+            v["memory_mib"] * MIB,
+            v["arch"],
             (per_arch("cublas_workspace_kib", v["arch"]) + per_arch("cublaslt_workspace_kib", v["arch"])) * KIB,
             per_arch("gemm_threads", v["arch"]),
         )
@@ -155,10 +158,13 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     d = doc.data["device"]
     m = d["margin_pct"]
     margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
-    margins = {kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}",
-                            " ".join(m[kind]["summary"].split())) for kind in ("checkpointed", "checkpointed_eager")}
-    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB,
-                             gpus[doc.data["default_gpu"]], margin, margins)
+    margins = {
+        kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}", " ".join(m[kind]["summary"].split()))
+        for kind in ("checkpointed", "checkpointed_eager")
+    }
+    consts = DeviceConstants(
+        d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]], margin, margins
+    )
     return gpus, consts
 
 
@@ -173,10 +179,17 @@ def find_gpu(text: str, gpus: Mapping[str, Gpu], consts: DeviceConstants) -> Gpu
     try:
         memory = parse_size(text)
     except ValueError as error:
-        return "E506", f"'{text}' is neither a GPU of specs/gpus.yaml nor a memory size: {error}", f"{SIZE_HELP}, or a catalog GPU such as {consts.default_gpu.key}"
+        return (
+            "E506",
+            f"'{text}' is neither a GPU of specs/gpus.yaml nor a memory size: {error}",
+            f"{SIZE_HELP}, or a catalog GPU such as {consts.default_gpu.key}",
+        )
     if memory <= consts.cuda_context:
-        return ("E506", f"a {text} GPU cannot hold the CUDA context ({consts.cuda_context // MIB} MiB, specs/gpus.yaml device.cuda_context_mib)",
-                "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB")
+        return (
+            "E506",
+            f"a {text} GPU cannot hold the CUDA context ({consts.cuda_context // MIB} MiB, specs/gpus.yaml device.cuda_context_mib)",
+            "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB",
+        )
     base = consts.default_gpu
     return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads)
 

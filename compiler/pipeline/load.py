@@ -30,6 +30,7 @@ from compiler.pipeline.json_path import ancestors, child_path  # noqa: F401  (re
 
 # --------------------------------------------------------------------------- document
 
+
 @dataclass(frozen=True)
 class Document:
     """A loaded YAML file: plain data plus the position of every key and item."""
@@ -63,17 +64,13 @@ def load_yaml(path: str | os.PathLike) -> Document:
     file = os.fspath(path)
     resolved = Path(file).resolve()
     if resolved.is_dir():
-        raise MemspecError(Diagnostic(
-            "E101", file, 0, 0, "", "is a directory, not a file",
-            f"give the path of a YAML file (in {resolved})"))
+        raise MemspecError(Diagnostic("E101", file, 0, 0, "", "is a directory, not a file", f"give the path of a YAML file (in {resolved})"))
     try:
         raw = resolved.read_bytes()
     except FileNotFoundError:
-        raise MemspecError(Diagnostic(
-            "E101", file, 0, 0, "", "file not found", f"looked for {resolved}")) from None
+        raise MemspecError(Diagnostic("E101", file, 0, 0, "", "file not found", f"looked for {resolved}")) from None
     except OSError as exc:
-        raise MemspecError(Diagnostic(
-            "E101", file, 0, 0, "", f"cannot read file: {exc.strerror or exc}")) from None
+        raise MemspecError(Diagnostic("E101", file, 0, 0, "", f"cannot read file: {exc.strerror or exc}")) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -81,9 +78,7 @@ def load_yaml(path: str | os.PathLike) -> Document:
 
         before = raw[: exc.start].decode("utf-8", "replace")
         line, col = _line_col(before, len(before))
-        raise MemspecError(Diagnostic(
-            "E102", file, line, col, "", "file is not valid UTF-8",
-            "save the file as UTF-8")) from None
+        raise MemspecError(Diagnostic("E102", file, line, col, "", "file is not valid UTF-8", "save the file as UTF-8")) from None
     return load_yaml_text(text, file)
 
 
@@ -94,19 +89,15 @@ def load_yaml_text(text: str, file: str) -> Document:
     problems: list[Diagnostic] = []
     roots = _compose_all(text, file, problems)
     if not problems and not roots:
-        problems.append(Diagnostic("E106", file, 1, 1, "", "empty document",
-                                   "a memspec file is a YAML mapping"))
+        problems.append(Diagnostic("E106", file, 1, 1, "", "empty document", "a memspec file is a YAML mapping"))
     for start, _ in roots[1:2]:  # the second start is enough to find the stray separator
-        problems.append(Diagnostic("E107", file, start[0], start[1], "",
-                                   "more than one YAML document in the file",
-                                   "put each document in its own file"))
+        problems.append(Diagnostic("E107", file, start[0], start[1], "", "more than one YAML document in the file", "put each document in its own file"))
     data: Any = None
     positions: dict[str, tuple[int, int]] = {"$": (1, 1)}
     if roots:
         root = roots[0][1]
         if _is_empty(root):
-            problems.append(Diagnostic("E106", file, 1, 1, "", "empty document",
-                                       "a memspec file is a YAML mapping"))
+            problems.append(Diagnostic("E106", file, 1, 1, "", "empty document", "a memspec file is a YAML mapping"))
         else:
             data = _Builder(file, positions, problems).build(root, "$")
     if problems:

@@ -65,9 +65,17 @@ BIAS_UNSPLIT = ("siglip_attention_head", "linear_4bit", "linear_8bit")
 def check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any], path: str) -> None:
     if formula.layer_type in BIAS_UNSPLIT and (formula.layer_type == "siglip_attention_head" or scope.get("bias")):
         file, line, col, where = setup.lora.bias_at or (setup.file, 0, 0, "$.lora.bias")
-        raise MemspecError(Diagnostic("E323", file, line, col, where,
-                                      f"peft bias='{setup.lora.bias}' would train the biases of '{path}' ({formula.layer_type}), whose formula does not give them as a tensor of their own",
-                                      "use bias: none, or adapt another module (lora.modules)"))
+        raise MemspecError(
+            Diagnostic(
+                "E323",
+                file,
+                line,
+                col,
+                where,
+                f"peft bias='{setup.lora.bias}' would train the biases of '{path}' ({formula.layer_type}), whose formula does not give them as a tensor of their own",
+                "use bias: none, or adapt another module (lora.modules)",
+            )
+        )
 
 
 def unmatched_saves(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic]:
@@ -86,9 +94,17 @@ def unmatched_saves(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic
             names.extend(c.path.split(".", 1)[1] for c in r.children if "." in c.path)
         known = list(dict.fromkeys(re.sub(r"\[\d+\]", "", n) for n in names))
         file, line, col, where = setup.lora.saves_at[i] if i < len(setup.lora.saves_at) else (setup.file, 0, 0, "$.lora.modules_to_save")
-        out.append(Diagnostic("E320", file, line, col, where,
-                              f"modules_to_save '{target}' matches no module (peft matches a module whose full name ends with it)",
-                              did_you_mean(target, known) or f"modules: {', '.join(known)}"))
+        out.append(
+            Diagnostic(
+                "E320",
+                file,
+                line,
+                col,
+                where,
+                f"modules_to_save '{target}' matches no module (peft matches a module whose full name ends with it)",
+                did_you_mean(target, known) or f"modules: {', '.join(known)}",
+            )
+        )
     return out
 
 
@@ -113,11 +129,19 @@ def check_not_retargeted(setup: Setup, root_type: str | None, path: str, name: s
     """E334 where peft would move the LoRA target at `path` (a linear named `name`) to the
     stacked experts of a model whose root layer type is `root_type` (RETARGETED)."""
     if name in RETARGETED.get(root_type or "", ()):
-        raise MemspecError(Diagnostic("E334", setup.file, 0, 0, "$.lora.target_modules",
-                                      f"LoRA on '{path}': for this model type peft moves targets named {', '.join(RETARGETED[root_type])} "
-                                      "to the stacked routed experts (target_parameters through ParamWrapper), which is not modelled",
-                                      "name the attention projections (target_modules: [q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]; "
-                                      "q_a_proj and q_b_proj where the model has them)"))
+        raise MemspecError(
+            Diagnostic(
+                "E334",
+                setup.file,
+                0,
+                0,
+                "$.lora.target_modules",
+                f"LoRA on '{path}': for this model type peft moves targets named {', '.join(RETARGETED[root_type])} "
+                "to the stacked routed experts (target_parameters through ParamWrapper), which is not modelled",
+                "name the attention projections (target_modules: [q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]; "
+                "q_a_proj and q_b_proj where the model has them)",
+            )
+        )
 
 
 def lora_target(lora, module: str, path: str) -> bool:

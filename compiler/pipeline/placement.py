@@ -20,16 +20,19 @@ from .load import Document, child_path
 from .vocabulary import DEVICE_MAP_STRATEGIES, DeviceMap
 
 
-def read_device_map(data: Mapping[str, Any], parallel: Mapping[str, Any], complain, file: str, base: str,
-                    doc: Document | None) -> DeviceMap | None:
+def read_device_map(data: Mapping[str, Any], parallel: Mapping[str, Any], complain, file: str, base: str, doc: Document | None) -> DeviceMap | None:
     """`device_map` and `max_memory` (from_pretrained's, accelerate's meaning): the strategy
     or the explicit map, each size, the GPU indices; what the placement does not combine
     with."""
     value, memory = data.get("device_map"), data.get("max_memory")
     if value is None:
         if memory is not None:
-            complain("max_memory", "E332", "max_memory without device_map: it bounds what from_pretrained places on each GPU",
-                     "add device_map: auto (or balanced, balanced_low_0, sequential, or a map of module name -> GPU)")
+            complain(
+                "max_memory",
+                "E332",
+                "max_memory without device_map: it bounds what from_pretrained places on each GPU",
+                "add device_map: auto (or balanced, balanced_low_0, sequential, or a map of module name -> GPU)",
+            )
         return None
     where: dict[str, tuple[str, int, int, str]] = {}
 
@@ -47,8 +50,12 @@ def read_device_map(data: Mapping[str, Any], parallel: Mapping[str, Any], compla
     elif isinstance(value, dict) and value:
         explicit = _explicit_map(value, sizes, complain, file, base, locate)
     else:
-        complain("device_map", "E332", f"device_map {value!r} is neither a placement nor a map of module name -> GPU",
-                 f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map such as {{model.embed_tokens: 0, model.layers.0: 0, ...}}")
+        complain(
+            "device_map",
+            "E332",
+            f"device_map {value!r} is neither a placement nor a map of module name -> GPU",
+            f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map such as {{model.embed_tokens: 0, model.layers.0: 0, ...}}",
+        )
         return None
     _device_map_combinations(data, parallel, complain)
     locate("", base)
@@ -59,27 +66,39 @@ def read_device_map(data: Mapping[str, Any], parallel: Mapping[str, Any], compla
 def _strategy_known(value: str, sizes: list[tuple[int, int]], memory: Any, complain) -> bool:
     """A placement strategy from_pretrained knows, given the GPUs' sizes it needs."""
     if value not in DEVICE_MAP_STRATEGIES:
-        complain("device_map", "E332", f"device_map '{value}' is no placement from_pretrained knows",
-                 did_you_mean(value, list(DEVICE_MAP_STRATEGIES)) or f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map of module name -> GPU")
+        complain(
+            "device_map",
+            "E332",
+            f"device_map '{value}' is no placement from_pretrained knows",
+            did_you_mean(value, list(DEVICE_MAP_STRATEGIES)) or f"use {', '.join(DEVICE_MAP_STRATEGIES)} or a map of module name -> GPU",
+        )
         return False
     if not sizes:
-        complain("device_map" if memory is None else "max_memory", "E332",
-                 f"device_map '{value}' without max_memory: the GPUs and what each may hold are unknown",
-                 "add max_memory: one size per GPU, e.g. [20GiB, 20GiB] for two GPUs (accelerate's meaning: the weights each may take)")
+        complain(
+            "device_map" if memory is None else "max_memory",
+            "E332",
+            f"device_map '{value}' without max_memory: the GPUs and what each may hold are unknown",
+            "add max_memory: one size per GPU, e.g. [20GiB, 20GiB] for two GPUs (accelerate's meaning: the weights each may take)",
+        )
         return False
     return True
 
 
-def _explicit_map(value: Mapping[str, Any], sizes: list[tuple[int, int]], complain, file: str, base: str,
-                  locate: Callable[[str, str], None]) -> list[tuple[str, int]]:
+def _explicit_map(
+    value: Mapping[str, Any], sizes: list[tuple[int, int]], complain, file: str, base: str, locate: Callable[[str, str], None]
+) -> list[tuple[str, int]]:
     """An explicit map's (module name, GPU index) pairs, each located; every GPU within the
     ones max_memory gives."""
     explicit: list[tuple[str, int]] = []
     for name, gpu in value.items():
         path = child_path(base, name) if file else base
         if isinstance(gpu, str) and gpu in ("cpu", "disk", "meta"):
-            complain("device_map", "E332", f"device_map '{name}': {gpu}: offloading to host memory or disk is not modelled",
-                     "place every module on a GPU (0, 1, ...)")
+            complain(
+                "device_map",
+                "E332",
+                f"device_map '{name}': {gpu}: offloading to host memory or disk is not modelled",
+                "place every module on a GPU (0, 1, ...)",
+            )
             continue
         if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
             complain("device_map", "E332", f"device_map '{name}': {gpu!r} is not a GPU index", "write the GPU's index, e.g. 0")
@@ -89,8 +108,12 @@ def _explicit_map(value: Mapping[str, Any], sizes: list[tuple[int, int]], compla
     gpus = len(sizes) if sizes else max((g for _, g in explicit), default=0) + 1
     for name, gpu in explicit:
         if gpu >= gpus:
-            complain("device_map", "E332", f"device_map '{name}': GPU {gpu} is beyond the {gpus} GPU(s) max_memory gives",
-                     f"use a GPU from 0 to {gpus - 1}, or give max_memory for {gpu + 1} GPUs")
+            complain(
+                "device_map",
+                "E332",
+                f"device_map '{name}': GPU {gpu} is beyond the {gpus} GPU(s) max_memory gives",
+                f"use a GPU from 0 to {gpus - 1}, or give max_memory for {gpu + 1} GPUs",
+            )
     return explicit
 
 
@@ -128,8 +151,12 @@ def _max_memory(memory: Any, complain) -> list[tuple[int, int]]:
     """max_memory as (GPU index, bytes), sorted: a list (GPU 0, 1, ...) or a map of quoted indices."""
     items = list(enumerate(memory)) if isinstance(memory, list) else list(memory.items()) if isinstance(memory, dict) else None
     if items is None:
-        complain("max_memory", "E332", f"max_memory {memory!r} is neither a list nor a map of GPU index -> size",
-                 "write max_memory: [20GiB, 20GiB] (GPU 0, GPU 1) or {'0': 20GiB, '1': 20GiB}")
+        complain(
+            "max_memory",
+            "E332",
+            f"max_memory {memory!r} is neither a list nor a map of GPU index -> size",
+            "write max_memory: [20GiB, 20GiB] (GPU 0, GPU 1) or {'0': 20GiB, '1': 20GiB}",
+        )
         return []
     sizes: list[tuple[int, int]] = []
     for key, size in items:
@@ -142,12 +169,20 @@ def _max_memory(memory: Any, complain) -> list[tuple[int, int]]:
             sizes.append((index, accelerate_size(size)))
         except ValueError as error:
             where = f"[{key}]" if isinstance(key, int) else f".{key}"
-            complain("max_memory", "E332", f"max_memory{where} {size!r} is not a size: {error}",
-                     "an integer in bytes, or a number and a unit as accelerate reads it: 20GiB (2^30 bytes), 20GB (10^9 bytes), 500MiB")
+            complain(
+                "max_memory",
+                "E332",
+                f"max_memory{where} {size!r} is not a size: {error}",
+                "an integer in bytes, or a number and a unit as accelerate reads it: 20GiB (2^30 bytes), 20GB (10^9 bytes), 500MiB",
+            )
     sizes.sort()
     if sizes and [i for i, _ in sizes] != list(range(len(sizes))):
-        complain("max_memory", "E332", f"max_memory names GPUs {', '.join(str(i) for i, _ in sizes)}: the GPUs of a process are numbered from 0",
-                 "give GPUs 0 to N-1")
+        complain(
+            "max_memory",
+            "E332",
+            f"max_memory names GPUs {', '.join(str(i) for i, _ in sizes)}: the GPUs of a process are numbered from 0",
+            "give GPUs 0 to N-1",
+        )
     return sizes
 
 
@@ -155,10 +190,18 @@ def _device_map_combinations(data: Mapping[str, Any], parallel: Mapping[str, Any
     """What a model split by device_map (one process, unsharded, 16-bit weights) is not estimated with."""
     for key, why in (("zero", parallel["zero"] > 0), ("dp", parallel["dp"] > 1), ("tp", parallel["tp"] > 1), ("pp", parallel["pp"] > 1)):
         if why:
-            complain("device_map", "E332", f"device_map with {key} {parallel[key]}: a model split by device_map runs in one process, unsharded",
-                     f"set {key}: {0 if key == 'zero' else 1}, or drop device_map")
+            complain(
+                "device_map",
+                "E332",
+                f"device_map with {key} {parallel[key]}: a model split by device_map runs in one process, unsharded",
+                f"set {key}: {0 if key == 'zero' else 1}, or drop device_map",
+            )
     if parallel.get("fsdp") is not None:
         complain("device_map", "E332", "device_map with FSDP: a model split by device_map runs in one process, unsharded", "drop fsdp, or drop device_map")
     if data.get("quantization"):
-        complain("device_map", "E332", "device_map with quantized weights is not modelled (the quantizer's sizes and its adjust_max_memory)",
-                 "estimate the 16-bit model with device_map, or the quantized one on one GPU")
+        complain(
+            "device_map",
+            "E332",
+            "device_map with quantized weights is not modelled (the quantizer's sizes and its adjust_max_memory)",
+            "estimate the 16-bit model with device_map, or the quantized one on one GPU",
+        )

@@ -77,8 +77,12 @@ def margin_line(margin, memory: int) -> str:
 
 def margin_data(margin, memory: int) -> dict[str, Any]:
     """The margin as JSON: `bytes` exact; `percent` null for a size given in bytes."""
-    return {"percent": None if margin.percent is None else float(margin.percent), "bytes": margin.reserve(memory),
-            "source": margin.source, "summary": margin.summary}
+    return {
+        "percent": None if margin.percent is None else float(margin.percent),
+        "bytes": margin.reserve(memory),
+        "source": margin.source,
+        "summary": margin.summary,
+    }
 
 
 def _videos(s) -> str:
@@ -114,7 +118,8 @@ def setup_line(r: Report) -> str:
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {precision_label(s)} | {opt} | "
-        f"attention {s.attention} | checkpointing {ckpt} | " + (device_map_label(s.device_map) if s.device_map is not None else f"dp {s.dp} {_sharding(s)}")
+        f"attention {s.attention} | checkpointing {ckpt} | "
+        + (device_map_label(s.device_map) if s.device_map is not None else f"dp {s.dp} {_sharding(s)}")
         + (f" | {_lora_label(s.lora)}" if s.lora is not None else "")
         + (f" | peft modules_to_save {','.join(s.lora.modules_to_save)}" if s.lora is not None and s.lora.modules_to_save else "")
         + (f" | peft bias {s.lora.bias}" if s.lora is not None and s.lora.bias != "none" else "")
@@ -168,8 +173,11 @@ def device_map_lines(r: Report) -> list[str]:
     e = r.estimate
     if not e.devices:
         return []
-    lines = ["", f"per GPU ({device_map_label(r.setup.device_map)}; the peak above is the largest, which 'fits' decides on)",
-             f"  {'gpu':<4} {'allocated':>10} {'reserved':>10} {'weights':>10}   peak at"]
+    lines = [
+        "",
+        f"per GPU ({device_map_label(r.setup.device_map)}; the peak above is the largest, which 'fits' decides on)",
+        f"  {'gpu':<4} {'allocated':>10} {'reserved':>10} {'weights':>10}   peak at",
+    ]
     for d in e.devices:
         weights = sum(c["parameters"] for c in d.resident.values())
         lines.append(f"  {d.gpu:<4} {gib(d.peak.total):>10} {gib(d.reserved):>10} {gib(weights):>10}   {_where(d.peak)}")
@@ -250,8 +258,11 @@ def text(r: Report) -> str:
     if r.gpu is not None:
         headroom = r.gpu.memory - r.device
         verdict = "fits" if r.fits else "does NOT fit"
-        lines += ["", f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure",
-                  f"          {margin_line(r.margin, r.gpu.memory)}"]
+        lines += [
+            "",
+            f"gpu       {r.gpu.key} ({r.gpu.name}, {gib(r.gpu.memory)} GiB): {verdict}, headroom {gib(headroom)} GiB against the device figure",
+            f"          {margin_line(r.margin, r.gpu.memory)}",
+        ]
         if e.oom is not None:
             lines.append(f"          {e.oom.message()}")
     if e.not_modelled:
@@ -307,13 +318,35 @@ def _setup_data(s) -> dict[str, Any]:
         "precision_realization": PRECISION_MODES[s.mode],
         **({"versions": {"transformers": release_text(s.transformers)}} if s.transformers != TRANSFORMERS else {}),
         "optimizer": _optimizer_json(s.optimizer),
-        **({"lora": {"r": s.lora.r, "alpha": s.lora.alpha, "dropout": s.lora.dropout,
-                     "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),
-                     "modules": sorted(s.lora.modules), "use_dora": s.lora.use_dora,
-                     "modules_to_save": list(s.lora.modules_to_save), "bias": s.lora.bias}} if s.lora is not None else {}),
-        **({"quantization": {"bits": s.quantization.bits, "quant_type": s.quantization.quant_type,
-                             "double_quant": s.quantization.double_quant, "modules": sorted(s.quantization.modules),
-                             "skip_modules": list(s.quantization.skip_modules)}} if s.quantization is not None else {}),
+        **(
+            {
+                "lora": {
+                    "r": s.lora.r,
+                    "alpha": s.lora.alpha,
+                    "dropout": s.lora.dropout,
+                    "target_modules": s.lora.target_modules if isinstance(s.lora.target_modules, str) else list(s.lora.target_modules),
+                    "modules": sorted(s.lora.modules),
+                    "use_dora": s.lora.use_dora,
+                    "modules_to_save": list(s.lora.modules_to_save),
+                    "bias": s.lora.bias,
+                }
+            }
+            if s.lora is not None
+            else {}
+        ),
+        **(
+            {
+                "quantization": {
+                    "bits": s.quantization.bits,
+                    "quant_type": s.quantization.quant_type,
+                    "double_quant": s.quantization.double_quant,
+                    "modules": sorted(s.quantization.modules),
+                    "skip_modules": list(s.quantization.skip_modules),
+                }
+            }
+            if s.quantization is not None
+            else {}
+        ),
         **({"use_dora": True} if s.lora is not None and s.lora.use_dora else {}),
         **({"lora_modules_to_save": list(s.lora.modules_to_save)} if s.lora is not None and s.lora.modules_to_save else {}),
         **({"lora_bias": s.lora.bias} if s.lora is not None and s.lora.bias != "none" else {}),
@@ -328,32 +361,56 @@ def _setup_data(s) -> dict[str, Any]:
 
 
 def _parallel_data(s) -> dict[str, Any]:
-    return {"dp": s.dp, "zero": s.zero,
-            **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
-            **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
-            **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {}),
-            **({"tp": s.tp, "sp": s.sp, "pp": s.pp} if s.tp > 1 or s.pp > 1 else {})}
+    return {
+        "dp": s.dp,
+        "zero": s.zero,
+        **({"offload_optimizer": s.deepspeed.offload_optimizer} if s.deepspeed and s.deepspeed.offload_optimizer != "none" else {}),
+        **({"offload_param": s.deepspeed.offload_param} if s.deepspeed and s.deepspeed.offload_param != "none" else {}),
+        **({"fsdp": {"reshard_after_forward": s.fsdp.reshard_after_forward, "reduce_dtype": s.fsdp.reduce_dtype}} if s.fsdp else {}),
+        **({"tp": s.tp, "sp": s.sp, "pp": s.pp} if s.tp > 1 or s.pp > 1 else {}),
+    }
 
 
 def _gpu_data(r: Report) -> dict[str, Any] | None:
     """The GPU asked about: the verdict, the headroom and margin, the simulated out-of-memory."""
     e = r.estimate
-    return None if r.gpu is None else {"key": r.gpu.key, "memory": r.gpu.memory, "fits": r.fits,
-                                       "headroom": r.gpu.memory - r.device,
-                                       "margin": margin_data(r.margin, r.gpu.memory), "budget": r.budget,
-                                       "out_of_memory": None if e.oom is None else {"allocation": e.oom.event, "requested": e.oom.requested,
-                                                                                   "allocated": e.oom.allocated, "reserved": e.oom.reserved}}
+    return (
+        None
+        if r.gpu is None
+        else {
+            "key": r.gpu.key,
+            "memory": r.gpu.memory,
+            "fits": r.fits,
+            "headroom": r.gpu.memory - r.device,
+            "margin": margin_data(r.margin, r.gpu.memory),
+            "budget": r.budget,
+            "out_of_memory": None
+            if e.oom is None
+            else {"allocation": e.oom.event, "requested": e.oom.requested, "allocated": e.oom.allocated, "reserved": e.oom.reserved},
+        }
+    )
 
 
 def _device_map_data(r: Report) -> dict[str, Any]:
     """A device_map estimate: the placement and each GPU's figures."""
     s, e = r.setup, r.estimate
-    return {"strategy": s.device_map.strategy or "explicit", "gpus": s.device_map.gpus,
-            "max_memory": [b for _, b in s.device_map.max_memory],
-            "placement": _placement(r),
-            "per_gpu": [{"gpu": d.gpu, "allocated": d.peak.total, "reserved": d.reserved,
-                         "first_step": d.first_step.total, "steady_state": _point_data(d.peak),
-                         "resident": d.resident} for d in e.devices]}
+    return {
+        "strategy": s.device_map.strategy or "explicit",
+        "gpus": s.device_map.gpus,
+        "max_memory": [b for _, b in s.device_map.max_memory],
+        "placement": _placement(r),
+        "per_gpu": [
+            {
+                "gpu": d.gpu,
+                "allocated": d.peak.total,
+                "reserved": d.reserved,
+                "first_step": d.first_step.total,
+                "steady_state": _point_data(d.peak),
+                "resident": d.resident,
+            }
+            for d in e.devices
+        ],
+    }
 
 
 def _placement(r: Report) -> dict[str, int]:
@@ -396,6 +453,7 @@ def table_text(rows: tuple[Row, ...]) -> str:
     head = f"{'path':<50} {'type':<20} {'n':>3} {'tr':>2} {'gf':>2} {'params':>10} {'grads':>10} {'optim':>10} {'acts':>10} {'fwd tmp':>10} {'bwd tmp':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
+
         def m(v):
             return "-" if v is None else f"{v / mib:.1f}"
 
@@ -403,8 +461,10 @@ def table_text(rows: tuple[Row, ...]) -> str:
             f"{r.path:<50} {r.type:<20} {r.count:>3} {'y' if r.trainable else 'b' if r.gradients else 'n':>2} {'y' if r.grad_flows else 'n':>2} "
             f"{m(r.parameters):>10} {m(r.gradients):>10} {m(r.optimizer_states):>10} {m(r.activations):>10} {m(r.transient_forward):>10} {m(r.transient_backward):>10}"
         )
-    lines.append("bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row"
-                 + ("; tr 'b': only its biases train (peft bias)" if any(r.gradients and not r.trainable for r in rows) else ""))
+    lines.append(
+        "bytes per instance in MiB (2^20); acts '-': every tensor it saves is charged to an earlier row"
+        + ("; tr 'b': only its biases train (peft bias)" if any(r.gradients and not r.trainable for r in rows) else "")
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -429,13 +489,19 @@ def fit_text(f) -> str:
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
         "",
         _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
-        _answer_line(f"longest sequence at micro-batch {s.micro_batch}", f.seq_len,
-                     "the model's context length, max_position_embeddings" if f.context_length and f.seq_len.value == f.context_length else "the search bound"),
+        _answer_line(
+            f"longest sequence at micro-batch {s.micro_batch}",
+            f.seq_len,
+            "the model's context length, max_position_embeddings" if f.context_length and f.seq_len.value == f.context_length else "the search bound",
+        ),
     ]
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
     evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
-    lines += ["", f"{evaluations} estimate{'s' if evaluations != 1 else ''}; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})"]
+    lines += [
+        "",
+        f"{evaluations} estimate{'s' if evaluations != 1 else ''}; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})",
+    ]
     lines += _lever_lines(f)
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
@@ -447,8 +513,11 @@ def _lever_lines(f) -> list[str]:
     if f.levers_at is None:
         return []
     s = f.base.setup
-    smaller = ("nor does micro-batch 1; each change alone at micro-batch 1" if f.micro_batch.value is None
-               else f"micro-batch {f.micro_batch.value} does; each change alone at micro-batch {f.levers_at}")
+    smaller = (
+        "nor does micro-batch 1; each change alone at micro-batch 1"
+        if f.micro_batch.value is None
+        else f"micro-batch {f.micro_batch.value} does; each change alone at micro-batch {f.levers_at}"
+    )
     lines = ["", f"levers: the setup as given does not fit, {smaller}, seq {s.seq_len}, cheapest first:"]
     width = max((len(x.lever) for x in f.levers), default=0)
     lines += [f"  {x.lever:<{width}}  {gib(x.device):>7} GiB  {'fits' if x.fits else 'does not fit':<12}  {x.change}" for x in f.levers]
@@ -485,8 +554,14 @@ SWEEP_FIGURES = ("allocated", "reserved", "device", "first_step", "peak_phase", 
 def _sweep_values(row) -> dict[str, Any]:
     r = row.report
     out: dict[str, Any] = dict(row.point)
-    out.update(allocated=r.allocated, reserved=r.reserved, device=r.device, first_step=r.estimate.first_step.total,
-               peak_phase=r.estimate.peak.phase, peak_layer=r.estimate.peak.path)
+    out.update(
+        allocated=r.allocated,
+        reserved=r.reserved,
+        device=r.device,
+        first_step=r.estimate.first_step.total,
+        peak_phase=r.estimate.peak.phase,
+        peak_layer=r.estimate.peak.path,
+    )
     if r.gpu is not None:
         # NB: each point's own budget: the catalog's margin depends on the kind of step
         # (checkpointing, eager attention), which a sweep may vary
@@ -529,8 +604,9 @@ def sweep_json(s) -> str:
         "model": s.spec.model,
         **({"model_from": dict(s.spec.origin)} if s.spec.origin else {}),
         "knobs": {k: list(v) for k, v in s.grid.items()},
-        "gpu": None if s.gpu is None else {"key": s.gpu.key, "memory": s.gpu.memory, "margin": margin_data(s.rows[0].report.margin, s.gpu.memory),
-                                           "budget": s.rows[0].report.budget},
+        "gpu": None
+        if s.gpu is None
+        else {"key": s.gpu.key, "memory": s.gpu.memory, "margin": margin_data(s.rows[0].report.margin, s.gpu.memory), "budget": s.rows[0].report.budget},
         "rows": [_sweep_values(row) for row in s.rows],
     }
     return json.dumps(data, indent=2) + "\n"
@@ -558,10 +634,17 @@ def sweep_text(s) -> str:
     title = f"memspec sweep: {s.base.experiment}  ({s.base.file}), {len(s.rows)} points"
     if s.gpu is not None:
         title += f", on {s.gpu.key} ({gib(s.gpu.memory)} GiB), {_sweep_margins(s)}"
-    lines = [title, *origin_lines(s.spec), "", line(head), *(line(c) for c in body), "",
-             "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
-             + (" with the GPU's memory less the margin" if s.gpu is not None else ""),
-             f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}"]
+    lines = [
+        title,
+        *origin_lines(s.spec),
+        "",
+        line(head),
+        *(line(c) for c in body),
+        "",
+        "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
+        + (" with the GPU's memory less the margin" if s.gpu is not None else ""),
+        f"reserved: the caching allocator replayed over two steps; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}",
+    ]
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]
     return "\n".join(lines) + "\n"
@@ -570,6 +653,16 @@ def sweep_text(s) -> str:
 def _optimizer_json(o) -> dict:
     """type, impl, momentum, and the options that are not their defaults."""
     out = {"type": o.type, "impl": o.impl, "momentum": o.momentum}
-    out.update({k: v for k, v, default in (("weight_decay", o.weight_decay, 0.0), ("bits", o.bits, 32), ("paged", o.paged, False),
-                                                 ("param_groups", o.param_groups, "one")) if v != default})
+    out.update(
+        {
+            k: v
+            for k, v, default in (
+                ("weight_decay", o.weight_decay, 0.0),
+                ("bits", o.bits, 32),
+                ("paged", o.paged, False),
+                ("param_groups", o.param_groups, "one"),
+            )
+            if v != default
+        }
+    )
     return out

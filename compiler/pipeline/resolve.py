@@ -29,6 +29,7 @@ from .placement import read_device_map
 from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..memory import optimizers
 from ..memory.optimizers import TYPE_IMPLS, Optimizer
+
 # The vocabulary, re-exported: callers take it from resolve (the GPU catalog of gpus.py and
 # DeepSpeed's buffers of zero_config.py with it).
 from .vocabulary import FIXED_DTYPE_BYTES, FP32_BYTES, PRECISIONS, PRECISION_NAMES, PRECISION_MODES, MIXED_PRECISIONS, ATTENTION, LOSSES, DEFAULTS  # noqa: F401
@@ -67,8 +68,14 @@ def resolve_spec(doc: Document) -> Spec:
     names = {m.name for m in modules}
     for i, name in enumerate(data.get("lora_trainable") or ()):
         if name not in names:
-            problems.append(doc.diag("E304", child_path("$.lora_trainable", i), f"unknown module '{name}'",
-                                     did_you_mean(name, sorted(names)) or f"modules: {', '.join(sorted(names))}"))
+            problems.append(
+                doc.diag(
+                    "E304",
+                    child_path("$.lora_trainable", i),
+                    f"unknown module '{name}'",
+                    did_you_mean(name, sorted(names)) or f"modules: {', '.join(sorted(names))}",
+                )
+            )
     if problems:
         raise MemspecError(problems)
     return Spec(
@@ -116,8 +123,12 @@ def _check_target(data: dict, spec: Spec, complain) -> None:
     if spec.encoder_decoder:
         data.setdefault("target_len", DEFAULT_TARGET_LEN)
     elif data.get("target_len") is not None:
-        complain("target_len", "E333", f"{spec.model} is no encoder-decoder model: target_len {data['target_len']} would size a decoder it does not have",
-                 "leave target_len out: seq_len is the whole sequence of a decoder-only model (prompt and answer together)")
+        complain(
+            "target_len",
+            "E333",
+            f"{spec.model} is no encoder-decoder model: target_len {data['target_len']} would size a decoder it does not have",
+            "leave target_len out: seq_len is the whole sequence of a decoder-only model (prompt and answer together)",
+        )
 
 
 def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
@@ -125,14 +136,26 @@ def _check_video(data: Mapping[str, Any], spec: Spec, complain) -> None:
     a frame count needs videos."""
     videos, frames = data["videos_per_sample"], data.get("video_frames")
     if videos and spec.video_temporal_patch is None:
-        complain("videos_per_sample", "E327", f"{spec.model} takes no video input: its spec has no video_temporal_patch",
-                 "leave videos_per_sample out, or estimate a model that reads videos (Qwen2-VL, Qwen2.5-VL)")
+        complain(
+            "videos_per_sample",
+            "E327",
+            f"{spec.model} takes no video input: its spec has no video_temporal_patch",
+            "leave videos_per_sample out, or estimate a model that reads videos (Qwen2-VL, Qwen2.5-VL)",
+        )
     elif videos and not frames:
-        complain("videos_per_sample", "E328", f"videos_per_sample {videos} without video_frames: a video's memory follows its frame count",
-                 "give video_frames (the frames sampled per video), e.g. --video-frames 16")
+        complain(
+            "videos_per_sample",
+            "E328",
+            f"videos_per_sample {videos} without video_frames: a video's memory follows its frame count",
+            "give video_frames (the frames sampled per video), e.g. --video-frames 16",
+        )
     elif frames and not videos:
-        complain("video_frames", "E328", f"video_frames {frames} without videos: videos_per_sample is 0",
-                 "give videos_per_sample (e.g. --videos-per-sample 1), or leave video_frames out")
+        complain(
+            "video_frames",
+            "E328",
+            f"video_frames {frames} without videos: videos_per_sample is 0",
+            "give videos_per_sample (e.g. --videos-per-sample 1), or leave video_frames out",
+        )
 
 
 def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any] | None = None) -> Setup:
@@ -159,11 +182,13 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         micro_batch=data["micro_batch"],
         seq_len=data["seq_len"],
         images_per_sample=data["images_per_sample"],
-        videos_per_sample=data["videos_per_sample"], video_frames=data.get("video_frames") or 0,
+        videos_per_sample=data["videos_per_sample"],
+        video_frames=data.get("video_frames") or 0,
         target_len=data.get("target_len") or 0,
         video_temporal_patch=spec.video_temporal_patch or 1,
         image_size=image_size,
-        anyres=spec.anyres, image_resize=spec.image_resize,
+        anyres=spec.anyres,
+        image_resize=spec.image_resize,
         # NB: peft freezes every base weight of the modules it adapts
         trainable=frozenset(data["trainable"]) - (lora.modules if lora else frozenset()),
         precision=data["precision"],
@@ -209,8 +234,7 @@ class Resolution:
         data = dict(DEFAULTS)
         # NB: mixed precision is DeepSpeed's master weights where DeepSpeed is stated: a ZeRO stage
         # in the experiment or on the command line, or a DeepSpeed config
-        deepspeed_stated = any(k in (overrides or {}) for k in ("deepspeed", "zero")) or (
-            doc is not None and "zero" in (doc.data.get("parallel") or {}))
+        deepspeed_stated = any(k in (overrides or {}) for k in ("deepspeed", "zero")) or (doc is not None and "zero" in (doc.data.get("parallel") or {}))
         precision_stated = "precision" in (overrides or {}) or (doc is not None and "precision" in doc.data)
         data["trainable"] = [m.name for m in spec.modules]
         # NB: a text-only model's batch has no image unless the experiment says so
@@ -265,8 +289,13 @@ class Resolution:
         file = doc.file if doc is not None else spec.file
         data["precision_given"] = data["precision"]
         data["precision"] = PRECISION_NAMES.get(data["precision"], data["precision"])
-        data["precision_mode"] = precision_mode(data["precision"], data.get("precision_mode"), deepspeed_stated=deepspeed_stated,
-                                                precision_stated=precision_stated, fsdp=parallel.get("fsdp") is not None)
+        data["precision_mode"] = precision_mode(
+            data["precision"],
+            data.get("precision_mode"),
+            deepspeed_stated=deepspeed_stated,
+            precision_stated=precision_stated,
+            fsdp=parallel.get("fsdp") is not None,
+        )
 
         self.data, self.overrides, self.parallel, self.file = data, overrides, parallel, file
         self.fsdp_from_flags, self.lora_flags = fsdp_from_flags, lora_flags
@@ -302,7 +331,9 @@ class Resolution:
         for key in ("trainable", "gradient_checkpointing"):
             for i, name in enumerate(data.get(key) or ()):
                 if name not in module_names:
-                    complain(key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i)
+                    complain(
+                        key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i
+                    )
         optimizer = _optimizer(data["optimizer"], complain)
         data["transformers"] = _transformers(data.get("versions") or {}, complain)
         try:
@@ -319,11 +350,26 @@ class Resolution:
             )
         if parallel.get("fsdp") is not None and parallel["zero"] > 0:
             if fsdp_from_flags or "zero" not in (doc.data.get("parallel") or {} if doc is not None else {}):
-                problems.append(Diagnostic("E310", "", 0, 0, "--fsdp", f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
-                                           "drop --zero (or the DeepSpeed config), or drop --fsdp"))
+                problems.append(
+                    Diagnostic(
+                        "E310",
+                        "",
+                        0,
+                        0,
+                        "--fsdp",
+                        f"FSDP and DeepSpeed ZeRO stage {parallel['zero']} both shard the model; a run uses one",
+                        "drop --zero (or the DeepSpeed config), or drop --fsdp",
+                    )
+                )
             else:
-                problems.append(doc.diag("E310", "$.parallel", f"fsdp and zero {parallel['zero']} both shard the model; a run uses one",
-                                         "remove `zero` for FSDP2, or `fsdp` for DeepSpeed"))
+                problems.append(
+                    doc.diag(
+                        "E310",
+                        "$.parallel",
+                        f"fsdp and zero {parallel['zero']} both shard the model; a run uses one",
+                        "remove `zero` for FSDP2, or `fsdp` for DeepSpeed",
+                    )
+                )
         if parallel["zero"] > 0 and parallel["dp"] == 1:
             pass  # NB: ZeRO at dp 1 shards nothing; allowed, it is what single-GPU DeepSpeed runs do
         return optimizer, alloc_conf
@@ -333,33 +379,55 @@ class Resolution:
         data, spec, complain = self.data, self.spec, self.complain
         image_size = tuple(data["image_size"]) if data.get("image_size") else spec.image_size
         if not spec.image_tokens and data["images_per_sample"]:
-            complain("images_per_sample", "E324",
-                     f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
-                     "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec")
+            complain(
+                "images_per_sample",
+                "E324",
+                f"{spec.model} has no vision tower: images_per_sample {data['images_per_sample']} would count images a text-only model never reads",
+                "leave images_per_sample out (0 for a text-only model), or estimate a multimodal spec",
+            )
         _check_video(data, spec, complain)
         _check_target(data, spec, complain)
         if spec.image_resize is not None and image_size is not None and max(image_size) > ImageResize.MAX_ASPECT * min(image_size):
-            complain("image_size", "E724", f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
-                     "give the image size the batches really have")
+            complain(
+                "image_size",
+                "E724",
+                f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
+                "give the image size the batches really have",
+            )
         if spec.image_slice_pixels is not None and image_size is not None and image_size[0] * image_size[1] > spec.image_slice_pixels:
-            complain("image_size", "E725", f"{spec.model}'s processor slices an image of {image_size[0]} x {image_size[1]} ({image_size[0] * image_size[1]:,} pixels, "
-                     f"above {spec.image_slice_pixels:,}) into a thumbnail and slices, which the estimate does not model",
-                     f"give an image of at most {spec.image_slice_pixels:,} pixels (e.g. --image-size {isqrt(spec.image_slice_pixels)}x{isqrt(spec.image_slice_pixels)})")
+            complain(
+                "image_size",
+                "E725",
+                f"{spec.model}'s processor slices an image of {image_size[0]} x {image_size[1]} ({image_size[0] * image_size[1]:,} pixels, "
+                f"above {spec.image_slice_pixels:,}) into a thumbnail and slices, which the estimate does not model",
+                f"give an image of at most {spec.image_slice_pixels:,} pixels (e.g. --image-size {isqrt(spec.image_slice_pixels)}x{isqrt(spec.image_slice_pixels)})",
+            )
         if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
-            complain("image_size", "E717", f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
-                     "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW")
+            complain(
+                "image_size",
+                "E717",
+                f"{spec.model} tiles each image (anyres): its tile grid and image tokens depend on the image size, and neither the spec nor the experiment gives one",
+                "set image_size: [height, width] in the experiment or the spec, or pass --image-size HxW",
+            )
         # NB: spec.image_tokens is for the spec's own image size; a native-resolution tower at
         # another size has its token count in the formulas only, so the check needs the default.
         # NB: a tiled spec's images take more than the base image's tokens: the formulas' count
         # (E723) checks them at every size, LLaVA-NeXT-Video's frames at their pooled count
         if "micro_batch" in data and "seq_len" in data and image_size == spec.image_size and spec.anyres is None:
             # NB: videos on a model that takes none are refused above (E327), not counted here
-            items = vision_items(data["images_per_sample"], data["videos_per_sample"] if spec.video_temporal_patch else 0,
-                                 data.get("video_frames") or 0, spec.video_temporal_patch or 1)
+            items = vision_items(
+                data["images_per_sample"],
+                data["videos_per_sample"] if spec.video_temporal_patch else 0,
+                data.get("video_frames") or 0,
+                spec.video_temporal_patch or 1,
+            )
             need = items * spec.image_tokens
             if data["seq_len"] < need:
-                what = f"{data['images_per_sample']} x {spec.image_tokens}" if items == data["images_per_sample"] else \
-                    f"{items} images and temporal patches x {spec.image_tokens}"
+                what = (
+                    f"{data['images_per_sample']} x {spec.image_tokens}"
+                    if items == data["images_per_sample"]
+                    else f"{items} images and temporal patches x {spec.image_tokens}"
+                )
                 complain(
                     "seq_len",
                     "E501",
@@ -384,8 +452,12 @@ class Resolution:
             try:
                 margin = parse_margin(str(data["margin"]))
             except ValueError as error:
-                complain("margin", "E506", f"'{data['margin']}' is not a margin: {error}",
-                         "write a percentage of the GPU's memory, e.g. 5%, or a size, e.g. 2GiB (2^30 bytes) or 2GB (10^9 bytes)")
+                complain(
+                    "margin",
+                    "E506",
+                    f"'{data['margin']}' is not a margin: {error}",
+                    "write a percentage of the GPU's memory, e.g. 5%, or a size, e.g. 2GiB (2^30 bytes) or 2GB (10^9 bytes)",
+                )
         if (margin.percent or 0) >= 100 or (gpu is not None and margin.reserve(gpu.memory) >= gpu.memory):
             whole = f"{gpu.key}'s {gpu.memory / 2**30:.2f} GiB" if gpu is not None else "the GPU"
             complain("margin", "E204", f"a margin of {margin.text} leaves nothing of {whole}", "keep less free, e.g. --margin 5%")
@@ -397,8 +469,14 @@ class Resolution:
         deepspeed, problem = deepspeed_buffers(parallel, spec.hidden_size)
         if problem:
             # NB: an offload problem is shown at --offload-optimizer / --offload-param when one gave it
-            flag = next((k for k in (("offload_optimizer", "offload_param") if problem[0] == "E311" else ("offload_param", "offload_optimizer"))
-                         if k in overrides), None) if problem[0] in ("E311", "E806", "E807") else None
+            flag = (
+                next(
+                    (k for k in (("offload_optimizer", "offload_param") if problem[0] == "E311" else ("offload_param", "offload_optimizer")) if k in overrides),
+                    None,
+                )
+                if problem[0] in ("E311", "E806", "E807")
+                else None
+            )
             complain(flag or "parallel", problem[0], problem[1], problem[2])
         return deepspeed
 
@@ -421,7 +499,12 @@ class Resolution:
         if quantization is not None:
             for name in sorted(quantization.modules):
                 if name not in module_names:
-                    complain("quantization", "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}")
+                    complain(
+                        "quantization",
+                        "E304",
+                        f"unknown module '{name}'",
+                        did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}",
+                    )
         return lora, quantization
 
 
@@ -436,13 +519,21 @@ def _transformers(versions: Mapping[str, Any], complain) -> int:
         return TRANSFORMERS
     code = release_code(str(text))
     if code is None:
-        complain("versions", "E331", f"versions.transformers '{text}' is not a release",
-                 f"write major.minor.patch as pip shows it, e.g. 4.46.3 (the formulas' own: {TRANSFORMERS_RELEASE})")
+        complain(
+            "versions",
+            "E331",
+            f"versions.transformers '{text}' is not a release",
+            f"write major.minor.patch as pip shows it, e.g. 4.46.3 (the formulas' own: {TRANSFORMERS_RELEASE})",
+        )
         return TRANSFORMERS
     for first, end, why in UNMODELLED_TRANSFORMERS:
         if first <= code < end:
-            complain("versions", "E331", f"transformers {release_text(code)} is not modelled: {why}",
-                     f"name 4.43 or later ({TRANSFORMERS_RELEASE}, the formulas' own, by default)")
+            complain(
+                "versions",
+                "E331",
+                f"transformers {release_text(code)} is not modelled: {why}",
+                f"name 4.43 or later ({TRANSFORMERS_RELEASE}, the formulas' own, by default)",
+            )
             return TRANSFORMERS
     return code
 
@@ -460,8 +551,9 @@ def _lora_located(lora: Lora, flags: set, file: str, doc) -> Lora:
         line, col = doc.where(path)
         return (file, line, col, path)
 
-    return replace(lora, saves_at=tuple(at("modules_to_save", "--lora-modules-to-save", i) for i in range(len(lora.modules_to_save))),
-                   bias_at=at("bias", "--lora-bias"))
+    return replace(
+        lora, saves_at=tuple(at("modules_to_save", "--lora-modules-to-save", i) for i in range(len(lora.modules_to_save))), bias_at=at("bias", "--lora-bias")
+    )
 
 
 def _quantization(block: Mapping[str, Any] | None) -> Quantization | None:
@@ -481,19 +573,32 @@ def _optimizer(opt: Mapping[str, Any], complain) -> Optimizer:
         complain("optimizer", "E305", f"{kind} has no '{impl}' implementation here", f"{kind} runs as: {', '.join(impls)}")
         impl = impls[0]
     bnb = impl == "bitsandbytes"
-    for key, ok, need in (("bits", bnb, "impl: bitsandbytes"), ("paged", bnb, "impl: bitsandbytes"),
-                          ("momentum", kind in ("sgd", "adafactor"), "type sgd (momentum) or adafactor (beta1)")):
+    for key, ok, need in (
+        ("bits", bnb, "impl: bitsandbytes"),
+        ("paged", bnb, "impl: bitsandbytes"),
+        ("momentum", kind in ("sgd", "adafactor"), "type sgd (momentum) or adafactor (beta1)"),
+    ):
         if key in opt and not ok:
             complain("optimizer", "E305", f"optimizer option '{key}' does not apply to {kind} {impl}", f"'{key}' needs {need}")
     default_momentum = SGD_DEFAULT_MOMENTUM if kind == "sgd" else 0.0
     groups = opt.get("param_groups", "one")
     if groups not in optimizers.PARAM_GROUPS:
-        complain("optimizer", "E305",
-                 f"param_groups {groups!r} is not one of {', '.join(optimizers.PARAM_GROUPS)}",
-                 "one: every tensor in one group (an optimizer on model.parameters()); trainer: Hugging Face Trainer's weight-decay and no-decay groups")
+        complain(
+            "optimizer",
+            "E305",
+            f"param_groups {groups!r} is not one of {', '.join(optimizers.PARAM_GROUPS)}",
+            "one: every tensor in one group (an optimizer on model.parameters()); trainer: Hugging Face Trainer's weight-decay and no-decay groups",
+        )
         groups = "one"
-    return Optimizer(kind, impl, float(opt.get("momentum", default_momentum)), float(opt.get("weight_decay", 0.0)),
-                     int(opt.get("bits", 32)), bool(opt.get("paged", False)), groups)
+    return Optimizer(
+        kind,
+        impl,
+        float(opt.get("momentum", default_momentum)),
+        float(opt.get("weight_decay", 0.0)),
+        int(opt.get("bits", 32)),
+        bool(opt.get("paged", False)),
+        groups,
+    )
 
 
 def _lora(block: Mapping[str, Any] | None) -> Lora | None:
@@ -503,8 +608,7 @@ def _lora(block: Mapping[str, Any] | None) -> Lora | None:
     b = {**LORA_DEFAULTS, **block}
     targets = b["target_modules"]
     targets = "all-linear" if targets == "all-linear" else tuple([targets] if isinstance(targets, str) else targets)
-    return Lora(int(b["r"]), b["alpha"], float(b["dropout"]), targets, frozenset(b["modules"]),
-                tuple(b["modules_to_save"]), b["bias"], bool(b["use_dora"]))
+    return Lora(int(b["r"]), b["alpha"], float(b["dropout"]), targets, frozenset(b["modules"]), tuple(b["modules_to_save"]), b["bias"], bool(b["use_dora"]))
 
 
 def with_overrides(setup: Setup, **changes: Any) -> Setup:

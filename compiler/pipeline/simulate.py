@@ -81,6 +81,7 @@ class Estimate:
     devices: tuple["Estimate", ...] = ()
     gpu: int | None = None  # device_map: the GPU this estimate is of
 
+
 def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     if setup.device_map is not None and setup.device_map.gpu < 0:
         return _per_gpu_estimates(nodes, setup)
@@ -148,14 +149,18 @@ def _per_gpu_estimates(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     dm = replace(setup.device_map, placement=paths, trains=_trainable_elements(nodes, setup) > 0)
     # NB: GPU 0 holds the batch (and the model's outputs) even with no layer of its own
     used = sorted({0, *placement.values()})
-    per_gpu = tuple(replace(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g))), gpu=g)
-                    for g in used)
+    per_gpu = tuple(replace(simulate(device_map.on_gpu(nodes, placement, g), replace(setup, device_map=replace(dm, gpu=g))), gpu=g) for g in used)
     # "fits" decides on the GPU that needs the most: the largest allocated, the largest reserved
     worst = max(per_gpu, key=lambda e: e.peak.total)
     oom = next((e.oom for e in per_gpu if e.oom is not None), None)
-    return replace(worst, devices=per_gpu, trainable_params=sum(e.trainable_params for e in per_gpu),
-                   reserved=max(e.reserved for e in per_gpu), oom=oom,
-                   first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total))
+    return replace(
+        worst,
+        devices=per_gpu,
+        trainable_params=sum(e.trainable_params for e in per_gpu),
+        reserved=max(e.reserved for e in per_gpu),
+        oom=oom,
+        first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total),
+    )
 
 
 def _per_gpu(step: Step, placing: Walk) -> dict:
@@ -166,8 +171,7 @@ def _per_gpu(step: Step, placing: Walk) -> dict:
         walk = root.walk()
         buffers = sum(round_up(b, ALLOCATOR_GRANULE) for n in walk for b in n.cost.buffer_tensors)
         placed = [placing.resident(n) for n in walk]
-        per_gpu[root.inst.module] = {"parameters": sum(p for p, _ in placed) + buffers,
-                                     "optimizer_states": sum(o for _, o in placed)}
+        per_gpu[root.inst.module] = {"parameters": sum(p for p, _ in placed) + buffers, "optimizer_states": sum(o for _, o in placed)}
     return per_gpu
 
 
@@ -313,8 +317,7 @@ class _StepWalk:
         state.unhold(held)
         state.unhold(grad_out)
         if not node.children:
-            state.observe("backward", inst.path, t, (inst.module, node.cost.transient_backward),
-                          node.cost.allocations_backward, backward=True)
+            state.observe("backward", inst.path, t, (inst.module, node.cost.transient_backward), node.cost.allocations_backward, backward=True)
             self._ran(node)
         state.free(inst.path, [x for x in node.cost.saved + node.cost.checkpoint if x[0] not in node.cost.pinned])
         for hook in self.after_layer_backward:
@@ -347,6 +350,7 @@ class _StepWalk:
         step = state._point("optimizer", "optimizer.step", state.level + sum(transient.values()), transient)
         return step, owner.first_step(step, transient), step_start
 
+
 def _defer(events: list, mark: int, names: set[str]) -> None:
     """Take the allocations of the saved tensors `names` made since `mark` out of `events`:
     the leaf's allocation order makes them where its operators do."""
@@ -354,8 +358,9 @@ def _defer(events: list, mark: int, names: set[str]) -> None:
     events[mark:] = [e for e in events[mark:] if e[0] not in keys or e[1] is None]
 
 
-def _replay(setup: Setup, state: State, resident: list[int], states: list[int], walk_start: int,
-            step_start: int, first_step: list | None = None) -> tuple[int, OutOfMemory | None]:
+def _replay(
+    setup: Setup, state: State, resident: list[int], states: list[int], walk_start: int, step_start: int, first_step: list | None = None
+) -> tuple[int, OutOfMemory | None]:
     """The caching allocator's reserved bytes over two training steps, and the allocation
     that fails on `setup.gpu` if one does.
 
@@ -433,32 +438,39 @@ def _not_modelled(setup: Setup) -> tuple[str, ...]:
     out = []
     if setup.fsdp is not None:
         if setup.dp > 1:
-            out.append("FSDP2 units other than the decoder/encoder layers and the root (accelerate also wraps CLIPVisionEmbeddings; counted here in the root, which stays gathered longer: an over-estimate)")
+            out.append(
+                "FSDP2 units other than the decoder/encoder layers and the root (accelerate also wraps CLIPVisionEmbeddings; counted here in the root, which stays gathered longer: an over-estimate)"
+            )
     elif setup.dp > 1 and setup.zero == 0:
         out.append("DDP gradient buckets (a second copy of the gradients unless gradient_as_bucket_view)")
     if setup.zero in (1, 2):
         if _zero12_active(setup):
-            out.append("a layer's 16-bit gradient waiting for its bucket copy, except when it triggers a reduction "
-                       "or is too large for the bucket")
+            out.append("a layer's 16-bit gradient waiting for its bucket copy, except when it triggers a reduction or is too large for the bucket")
         else:
             out.append("DeepSpeed's flat-buffer alignment padding and the moment a parameter's 16-bit gradient waits before its bucket copy")
             if setup.deepspeed is not None and setup.deepspeed.comm_bytes not in (None, setup.bytes["grad"]):
                 out.append("ZeRO-1/2's copy of each bucket in communication_data_type (stage_1_and_2.py, allreduce_bucket)")
     elif setup.zero == 3:
-        out.append("DeepSpeed's flat-buffer alignment padding, and a layer's 16-bit gradient waiting for its bucket copy "
-                   "except when it triggers a bucket's reduce-scatter")
+        out.append(
+            "DeepSpeed's flat-buffer alignment padding, and a layer's 16-bit gradient waiting for its bucket copy "
+            "except when it triggers a bucket's reduce-scatter"
+        )
     if setup.tp > 1:
         out.append("tensor-parallel communication buffers (all-gather / reduce-scatter outputs beyond the layers' own tensors)")
     if setup.pp > 1:
         out.append("pipeline send/receive buffers of the stage boundary's activations and gradients ([s, b, hidden] each)")
     if setup.zero >= 3 and setup.deepspeed is not None and (setup.dp > 1 or setup.deepspeed.offload_param != "none"):
-        out.append("ZeRO-3's first step records the fetch trace and neither prefetches nor keeps layers for reuse; "
-                   "the estimate walks the traced (later) steps' fetches in both")
+        out.append(
+            "ZeRO-3's first step records the fetch trace and neither prefetches nor keeps layers for reuse; "
+            "the estimate walks the traced (later) steps' fetches in both"
+        )
     if setup.quantization is not None:
         # NB: peft/utils/other.py, prepare_model_for_kbit_training: every fp16/bf16 parameter
         # left unquantized is cast to fp32 (LLaVA's train.py casts some back afterwards)
-        out.append("peft prepare_model_for_kbit_training's fp32 copy of the unquantized 16-bit weights (norms, embeddings, lm_head), "
-                   "and bitsandbytes' outlier columns (LLM.int8() threshold 6.0)")
+        out.append(
+            "peft prepare_model_for_kbit_training's fp32 copy of the unquantized 16-bit weights (norms, embeddings, lm_head), "
+            "and bitsandbytes' outlier columns (LLM.int8() threshold 6.0)"
+        )
     return tuple(out)
 
 
@@ -466,5 +478,7 @@ def _paged_note(nodes, setup: Setup) -> tuple[str, ...]:
     paged = _paged_bytes(nodes, setup)
     if not paged:
         return ()
-    return (f"bitsandbytes paged optimizer states, {paged:,} B in CUDA unified memory (cudaMallocManaged): outside "
-            "max_memory_allocated and reserved, resident on the GPU until memory runs short, then paged to host memory",)
+    return (
+        f"bitsandbytes paged optimizer states, {paged:,} B in CUDA unified memory (cudaMallocManaged): outside "
+        "max_memory_allocated and reserved, resident on the GPU until memory runs short, then paged to host memory",
+    )

@@ -27,19 +27,26 @@ _ALIAS = "tag:memspec,2024:alias"
 
 # YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution) plus underscores
 # in numbers, which PyYAML and Python both accept. One alternation, first group wins.
-_PLAIN_RULES = re.compile("|".join(f"(?P<{name}>{rule})" for name, rule in (
-    ("null", r"(?:~|null|Null|NULL|)\Z"),
-    ("bool", r"(?:true|True|TRUE|false|False|FALSE)\Z"),
-    ("ambiguous_bool", r"(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)\Z"),
-    ("ambiguous_int", r"[-+]?0[0-9_]*[0-9][0-9_]*\Z"),
-    ("int", r"[-+]?[0-9][0-9_]*\Z|0x[0-9a-fA-F_]+\Z|0o[0-7_]+\Z"),
-    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?\Z"
-              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+\Z"
-              r"|[-+]?\.(?:inf|Inf|INF)\Z|\.(?:nan|NaN|NAN)\Z"),
-    ("merge", r"<<\Z"),
-)))
-_RULE_TAGS = {"null": NULL, "bool": BOOL, "ambiguous_bool": _AMBIGUOUS_BOOL,
-              "ambiguous_int": _AMBIGUOUS_INT, "int": INT, "float": FLOAT, "merge": MERGE}
+_PLAIN_RULES = re.compile(
+    "|".join(
+        f"(?P<{name}>{rule})"
+        for name, rule in (
+            ("null", r"(?:~|null|Null|NULL|)\Z"),
+            ("bool", r"(?:true|True|TRUE|false|False|FALSE)\Z"),
+            ("ambiguous_bool", r"(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)\Z"),
+            ("ambiguous_int", r"[-+]?0[0-9_]*[0-9][0-9_]*\Z"),
+            ("int", r"[-+]?[0-9][0-9_]*\Z|0x[0-9a-fA-F_]+\Z|0o[0-7_]+\Z"),
+            (
+                "float",
+                r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?\Z"
+                r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+\Z"
+                r"|[-+]?\.(?:inf|Inf|INF)\Z|\.(?:nan|NaN|NAN)\Z",
+            ),
+            ("merge", r"<<\Z"),
+        )
+    )
+)
+_RULE_TAGS = {"null": NULL, "bool": BOOL, "ambiguous_bool": _AMBIGUOUS_BOOL, "ambiguous_int": _AMBIGUOUS_INT, "int": INT, "float": FLOAT, "merge": MERGE}
 # Plain scalars starting with any other character are strings; checking that first keeps
 # loading fast, since most scalars are names.
 _RULE_FIRST = frozenset("~nNtTfFyYoO0123456789+-.<")
@@ -54,8 +61,7 @@ _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_DEPTH = 100
 # NB: putting `Composer` first makes its Python `compose_node` win over the C composer of
 # `CSafeLoader`; the pure-Python `SafeLoader` has it already.
-_LOADER_BASES = (_BaseLoader,) if issubclass(_BaseLoader, yaml.composer.Composer) else (
-    yaml.composer.Composer, _BaseLoader)
+_LOADER_BASES = (_BaseLoader,) if issubclass(_BaseLoader, yaml.composer.Composer) else (yaml.composer.Composer, _BaseLoader)
 
 
 class _StrictLoader(*_LOADER_BASES):  # type: ignore[misc]
@@ -173,6 +179,7 @@ def _unique(problems: list[Diagnostic]) -> list[Diagnostic]:
 
 # --------------------------------------------------------------------------- building
 
+
 class _Builder:
     """Nodes -> plain data, filling `positions` and appending to `problems` as it goes."""
 
@@ -189,9 +196,8 @@ class _Builder:
             self.report("E104", node, path, f"anchor '&{anchor}' is not allowed", _NO_ANCHORS_HELP)
         tag = getattr(node, "memspec_tag", None)
         if tag is not None:
-            shown = "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
-            self.report("E110", node, path, f"tag '{shown}' is not allowed",
-                        "remove the tag; quote the value if it must be a string")
+            shown = "!!" + tag[len(_TAG) :] if tag.startswith(_TAG) else tag
+            self.report("E110", node, path, f"tag '{shown}' is not allowed", "remove the tag; quote the value if it must be a string")
             return None
         if isinstance(node, MappingNode):
             return self.mapping(node, path)
@@ -216,8 +222,7 @@ class _Builder:
                 continue
             key_path = child_path(path, key)
             if key in first_line:
-                self.report("E103", key_node, key_path, f"duplicate key '{key}'",
-                            f"first defined at line {first_line[key]}")
+                self.report("E103", key_node, key_path, f"duplicate key '{key}'", f"first defined at line {first_line[key]}")
                 continue
             first_line[key] = key_node.start_mark.line + 1
             self.positions[key_path] = _position(key_node.start_mark)
@@ -230,8 +235,7 @@ class _Builder:
             self.build(node, path)  # reports the tag or anchor
             return None
         if not isinstance(node, ScalarNode):
-            self.report("E105", node, path, "mapping keys must be strings, not a "
-                        + ("mapping" if isinstance(node, MappingNode) else "list"))
+            self.report("E105", node, path, "mapping keys must be strings, not a " + ("mapping" if isinstance(node, MappingNode) else "list"))
             return None
         if node.tag == _ALIAS:
             self.report("E104", node, path, f"alias '*{node.value}' is not allowed", _NO_ANCHORS_HELP)
@@ -240,13 +244,11 @@ class _Builder:
             self.report("E104", node, path, "merge key '<<' is not allowed", _NO_ANCHORS_HELP)
             return None
         if node.tag == _AMBIGUOUS_BOOL:
-            self.report("E108", node, path, f"ambiguous boolean '{node.value}'",
-                        f"quote it if the key is the string '{node.value}'")
+            self.report("E108", node, path, f"ambiguous boolean '{node.value}'", f"quote it if the key is the string '{node.value}'")
             return None
         if node.tag != STR:
             shown = node.value if node.value else "null"
-            self.report("E105", node, path, f"mapping key {shown} is not a string",
-                        f"quote it if you mean the string: '{node.value}'")
+            self.report("E105", node, path, f"mapping key {shown} is not a string", f"quote it if you mean the string: '{node.value}'")
             return None
         return node.value
 
@@ -267,8 +269,7 @@ class _Builder:
         elif tag == _AMBIGUOUS_BOOL:
             self.report("E108", node, path, f"ambiguous boolean '{value}'", "write true or false")
         elif tag == _AMBIGUOUS_INT:
-            self.report("E109", node, path, f"ambiguous number '{value}'",
-                        "YAML 1.1 reads a leading zero as octal: remove it, or quote the value")
+            self.report("E109", node, path, f"ambiguous number '{value}'", "YAML 1.1 reads a leading zero as octal: remove it, or quote the value")
         return None
 
 

@@ -36,8 +36,7 @@ if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
 
 # JSON Schema's type names, in the words of a YAML file's author.
-_TYPE_NAMES = {"object": "mapping", "array": "list", "integer": "integer", "number": "number",
-               "string": "string", "boolean": "boolean", "null": "null"}
+_TYPE_NAMES = {"object": "mapping", "array": "list", "integer": "integer", "number": "number", "string": "string", "boolean": "boolean", "null": "null"}
 _MAX_SHOWN = 40  # characters of a value quoted back in a message
 
 
@@ -80,6 +79,7 @@ def checked_document(path: str | os.PathLike, kind: str | None) -> Document:
 
 
 # --------------------------------------------------------------------------- schema loading
+
 
 @functools.lru_cache(maxsize=None)
 def _read_json(path: Path) -> Any:
@@ -133,6 +133,7 @@ def _validator_class() -> Any:
 
 # --------------------------------------------------------------------------- diagnosing
 
+
 def _path_of(error: ValidationError) -> str:
     path = "$"
     for step in error.absolute_path:
@@ -155,8 +156,7 @@ def _diagnose(doc: Document, error: ValidationError) -> Iterator[Diagnostic]:
     elif keyword in ("oneOf", "anyOf") and error.context:
         yield from _diagnose(doc, _best_sub_error(error))
     elif keyword == "oneOf":
-        yield doc.diag("E208", path, f"{_show(value)} matches more than one of the allowed forms",
-                       "the schema's oneOf needs exactly one")
+        yield doc.diag("E208", path, f"{_show(value)} matches more than one of the allowed forms", "the schema's oneOf needs exactly one")
     elif keyword == "uniqueItems":
         yield _duplicate_item(doc, value, path)
     else:
@@ -209,8 +209,7 @@ def _json_type(value: Any) -> str:
 
 
 def _in_property_names(error: ValidationError) -> bool:
-    return "propertyNames" in error.relative_schema_path or (
-        error.parent is not None and _in_property_names(error.parent))
+    return "propertyNames" in error.relative_schema_path or (error.parent is not None and _in_property_names(error.parent))
 
 
 def _about_key(error: ValidationError, path: str) -> tuple[str, str, str, str | None]:
@@ -258,8 +257,7 @@ def _duplicate_item(doc: Document, items: Any, path: str) -> Diagnostic:
     seen: list[Any] = []
     for index, item in enumerate(items if isinstance(items, list) else []):
         if any(_same(item, other) for other in seen):
-            return doc.diag("E207", child_path(path, index),
-                            f"items must be unique: {_show(item)} appears more than once")
+            return doc.diag("E207", child_path(path, index), f"items must be unique: {_show(item)} appears more than once")
         seen.append(item)
     return doc.diag("E207", path, "items must be unique")
 
@@ -297,8 +295,7 @@ def _describe(keyword: str | None, expected: Any, value: Any, fallback: str) -> 
 
 
 _BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
-_SIZES = {"minItems": ("at least", "item"), "maxItems": ("at most", "item"),
-          "minProperties": ("at least", "key"), "maxProperties": ("at most", "key")}
+_SIZES = {"minItems": ("at least", "item"), "maxItems": ("at most", "item"), "minProperties": ("at least", "key"), "maxProperties": ("at most", "key")}
 
 
 def _suggest(value: Any, choices: Iterable[Any]) -> str | None:

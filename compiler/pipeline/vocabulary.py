@@ -44,11 +44,15 @@ PRECISIONS: Mapping[str, tuple[int, int, int, int]] = {
 # each to the PRECISIONS key it is sized by. NB: "16-mixed" / "bf16-mixed" name one dtype and
 # two realizations (PRECISION_MODES); the key alone does not say which.
 PRECISION_NAMES: Mapping[str, str] = {
-    "32-true": "fp32", "32": "fp32", "fp32": "fp32",
-    "bf16-true": "bf16", "bf16": "bf16",
+    "32-true": "fp32",
+    "32": "fp32",
+    "fp32": "fp32",
+    "bf16-true": "bf16",
+    "bf16": "bf16",
     "16-true": "fp16",
     "bf16-mixed": "bf16-mixed",
-    "16-mixed": "fp16-mixed", "fp16-mixed": "fp16-mixed",
+    "16-mixed": "fp16-mixed",
+    "fp16-mixed": "fp16-mixed",
 }
 # How a precision is realized in the step:
 # - "fp32": fp32 everything;
@@ -88,8 +92,9 @@ DEFAULTS: Mapping[str, Any] = {
     "alloc_conf": "",
 }
 # Names a spec's module context (batch, seq) may use besides the module's own inputs.
-EXPERIMENT_NAMES = frozenset({"micro_batch", "seq_len", "target_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols",
-                              "videos_per_sample", "video_frames"})
+EXPERIMENT_NAMES = frozenset(
+    {"micro_batch", "seq_len", "target_len", "images_per_sample", "image_h", "image_w", "grid_rows", "grid_cols", "videos_per_sample", "video_frames"}
+)
 SGD_DEFAULT_MOMENTUM = 0.9
 
 
@@ -107,8 +112,12 @@ OLDER_TRANSFORMERS = 4_049_000
 # position_ids; 4.38 to 4.42: computed in each layer), where 4.43 on makes them once per
 # forward (LlamaModel.rotary_emb) as the pinned release does.
 UNMODELLED_TRANSFORMERS: tuple[tuple[int, int, str], ...] = (
-    (0, 4_043_000, "releases before 4.43 make the rotary cos and sin in every attention layer, which the formulas do not model "
-                   "(measured: 4.44.2, 4.46.3, 4.57.1 and 5.23.0)"),
+    (
+        0,
+        4_043_000,
+        "releases before 4.43 make the rotary cos and sin in every attention layer, which the formulas do not model "
+        "(measured: 4.44.2, 4.46.3, 4.57.1 and 5.23.0)",
+    ),
 )
 
 
@@ -248,8 +257,6 @@ class Spec:
         return next((m for m in self.modules if m.name == name), None)
 
 
-
-
 @dataclass(frozen=True)
 class Fsdp:
     """PyTorch FSDP2 (`fully_shard`) over the `dp` ranks: every decoder/encoder layer a unit,
@@ -278,9 +285,16 @@ def fsdp_setup(block: Mapping[str, Any] | None, precision: str) -> Fsdp | None:
 
 # peft LoraConfig defaults (peft/tuners/lora/config.py) for what an experiment's `lora`
 # block leaves out; `modules` restricts the targets to memspec modules.
-LORA_DEFAULTS: Mapping[str, Any] = {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear",
-                                    "modules": ["language"], "modules_to_save": [], "bias": "none",
-                                    "use_dora": False}
+LORA_DEFAULTS: Mapping[str, Any] = {
+    "r": 8,
+    "alpha": 8,
+    "dropout": 0.0,
+    "target_modules": "all-linear",
+    "modules": ["language"],
+    "modules_to_save": [],
+    "bias": "none",
+    "use_dora": False,
+}
 
 
 @dataclass(frozen=True)
@@ -422,8 +436,7 @@ def vision_items(images: int, videos: int, frames: int, temporal_patch: int) -> 
     return images + videos * -(-frames // temporal_patch)
 
 
-def precision_mode(precision: str, stated: str | None = None, *, deepspeed_stated: bool = False,
-                   precision_stated: bool = True, fsdp: bool = False) -> str:
+def precision_mode(precision: str, stated: str | None = None, *, deepspeed_stated: bool = False, precision_stated: bool = True, fsdp: bool = False) -> str:
     """The PRECISION_MODES key a (canonical) precision is realized by.
 
     A 16-bit mixed precision is autocast on fp32 weights, as Lightning's "bf16-mixed", HF

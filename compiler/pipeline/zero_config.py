@@ -72,9 +72,11 @@ ZERO12_ALIGNMENT = 2
 # communication_data_type -> bytes per element (deepspeed/runtime/config.py, get_communication_data_type);
 # unset, engine.communication_data_type follows the precision: fp16, bf16, else fp32.
 COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-_AUTO_KEYS = {"reduce_bucket_size": lambda h: h * h,
-              "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
-              "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h}
+_AUTO_KEYS = {
+    "reduce_bucket_size": lambda h: h * h,
+    "prefetch_bucket_size": lambda h: int(HF_AUTO_PREFETCH_FRACTION * h * h),
+    "param_persistence_threshold": lambda h: HF_AUTO_PERSISTENCE_FACTOR * h,
+}
 
 
 def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> tuple[DeepSpeed | None, tuple[str, str, str] | None]:
@@ -92,18 +94,26 @@ def deepspeed_buffers(parallel: Mapping[str, Any], hidden_size: int | None) -> t
     auto = [k for k, v in sizes.items() if v == "auto"]
     if auto:
         if hidden_size is None:
-            return None, ("E505", f"'auto' {', '.join(auto)} need(s) the spec's hidden_size (HF Trainer fills them from it)",
-                          "write the sizes as numbers, or add hidden_size to the model spec")
+            return None, (
+                "E505",
+                f"'auto' {', '.join(auto)} need(s) the spec's hidden_size (HF Trainer fills them from it)",
+                "write the sizes as numbers, or add hidden_size to the model spec",
+            )
         sizes.update({k: _AUTO_KEYS[k](hidden_size) for k in auto})
     overlap = parallel.get("overlap_comm", parallel["zero"] == 3)
-    return DeepSpeed(int(sizes["reduce_bucket_size"]), int(sizes["prefetch_bucket_size"]), bool(overlap),
-                     bool(parallel.get("contiguous_gradients", True)),
-                     parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none"),
-                     int(sizes["param_persistence_threshold"]),
-                     int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
-                     int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
-                     int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP)),
-                     COMM_BYTES.get(parallel.get("communication_data_type"))), None
+    return DeepSpeed(
+        int(sizes["reduce_bucket_size"]),
+        int(sizes["prefetch_bucket_size"]),
+        bool(overlap),
+        bool(parallel.get("contiguous_gradients", True)),
+        parallel.get("offload_optimizer", "none"),
+        parallel.get("offload_param", "none"),
+        int(sizes["param_persistence_threshold"]),
+        int(parallel.get("max_live_parameters", DEEPSPEED_DEFAULT_MAX_LIVE)),
+        int(parallel.get("max_reuse_distance", DEEPSPEED_DEFAULT_REUSE_DISTANCE)),
+        int(parallel.get("sub_group_size", DEEPSPEED_DEFAULT_SUB_GROUP)),
+        COMM_BYTES.get(parallel.get("communication_data_type")),
+    ), None
 
 
 def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -116,18 +126,29 @@ def offload_problem(parallel: Mapping[str, Any]) -> tuple[str, str, str] | None:
     zero = parallel["zero"]
     optimizer, param = parallel.get("offload_optimizer", "none"), parallel.get("offload_param", "none")
     if optimizer != "none" and zero == 0:
-        return ("E311", f"offload_optimizer {optimizer} needs a ZeRO stage: ZeRO-0 has no optimizer partition to offload",
-                "use zero: 1 or 2 with offload_optimizer: cpu, or zero: 3 with cpu or nvme")
+        return (
+            "E311",
+            f"offload_optimizer {optimizer} needs a ZeRO stage: ZeRO-0 has no optimizer partition to offload",
+            "use zero: 1 or 2 with offload_optimizer: cpu, or zero: 3 with cpu or nvme",
+        )
     if optimizer == "nvme" and zero in (1, 2):
-        return ("E311", f"offload_optimizer nvme is a ZeRO-3 feature, not ZeRO-{zero} (DeepSpeed offloads to NVMe only with ZeRO-3; stage_1_and_2.py has no swapper)",
-                "use offload_optimizer: cpu, or zero: 3")
+        return (
+            "E311",
+            f"offload_optimizer nvme is a ZeRO-3 feature, not ZeRO-{zero} (DeepSpeed offloads to NVMe only with ZeRO-3; stage_1_and_2.py has no swapper)",
+            "use offload_optimizer: cpu, or zero: 3",
+        )
     if param != "none" and zero != 3:
-        return ("E806", f"offload_param {param} is a ZeRO-3 feature, not ZeRO-{zero}",
-                "use zero: 3, or remove offload_param (ZeRO-1/2 keep every 16-bit weight on the GPU)")
+        return (
+            "E806",
+            f"offload_param {param} is a ZeRO-3 feature, not ZeRO-{zero}",
+            "use zero: 3, or remove offload_param (ZeRO-1/2 keep every 16-bit weight on the GPU)",
+        )
     if param != "none" and optimizer == "none":
-        return ("E807", f"offload_param {param} without offload_optimizer",
-                "DeepSpeed refuses it (stage3.py: \"parameter offload is only available with optimizer state offload\"); "
-                "add offload_optimizer: cpu")
+        return (
+            "E807",
+            f"offload_param {param} without offload_optimizer",
+            'DeepSpeed refuses it (stage3.py: "parameter offload is only available with optimizer state offload"); add offload_optimizer: cpu',
+        )
     return None
 
 
@@ -138,54 +159,93 @@ def deepspeed_constants(ds: DeepSpeed | None, zero: int) -> tuple[Constant, ...]
     given = "the experiment's or DeepSpeed config's value, else"
     config = "deepspeed/runtime/zero/config.py"
     out = [
-        Constant("zero_optimization.reduce_bucket_size", ds.reduce_bucket, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} ({config}); \"auto\": hidden_size^2 (transformers/integrations/deepspeed.py)"),
-        Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "",
-                 f"{given} DeepSpeed's default: true for ZeRO-3, false below ({config})"),
-        Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "",
-                 f"{given} DeepSpeed's default true ({config})"),
+        Constant(
+            "zero_optimization.reduce_bucket_size",
+            ds.reduce_bucket,
+            "elements",
+            f'{given} {DEEPSPEED_DEFAULT_REDUCE_BUCKET:,} ({config}); "auto": hidden_size^2 (transformers/integrations/deepspeed.py)',
+        ),
+        Constant("zero_optimization.overlap_comm", str(ds.overlap_comm).lower(), "", f"{given} DeepSpeed's default: true for ZeRO-3, false below ({config})"),
+        Constant("zero_optimization.contiguous_gradients", str(ds.contiguous_gradients).lower(), "", f"{given} DeepSpeed's default true ({config})"),
     ]
     if zero == 3:
         out += _zero3_constants(ds, given, config)
     if zero in (1, 2):
         out += _zero12_constants(ds, given)
-    out.append(Constant("optimizer states created", "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()", "",
-                        "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
-                        "initialization, so its first step equals the steady state (compiler/pipeline/resolve.py, DEEPSPEED_STATES_AT_INIT)"))
+    out.append(
+        Constant(
+            "optimizer states created",
+            "at engine init" if DEEPSPEED_STATES_AT_INIT else "at the first step()",
+            "",
+            "DeepSpeed >= 0.14 (PR #5104, initialize_optimizer_states steps nothing); <= 0.13 stepped at "
+            "initialization, so its first step equals the steady state (compiler/pipeline/resolve.py, DEEPSPEED_STATES_AT_INIT)",
+        )
+    )
     return tuple(out)
 
 
 def _zero3_constants(ds: DeepSpeed, given: str, config: str) -> list[Constant]:
     """The ZeRO-3 sizes: prefetch, persistence, live and reuse limits, the communication dtype, sub-groups."""
     return [
-        Constant("zero_optimization.stage3_prefetch_bucket_size", ds.prefetch_bucket, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} ({config}); "
-                 f"\"auto\": int({HF_AUTO_PREFETCH_FRACTION} x hidden_size^2) (transformers/integrations/deepspeed.py)"),
-        Constant("zero_optimization.stage3_param_persistence_threshold", ds.persistence_threshold, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_PERSISTENCE:,} ({config}); \"auto\": {HF_AUTO_PERSISTENCE_FACTOR} x hidden_size "
-                 "(transformers/integrations/deepspeed.py); smaller parameters stay whole on every rank"),
-        Constant("zero_optimization.stage3_max_live_parameters", ds.max_live_parameters, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_MAX_LIVE:,} ({config}); caps the prefetch "
-                 "(partitioned_param_coordinator.py, fetch_sub_module: min(max_live - available, prefetch_bucket))"),
-        Constant("zero_optimization.stage3_max_reuse_distance", ds.max_reuse_distance, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
-                 "(partitioned_param_coordinator.py, __params_to_release)"),
-        Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
-                 f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
-                 "__avg_scatter_grads convert each bucket's gradients (stage3.py)"),
-        Constant("zero_optimization.sub_group_size", ds.sub_group_size, "elements",
-                 f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
-                 "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)"),
+        Constant(
+            "zero_optimization.stage3_prefetch_bucket_size",
+            ds.prefetch_bucket,
+            "elements",
+            f"{given} {DEEPSPEED_DEFAULT_PREFETCH_BUCKET:,} ({config}); "
+            f'"auto": int({HF_AUTO_PREFETCH_FRACTION} x hidden_size^2) (transformers/integrations/deepspeed.py)',
+        ),
+        Constant(
+            "zero_optimization.stage3_param_persistence_threshold",
+            ds.persistence_threshold,
+            "elements",
+            f'{given} {DEEPSPEED_DEFAULT_PERSISTENCE:,} ({config}); "auto": {HF_AUTO_PERSISTENCE_FACTOR} x hidden_size '
+            "(transformers/integrations/deepspeed.py); smaller parameters stay whole on every rank",
+        ),
+        Constant(
+            "zero_optimization.stage3_max_live_parameters",
+            ds.max_live_parameters,
+            "elements",
+            f"{given} {DEEPSPEED_DEFAULT_MAX_LIVE:,} ({config}); caps the prefetch "
+            "(partitioned_param_coordinator.py, fetch_sub_module: min(max_live - available, prefetch_bucket))",
+        ),
+        Constant(
+            "zero_optimization.stage3_max_reuse_distance",
+            ds.max_reuse_distance,
+            "elements",
+            f"{given} {DEEPSPEED_DEFAULT_REUSE_DISTANCE:,} ({config}); a layer used again within it stays gathered "
+            "(partitioned_param_coordinator.py, __params_to_release)",
+        ),
+        Constant(
+            "communication_data_type",
+            "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B",
+            "",
+            f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+            "__avg_scatter_grads convert each bucket's gradients (stage3.py)",
+        ),
+        Constant(
+            "zero_optimization.sub_group_size",
+            ds.sub_group_size,
+            "elements",
+            f"{given} {DEEPSPEED_DEFAULT_SUB_GROUP:,} ({config}); the step converts one sub-group's gradients to fp32 "
+            "at a time (stage3.py, _prepare_fp32_grad_for_sub_group)",
+        ),
     ]
 
 
 def _zero12_constants(ds: DeepSpeed, given: str) -> list[Constant]:
     """The ZeRO-1/2 sizes: the communication dtype and the partition alignment."""
     return [
-        Constant("communication_data_type", "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B", "",
-                 f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
-                 "allreduce_bucket convert each flattened bucket (stage_1_and_2.py)"),
-        Constant("ZeRO-1/2 partition alignment", ZERO12_ALIGNMENT, "elements x dp",
-                 "stage_1_and_2.py, nccl_start_alignment_factor: each group's flat buffer is padded to a multiple of "
-                 "it times dp before it is cut into partitions"),
+        Constant(
+            "communication_data_type",
+            "the gradients' dtype" if ds.comm_bytes is None else f"{ds.comm_bytes} B",
+            "",
+            f"{given} the precision's 16-bit dtype (runtime/engine.py, communication_data_type); another makes "
+            "allreduce_bucket convert each flattened bucket (stage_1_and_2.py)",
+        ),
+        Constant(
+            "ZeRO-1/2 partition alignment",
+            ZERO12_ALIGNMENT,
+            "elements x dp",
+            "stage_1_and_2.py, nccl_start_alignment_factor: each group's flat buffer is padded to a multiple of it times dp before it is cut into partitions",
+        ),
     ]

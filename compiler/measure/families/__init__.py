@@ -80,8 +80,7 @@ def image_first_tokens(exp: dict, n_image: int, image_token_id: int, detail: str
 
     b, s = exp["micro_batch"], exp["seq_len"]
     if n_image > s:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the "
-                              f"{n_image} image tokens per sample{detail}")
+        raise ExperimentError(f"experiment {exp['experiment']!r}: seq_len {s} is shorter than the {n_image} image tokens per sample{detail}")
     input_ids = torch.full((b, s), TEXT_TOKEN_ID, dtype=torch.long)
     input_ids[:, :n_image] = image_token_id
     labels = input_ids.clone()

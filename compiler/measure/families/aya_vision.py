@@ -46,7 +46,7 @@ def tokens_per_tile(config) -> int:
     """(364 / 14)^2 / 2^2 = 169 for aya-vision-8b; (512 / 16)^2 / 2^2 = 256 for
     command-a-vision-07-2025."""
     v = config.vision_config
-    return (v.image_size // v.patch_size) ** 2 // (config.downsample_factor ** 2)
+    return (v.image_size // v.patch_size) ** 2 // (config.downsample_factor**2)
 
 
 def tiles_per_image(config, image_size: list[int] | None) -> int:
@@ -64,8 +64,7 @@ def tiled_batch(config, exp: dict, dtype: torch.dtype, tiles: int) -> dict[str, 
     b, images = exp["micro_batch"], exp["images_per_sample"]
     v = config.vision_config
     per_tile = tokens_per_tile(config)
-    input_ids, labels = image_first_tokens(exp, images * tiles * per_tile, config.image_token_id,
-                                           f" ({images} x {tiles} tiles x {per_tile})")
+    input_ids, labels = image_first_tokens(exp, images * tiles * per_tile, config.image_token_id, f" ({images} x {tiles} tiles x {per_tile})")
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
         batch["pixel_values"] = torch.zeros(b * images * tiles, v.num_channels, v.image_size, v.image_size, dtype=dtype)

@@ -48,8 +48,7 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """input_ids and labels [b, s] of one token id; attention_mask None (no padding)."""
     if exp["images_per_sample"]:
-        raise ExperimentError(f"experiment {exp['experiment']!r}: a text-only model takes "
-                              f"images_per_sample 0, got {exp['images_per_sample']}")
+        raise ExperimentError(f"experiment {exp['experiment']!r}: a text-only model takes images_per_sample 0, got {exp['images_per_sample']}")
     if exp.get("packing"):
         # DataCollatorWithFlattening: the samples concatenated into one row, position_ids
         # restarting at every sample, no attention mask

@@ -47,8 +47,7 @@ def module_groups(model) -> dict[str, list[torch.nn.Module]]:
     """Experiment module names -> the Hugging Face submodules they mean."""
     visual = model.model.visual
     return {
-        "vision": [visual.patch_embed, visual.post_conv_layernorm, visual.embeddings, visual.blocks,
-                   visual.post_layernorm, visual.downsample],
+        "vision": [visual.patch_embed, visual.post_conv_layernorm, visual.embeddings, visual.blocks, visual.post_layernorm, visual.downsample],
         "projector": [visual.merger],
         "language": [model.model.language_model, model.lm_head],
     }

@@ -153,7 +153,7 @@ def tiles_per_image(config, image_size: list[int] | None) -> int:
 def image_seq_len(config) -> int:
     """Idefics3Model.image_seq_len: (image_size / patch)^2 / scale_factor^2 tokens per tile."""
     v = config.vision_config
-    return (v.image_size // v.patch_size) ** 2 // config.scale_factor ** 2
+    return (v.image_size // v.patch_size) ** 2 // config.scale_factor**2
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:

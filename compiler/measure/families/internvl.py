@@ -72,8 +72,9 @@ def host_patches() -> Iterator[list[str]]:
 
     def forward(self, x, position_ids, *args, **kwargs):
         if "dynamic" in str(self.rope_type) and position_ids.shape[-1] > self.original_max_seq_len:
-            raise ExperimentError(f"seq_len {position_ids.shape[-1]} outgrows max_position_embeddings "
-                                  f"{self.original_max_seq_len}: the dynamic rotary rescaling is not emulated")
+            raise ExperimentError(
+                f"seq_len {position_ids.shape[-1]} outgrows max_position_embeddings {self.original_max_seq_len}: the dynamic rotary rescaling is not emulated"
+            )
         return rope_forward(self, x, position_ids, *args, **kwargs)
 
     cls.forward = forward
@@ -88,8 +89,9 @@ def crop_tiles(preprocessor: dict, tower_size: int, image_size: list[int]) -> in
     thumbnail included (use_thumbnail): the preprocessor's tile size (else the tower's) and
     min / max patches (else the processor's defaults)."""
     tile = preprocessor.get("size", {}).get("height", tower_size)
-    return FUNCTIONS["crop_to_patches"](image_size[0], image_size[1], tile, preprocessor.get("min_patches", DEFAULT_MIN_PATCHES),
-                                        preprocessor.get("max_patches", DEFAULT_MAX_PATCHES))
+    return FUNCTIONS["crop_to_patches"](
+        image_size[0], image_size[1], tile, preprocessor.get("min_patches", DEFAULT_MIN_PATCHES), preprocessor.get("max_patches", DEFAULT_MAX_PATCHES)
+    )
 
 
 def tiles_per_image(config, image_size: list[int]) -> int:
@@ -103,8 +105,9 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
         raise ExperimentError(f"experiment {exp['experiment']!r}: InternVL needs image_size [h, w]")
     v = config.vision_config
     tiles = tiles_per_image(config, exp["image_size"])
-    input_ids, labels = image_first_tokens(exp, images * tiles * config.image_seq_length, config.image_token_id,
-                                           f" ({images} x {tiles} tiles x {config.image_seq_length})")
+    input_ids, labels = image_first_tokens(
+        exp, images * tiles * config.image_seq_length, config.image_token_id, f" ({images} x {tiles} tiles x {config.image_seq_length})"
+    )
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
         h, w = v.image_size

@@ -17,7 +17,6 @@ import torch
 from . import fixed_size_batch
 
 
-
 def load_config(config_path: Path):
     """LlavaConfig from a config.json, with the KV cache off (training)."""
     from transformers import LlavaConfig

@@ -59,7 +59,9 @@ def anyres(config, image_size: list[int]) -> tuple[int, int]:
     run on a meta tensor) with one image_newline per row (`pack_image_features`).
     """
     from transformers.models.llava_next.modeling_llava_next import (
-        get_anyres_image_grid_shape, image_size_to_num_patches, unpad_image,
+        get_anyres_image_grid_shape,
+        image_size_to_num_patches,
+        unpad_image,
     )
 
     v = config.vision_config

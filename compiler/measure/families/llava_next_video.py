@@ -53,7 +53,7 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
     crops, n_image = anyres(config, exp["image_size"]) if images else (0, 0)
     n_video = videos * frames * frame_tokens(config)
     input_ids, labels = image_first_tokens(exp, n_image + n_video, config.image_token_id, " and video tokens")
-    input_ids[:, n_image:n_image + n_video] = config.video_token_id
+    input_ids[:, n_image : n_image + n_video] = config.video_token_id
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if videos:
         v = config.vision_config

@@ -47,9 +47,11 @@ def anyres(config, image_size: list[int]) -> tuple[int, int]:
     side = v.image_size // v.patch_size
     crops = image_size_to_num_patches(list(image_size), config.image_grid_pinpoints, v.image_size)
     counter = SimpleNamespace(
-        num_image_tokens=side * side, vision_aspect_ratio=config.vision_aspect_ratio,
+        num_image_tokens=side * side,
+        vision_aspect_ratio=config.vision_aspect_ratio,
         image_processor=SimpleNamespace(image_grid_pinpoints=config.image_grid_pinpoints),
-        _get_unpadded_features=lambda *a: LlavaOnevisionProcessor._get_unpadded_features(counter, *a))
+        _get_unpadded_features=lambda *a: LlavaOnevisionProcessor._get_unpadded_features(counter, *a),
+    )
     tokens = LlavaOnevisionProcessor._get_number_of_features(counter, image_size[0], image_size[1], v.image_size, v.image_size)
     return crops, tokens
 

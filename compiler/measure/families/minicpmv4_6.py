@@ -117,8 +117,10 @@ def slice_size(config, image_size: list[int] | None) -> tuple[int, int]:
     patch = config.vision_config.patch_size
     h, w = image_size or (scale, scale)
     if pre.get("slice_mode", True) and min(math.ceil(h * w / (scale * scale)), pre.get("max_slice_nums", DEFAULT_MAX_SLICE_NUMS)) > 1:
-        raise ExperimentError(f"image_size {h} x {w}: more than {scale} x {scale} pixels, which the processor slices "
-                              "(a thumbnail and a grid of slices); the measuring builder makes unsliced images only")
+        raise ExperimentError(
+            f"image_size {h} x {w}: more than {scale} x {scale} pixels, which the processor slices "
+            "(a thumbnail and a grid of slices); the measuring builder makes unsliced images only"
+        )
     aspect = w / h
     h = int(scale / math.sqrt(aspect))
     w = int(h * aspect)

@@ -59,8 +59,7 @@ def tile_grid(config, image_size: list[int] | None) -> tuple[int, int]:
     max_tiles = config.preprocessor.get("max_image_tiles") or config.vision_config.max_num_tiles
     if not image_size:
         return 1, 1
-    h, w = get_optimal_tiled_canvas(image_height=image_size[0], image_width=image_size[1],
-                                    max_image_tiles=max_tiles, tile_size=tile)
+    h, w = get_optimal_tiled_canvas(image_height=image_size[0], image_width=image_size[1], max_image_tiles=max_tiles, tile_size=tile)
     return int(h) // tile, int(w) // tile
 
 

@@ -18,7 +18,6 @@ from . import NormalInit, fixed_size_batch
 from .llava import module_groups  # noqa: F401  (the same vision_tower / multi_modal_projector / language_model layout)
 
 
-
 def load_config(config_path: Path):
     """PaliGemmaConfig from a config.json, with the KV cache off (training)."""
     from transformers import PaliGemmaConfig

@@ -13,7 +13,11 @@ import torch
 
 from . import qwen2_vl, without_cache
 from .qwen2_vl import (  # noqa: F401  (the family contract, re-exported)
-    HOST_VALUES, checkpoint_module, image_grid, make_batch, module_groups,
+    HOST_VALUES,
+    checkpoint_module,
+    image_grid,
+    make_batch,
+    module_groups,
 )
 
 WINDOW_INDEX_ON_HOST = "vision-window-index-on-host"
@@ -47,8 +51,7 @@ def host_window_index(original, missing: str):
             raise RuntimeError(f"{missing} without its values (HOST_VALUES)")
         grid = grid_thw.constant.tolist()  # the host copy a GPU run syncs for; no device op
         with _disable_current_modes():
-            window_index, cu_window_seqlens = original(
-                torch.tensor(grid, dtype=grid_thw.dtype), spatial_merge_size, window_size, patch_size, kwargs=kwargs)
+            window_index, cu_window_seqlens = original(torch.tensor(grid, dtype=grid_thw.dtype), spatial_merge_size, window_size, patch_size, kwargs=kwargs)
         convert = fake_mode.fake_tensor_converter.from_real_tensor
         window_index = convert(fake_mode, window_index, make_constant=True)
         cu_window_seqlens = convert(fake_mode, cu_window_seqlens, make_constant=True).clone()

@@ -120,8 +120,7 @@ def image_grid(config, image_size: list[int]) -> tuple[int, int]:
     v = config.vision_config
     p = config.preprocessor
     factor = v.patch_size * v.spatial_merge_size
-    h, w = smart_resize(image_size[0], image_size[1], factor,
-                        p.get("min_pixels", DEFAULT_MIN_PIXELS), p.get("max_pixels", DEFAULT_MAX_PIXELS))
+    h, w = smart_resize(image_size[0], image_size[1], factor, p.get("min_pixels", DEFAULT_MIN_PIXELS), p.get("max_pixels", DEFAULT_MAX_PIXELS))
     return h // v.patch_size, w // v.patch_size
 
 
@@ -137,17 +136,16 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
         raise ExperimentError(f"experiment {exp['experiment']!r}: Qwen2-VL needs image_size [h, w]")
     v = config.vision_config
     gh, gw = image_grid(config, exp["image_size"])
-    per_image = gh * gw // v.spatial_merge_size ** 2
+    per_image = gh * gw // v.spatial_merge_size**2
     grid_t = -(-frames // v.temporal_patch_size)
     n_image, n_video = images * per_image, videos * grid_t * per_image
     input_ids, labels = image_first_tokens(exp, n_image + n_video, config.image_token_id)
-    input_ids[:, n_image:n_image + n_video] = config.video_token_id
+    input_ids[:, n_image : n_image + n_video] = config.video_token_id
     mm_token_type_ids = torch.zeros((b, s), dtype=torch.long)
     mm_token_type_ids[:, :n_image] = IMAGE_TOKEN_TYPE
-    mm_token_type_ids[:, n_image:n_image + n_video] = VIDEO_TOKEN_TYPE
-    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None,
-             "mm_token_type_ids": mm_token_type_ids}
-    patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    mm_token_type_ids[:, n_image : n_image + n_video] = VIDEO_TOKEN_TYPE
+    batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None, "mm_token_type_ids": mm_token_type_ids}
+    patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size**2
     if images:
         batch["pixel_values"] = torch.zeros(b * images * gh * gw, patch_dim, dtype=dtype)
         batch["image_grid_thw"] = torch.tensor([[1, gh, gw]] * (b * images), dtype=torch.long)

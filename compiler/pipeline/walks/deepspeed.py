@@ -92,8 +92,7 @@ def _first_step_resident_optimizer(nodes, setup: Setup, o_div: int) -> dict[str,
         if DEEPSPEED_STATES_AT_INIT:
             total = sum(div(n.cost.optimizer_states, o_div) for n in walk if not n.children)
         else:
-            total = sum(div(n.cost.parameters // setup.bytes["param"] * setup.master_bytes, o_div)
-                        for n in walk if not n.children and n.cost.optimizer_states)
+            total = sum(div(n.cost.parameters // setup.bytes["param"] * setup.master_bytes, o_div) for n in walk if not n.children and n.cost.optimizer_states)
         if total:
             out[root.inst.module] = total
     return out

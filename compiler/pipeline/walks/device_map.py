@@ -97,7 +97,7 @@ class Unsupported(Exception):
 
 
 def _local(root: Node, node: Node) -> tuple[str, int | None]:
-    local = node.inst.path[len(root.inst.path) + 1:]
+    local = node.inst.path[len(root.inst.path) + 1 :]
     m = _INDEXED.match(local)
     return (m.group(1), int(m.group(2))) if m else (local, None)
 
@@ -289,7 +289,7 @@ def infer_device_map(top: HfModule, max_memory: dict[int, int], tied: list[list[
                 if not tm.children or tm.no_split:
                     continue
                 i = next(i for i, x in enumerate(todo) if x.name == t)
-                todo = [m] + todo[:i] + list(tm.children) + todo[i + 1:]
+                todo = [m] + todo[:i] + list(tm.children) + todo[i + 1 :]
                 max_size, max_names = _max_layer(todo, sizes)
                 split = True
                 break
@@ -345,8 +345,12 @@ def hf_device_map(nodes: tuple[Node, ...], setup: Setup) -> tuple[HfModule, dict
     for name, _ in dm.explicit:
         if name not in names:
             known = sorted(n for n in names if n)
-            raise _fail(setup, name, f"device_map names '{name}', which is no module of the model (or lies inside a layer the rule never splits)",
-                        did_you_mean(name, known) or f"modules down to the layers: {', '.join(known[:12])}, ...")
+            raise _fail(
+                setup,
+                name,
+                f"device_map names '{name}', which is no module of the model (or lies inside a layer the rule never splits)",
+                did_you_mean(name, known) or f"modules down to the layers: {', '.join(known[:12])}, ...",
+            )
     return top, dict(dm.explicit)
 
 
@@ -372,9 +376,13 @@ def place(nodes: tuple[Node, ...], setup: Setup) -> dict[int, int]:
         if not isinstance(device, int):
             total = sum(m.own for m in top.walk())
             gpus = ", ".join(f"{b / 2**30:.2f} GiB" for _, b in setup.device_map.max_memory)
-            raise _fail(setup, "max_memory" if setup.device_map.strategy else "", f"the weights ({total / 2**30:.2f} GiB) do not fit max_memory ({gpus}): "
-                        f"from_pretrained would put '{m.name}' on {device}, and offloaded weights are not modelled",
-                        "give the GPUs more max_memory, or more GPUs")
+            raise _fail(
+                setup,
+                "max_memory" if setup.device_map.strategy else "",
+                f"the weights ({total / 2**30:.2f} GiB) do not fit max_memory ({gpus}): "
+                f"from_pretrained would put '{m.name}' on {device}, and offloaded weights are not modelled",
+                "give the GPUs more max_memory, or more GPUs",
+            )
         for n in m.nodes:
             for x in n.walk():
                 placement[id(x)] = device
@@ -435,8 +443,7 @@ def _copies(roots: tuple[Node, ...], placed: dict[str, int], gpu: int) -> list[i
     for root in roots:
         # NB: what a unit keeps of the model's tensors, as any unit lists it (the first layer's
         # formula lists none: the model's own copies are charged elsewhere, its GPU's copies not)
-        inputs = {n: b for c in root.children if c.inst.checkpointed
-                  for n, b in c.cost.checkpoint if not n.startswith(c.inst.path + "/")}
+        inputs = {n: b for c in root.children if c.inst.checkpointed for n, b in c.cost.checkpoint if not n.startswith(c.inst.path + "/")}
         for c in root.children:
             if placed.get(c.inst.path) != gpu:
                 continue

@@ -87,7 +87,9 @@ class _FsdpPlan:
             grads = [e for e, trainable in shards if trainable]
             rs_in = round_up(sum(grads) * self.n * f.reduce_bytes, ALLOCATOR_GRANULE) if grads else 0
             return _Unit(
-                path, module, tuple(members),
+                path,
+                module,
+                tuple(members),
                 gathered=sum(round_up(e * self.n * compute, ALLOCATOR_GRANULE) for e, _ in shards),
                 flat=round_up(sum(e for e, _ in shards) * self.n * compute, ALLOCATOR_GRANULE) if shards else 0,
                 inp=round_up(sum(e for e, _ in shards) * compute, ALLOCATOR_GRANULE) if shards and compute != sharded else 0,

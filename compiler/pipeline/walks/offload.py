@@ -86,7 +86,8 @@ class OptimizerOffloadWalk(Walk):
         super().__init__(step)
         nodes = step.nodes
         self.resident, self.backward, self.step_bytes = _offload_buffers(
-            self.setup, _largest_trainable_tensor(nodes, self.setup), len(_trainable_tensors(nodes, self.setup)))
+            self.setup, _largest_trainable_tensor(nodes, self.setup), len(_trainable_tensors(nodes, self.setup))
+        )
 
     def start(self) -> None:
         # DeepSpeed's offload staging buffer exists from the engine's construction on

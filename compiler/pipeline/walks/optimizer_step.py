@@ -34,20 +34,31 @@ def _paged_bytes(nodes, setup: Setup) -> int:
 def _trainable_elements(nodes, setup: Setup) -> int:
     """Parameters the optimizer steps: those with gradients, and those with flat states
     (their fp32 gradients are zero-filled and stepped like the others)."""
-    return sum(t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
-               for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0])
+    return sum(
+        t // setup.bytes["param"]
+        for r in nodes
+        for n in r.walk()
+        if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+        for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]
+    )
 
 
 def _trainable_tensors(nodes, setup: Setup) -> list[tuple[int, tuple[int, ...] | None]]:
     """(element count, shape) of every tensor the optimizer steps."""
-    return [(t // setup.bytes["param"], shape) for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
-            for t, shape in zip(*trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names))]
+    return [
+        (t // setup.bytes["param"], shape)
+        for r in nodes
+        for n in r.walk()
+        if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+        for t, shape in zip(*trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names))
+    ]
 
 
 @dataclass(frozen=True)
 class Stepped:
     """One tensor the optimizer steps: its elements, dims (where the formula gives them), the
     module it belongs to and its parameter group."""
+
     elements: int
     shape: tuple[int, ...] | None
     module: str = ""
@@ -89,13 +100,28 @@ def stepped_tensors(nodes, setup: Setup) -> list[Stepped]:
 
 def _largest_trainable_tensor(nodes, setup: Setup) -> int:
     """Elements of the largest parameter tensor that requires grad (DeepSpeed's largest_param_numel)."""
-    return max((t // setup.bytes["param"] for r in nodes for n in r.walk() if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
-                for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]), default=0)
+    return max(
+        (
+            t // setup.bytes["param"]
+            for r in nodes
+            for n in r.walk()
+            if n.inst.trainable or n.inst.flat_states or n.inst.bias_only
+            for t in trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]
+        ),
+        default=0,
+    )
 
 
 def _largest_trainable(nodes, setup: Setup) -> int:
-    return max((sum(trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]) // setup.bytes["param"] for r in nodes for n in r.walk()
-                if (n.inst.trainable or (n.inst.bias_only and n.inst.grad_flows)) and not n.children), default=0)
+    return max(
+        (
+            sum(trained(n.inst, n.cost.param_tensors, n.cost.param_shapes, n.cost.param_names)[0]) // setup.bytes["param"]
+            for r in nodes
+            for n in r.walk()
+            if (n.inst.trainable or (n.inst.bias_only and n.inst.grad_flows)) and not n.children
+        ),
+        default=0,
+    )
 
 
 def step_temporaries(setup: Setup, tensors: list[Stepped], largest: int, o_div: int = 1) -> dict[str, int]:
@@ -192,8 +218,11 @@ def _first_step_events(setup: Setup, tensors: list[Stepped], largest: int, once:
     for g, _ in param_groups(tensors) if setup.optimizer.type != "adafactor" else ():
         for i, t in enumerate(tensors):
             if t.group == g:
-                events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
-                           for j, x in enumerate(_states(setup, t.elements, t.shape)) if not x.paged and x.nbytes]
+                events += [
+                    (("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
+                    for j, x in enumerate(_states(setup, t.elements, t.shape))
+                    if not x.paged and x.nbytes
+                ]
         events += [e for e in steady if e[0][0] == "step" and e[0][1] == g]
     events += [e for e in steady if e[0][0] == "master-grad" and e[1] is None]
     return events
@@ -285,8 +314,7 @@ def _adafactor_events(setup: Setup, tensors: list[Stepped], first: bool) -> list
             bind("grad", None)
             bind("grad", ("step", t.group, i, "grad"), n4)
         if first:
-            events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
-                       for j, x in enumerate(_states(setup, t.elements, t.shape)) if x.nbytes]
+            events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE)) for j, x in enumerate(_states(setup, t.elements, t.shape)) if x.nbytes]
         if sixteen:  # `p_data_fp32 = p`, then `p_data_fp32 = p_data_fp32.float()`
             bind("p", None)
             bind("p", ("step", t.group, i, "p"), n4)
@@ -364,8 +392,7 @@ def first_step_high_water(setup: Setup, tensors: list[Stepped], largest: int) ->
     return best if best[0] >= 0 else (0, {}, 0)
 
 
-def _first_step_optimizer(setup: Setup, tensors: list[Stepped], largest: int, step: Point,
-                          step_transient: Mapping[str, int], modules) -> Point:
+def _first_step_optimizer(setup: Setup, tensors: list[Stepped], largest: int, step: Point, step_transient: Mapping[str, int], modules) -> Point:
     """Step 1's optimizer.step() at its high-water mark: the steady step's point with only
     the states made so far and the temporaries of that moment (first_step_high_water)."""
     high, made, temp = first_step_high_water(setup, tensors, largest)

@@ -189,8 +189,16 @@ class State:
             if name in self.live:
                 self._drop(name)
 
-    def observe(self, phase: str, path: str, transient: Mapping[str, int], own: tuple[str, int] = ("", 0),
-                order: tuple = (), backward: bool = False, pieces: tuple[tuple[str, int], ...] = ()) -> None:
+    def observe(
+        self,
+        phase: str,
+        path: str,
+        transient: Mapping[str, int],
+        own: tuple[str, int] = ("", 0),
+        order: tuple = (),
+        backward: bool = False,
+        pieces: tuple[tuple[str, int], ...] = (),
+    ) -> None:
         """`own`: the running leaf's module and its own transient bytes (inside that module's
         entry of `transient`, with the transients of the composites around it). `order`: the
         leaf's allocation order for this phase (evaluate.Cost.allocations_*), which the replay
@@ -199,8 +207,7 @@ class State:
         # NB: a transient is allocated for the moment observed and freed after it: the running
         # leaf's own as one allocation, the rest of each module's stack as another
         module, mine = own
-        temporary = {} if backward or not order else {
-            name: size for op, name, size in order if op == "saved" and name not in self.live}
+        temporary = {} if backward or not order else {name: size for op, name, size in order if op == "saved" and name not in self.live}
         # NB: `pieces`, the leaf's saved tensors where it keeps none (a checkpointing unit's
         # first forward), exist as the tensors they are, each its own allocation, unless the
         # leaf's order makes them

@@ -28,8 +28,7 @@ def _zero12_active(setup: Setup) -> bool:
     """ZeRO-1/2 with contiguous_gradients and the optimizer on the GPU: the case whose gradient
     partition, buckets and step stage_1_and_2.py is modelled from here."""
     ds = setup.deepspeed
-    return (ds is not None and setup.zero in (1, 2) and setup.fsdp is None and not _offloaded(setup)
-            and ds.contiguous_gradients)
+    return ds is not None and setup.zero in (1, 2) and setup.fsdp is None and not _offloaded(setup) and ds.contiguous_gradients
 
 
 def zero12_partition_sizes(setup: Setup, tensors: list[Stepped]) -> list[int]:
