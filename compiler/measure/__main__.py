@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from ..cli import _Parser
+from ..cli_parser import _Parser
 from . import cli
 
 
