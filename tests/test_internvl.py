@@ -77,8 +77,8 @@ def test_language_formula_counts_the_processors_tiles():
     formula = api.library().formulas["llama_causal_lm"]
     tiles = dict(formula.lets)["tiles"]
     for h, w in sizes():
-        assert tiles({"tile": TILE, "image_h": h, "image_w": w}) == processor_tiles(h, w), (h, w)
-    assert tiles({"tile": 0, "image_h": 1024, "image_w": 768}) == 0  # any other model: no tiles
+        assert tiles({"tile": TILE, "image_h": h, "image_w": w, "covering": 0}) == processor_tiles(h, w), (h, w)
+    assert tiles({"tile": 0, "image_h": 1024, "image_w": 768, "covering": 0}) == 0  # any other model: no tiles
 
 
 # vision (InternViT-300M): patch conv 1024 * 3 * 14 * 14 + 1024 = 603_136, class token 1024,
