@@ -28,14 +28,32 @@ DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8, "BOOL": 1}
 # --------------------------------------------------------------------------- tensor lists
 
 
-def edited_copy(fixture: Path, folder: Path, edit) -> str:
-    """A copy of the fixture folder `fixture` at `folder` whose config.json `edit(config)` changed
-    in place (a variant the family must refuse); the copy's path."""
+def edited_copy(fixture: Path, folder: Path, edit, file: str = "config.json") -> str:
+    """A copy of the fixture folder `fixture` at `folder` whose `file` (config.json, or
+    preprocessor_config.json) `edit(data)` changed in place (a variant the family must refuse);
+    the copy's path."""
     shutil.copytree(fixture, folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
+    data = json.loads((folder / file).read_text())
+    edit(data)
+    (folder / file).write_text(json.dumps(data))
     return str(folder)
+
+
+def refusal(fixture: Path, folder: Path, where: str, key: str, value, file: str = "config.json") -> str:
+    """The message `memspec import` refuses a copy of `fixture` with: `key` set to `value` in
+    `file` (in its `where` sub-object, e.g. vision_config; "" for the top level). Raises
+    AssertionError when the import succeeds."""
+    from compiler.errors import MemspecError
+    from compiler.inputs import importer
+
+    def edit(data):
+        (data[where] if where else data)[key] = value
+
+    try:
+        importer.import_spec(edited_copy(fixture, folder, edit, file))
+    except MemspecError as err:
+        return str(err)
+    raise AssertionError(f"{fixture.name} with {file} {where}.{key} = {value!r} was imported, not refused")
 
 
 def llama_tensors(
