@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from ..pipeline.vocabulary import LORA_DEFAULTS
+
 
 MODULES = ("vision", "qformer", "projector", "language")  # qformer: BLIP-2's Q-Former and its queries
 PRECISIONS = ("bf16", "bf16-mixed", "fp16-mixed", "fp32")
@@ -74,19 +76,8 @@ PRECISION_MODES = ("autocast", "master-weights")
 # resolve.py PRECISION_NAMES; pure fp16, "16-true", is not measured)
 PRECISION_NAMES = {"bf16-true": "bf16", "16-mixed": "fp16-mixed", "32-true": "fp32", "32": "fp32"}
 LOSSES = ("cross_entropy", "fused_linear_cross_entropy")
-# peft's LoraConfig defaults for what an experiment's `lora` block leaves out
-# (peft/tuners/lora/config.py: r 8, lora_alpha 8, lora_dropout 0.0, bias "none"); `modules`
-# restricts the targets to memspec modules (LLaVA's recipes adapt the language model only).
-LORA_DEFAULTS: dict[str, Any] = {
-    "r": 8,
-    "alpha": 8,
-    "dropout": 0.0,
-    "target_modules": "all-linear",
-    "modules": ["language"],
-    "modules_to_save": [],
-    "bias": "none",
-    "use_dora": False,
-}
+# peft's LoraConfig defaults for what an experiment's `lora` block leaves out: the estimator's
+# (pipeline/vocabulary.py), so that a record's experiment and its estimate read one set
 LORA_BIAS = ("none", "all", "lora_only")
 # FSDP2 (torch.distributed.fsdp.fully_shard) defaults for what `parallel.fsdp` leaves out:
 # fully_shard's reshard_after_forward=True; gradients reduced in fp32 (MixedPrecisionPolicy
