@@ -25,7 +25,7 @@ import torch
 
 from . import image_first_tokens, without_cache
 from . import idefics3
-from .idefics3 import HOST_VALUES  # noqa: F401  (the same tower and masks)
+from .idefics3 import HOST_VALUES, checkpoint_module, module_groups  # noqa: F401  (the same tower, masks and submodules)
 
 # The resampler's mask is the patch mask with a column of ones per latent (torch.ones, which a fake
 # tensor holds no value of); whether the patch mask is all true is known on the host.
@@ -48,20 +48,6 @@ def model_class():
     from transformers import Idefics2ForConditionalGeneration
 
     return Idefics2ForConditionalGeneration
-
-
-def module_groups(model) -> dict[str, list[torch.nn.Module]]:
-    """Experiment module names -> the Hugging Face submodules they mean."""
-    return {
-        "vision": [model.model.vision_model],
-        "projector": [model.model.connector],
-        "language": [model.model.text_model, model.lm_head],
-    }
-
-
-def checkpoint_module(model, name: str) -> torch.nn.Module:
-    """The PreTrainedModel whose checkpointing covers the experiment module's layers."""
-    return {"vision": model.model.vision_model, "language": model.model.text_model}[name]
 
 
 def resized(config, image_size: list[int] | None) -> tuple[int, int]:
