@@ -742,6 +742,32 @@ def falcon_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return out
 
 
+def bloom_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """BloomForCausalLM checkpoints (bigscience/bloom-560m, bloomz-7b1): saved from BloomModel, so
+    the names have no `transformer.` prefix; word_embeddings_layernorm after the embedding, one
+    query_key_value of 3 x hidden rows (per head [q | k | v]), biases on every projection and
+    LayerNorm; the head is tied to word_embeddings and not stored."""
+    h = c["hidden_size"]
+    out = [
+        ("word_embeddings.weight", dtype, [c["vocab_size"], h]),
+        ("word_embeddings_layernorm.weight", dtype, [h]),
+        ("word_embeddings_layernorm.bias", dtype, [h]),
+    ]
+    for i in range(c["n_layer"]):
+        p = f"h.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out += [(p + f"{norm}.weight", dtype, [h]), (p + f"{norm}.bias", dtype, [h])]
+        for name, shape in (
+            ("self_attention.query_key_value", [3 * h, h]),
+            ("self_attention.dense", [h, h]),
+            ("mlp.dense_h_to_4h", [4 * h, h]),
+            ("mlp.dense_4h_to_h", [h, 4 * h]),
+        ):
+            out += [(p + name + ".weight", dtype, shape), (p + name + ".bias", dtype, [shape[0]])]
+    out += [("ln_f.weight", dtype, [h]), ("ln_f.bias", dtype, [h])]
+    return out
+
+
 def glm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """GlmForCausalLM / Glm4ForCausalLM: q, k and v with bias (attention_bias), o_proj without,
     one gate_up_proj; Glm4 adds post_self_attn_layernorm and post_mlp_layernorm to every layer."""
@@ -2488,6 +2514,37 @@ PHI_1_5 = {
     "use_cache": True,
     "vocab_size": 51200,
 }
+# bigscience/bloom-560m and bigscience/bloomz-7b1, config.json as of the repos' main (fp16
+# weights; bloomz-7b1 is bloom-7b1's multitask fine-tune, the same sizes).
+BLOOM_560M = {
+    "apply_residual_connection_post_layernorm": False,
+    "architectures": ["BloomForCausalLM"],
+    "attention_dropout": 0.0,
+    "attention_softmax_in_fp32": True,
+    "bias_dropout_fusion": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_dropout": 0.0,
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "masked_softmax_fusion": True,
+    "model_type": "bloom",
+    "n_head": 16,
+    "n_inner": None,
+    "n_layer": 24,
+    "offset_alibi": 100,
+    "pad_token_id": 3,
+    "pretraining_tp": 1,
+    "skip_bias_add": True,
+    "skip_bias_add_qkv": False,
+    "slow_but_exact": False,
+    "transformers_version": "4.27.0.dev0",
+    "unk_token_id": 0,
+    "use_cache": True,
+    "vocab_size": 250880,
+}
+BLOOMZ_7B1 = {**BLOOM_560M, "hidden_size": 4096, "n_head": 32, "n_layer": 30, "pretraining_tp": 1, "seq_length": 2048, "transformers_version": "4.20.0"}
 # tiiuae/falcon-40b, config.json as of the repo's main (transformers-native "falcon", bf16 weights in 9 shards).
 FALCON_40B = {
     "alibi": False,
@@ -3760,6 +3817,12 @@ def write_deepseek_v2() -> None:
     write_checkpoint(FIXTURES / "Moonlight-16B-A3B", MOONLIGHT_16B_A3B, deepseek_v2_tensors(MOONLIGHT_16B_A3B), shards=27)
 
 
+def write_bloom() -> None:
+    """bigscience/bloom-560m and bigscience/bloomz-7b1 alone (`python tests/hubfixtures.py bloom`)."""
+    write_checkpoint(FIXTURES / "bloom-560m", BLOOM_560M, bloom_tensors(BLOOM_560M))
+    write_checkpoint(FIXTURES / "bloomz-7b1", BLOOMZ_7B1, bloom_tensors(BLOOMZ_7B1), shards=2)
+
+
 def write_opt() -> None:
     """facebook/opt-1.3b and facebook/opt-6.7b alone (`python tests/hubfixtures.py opt`)."""
     write_checkpoint(FIXTURES / "opt-1.3b", OPT_1_3B, opt_tensors(OPT_1_3B))
@@ -3858,6 +3921,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "phi-2", PHI_2, phi_tensors(PHI_2), shards=2)
     write_checkpoint(FIXTURES / "phi-1_5", PHI_1_5, phi_tensors(PHI_1_5))
     write_checkpoint(FIXTURES / "falcon-40b", FALCON_40B, falcon_tensors(FALCON_40B), shards=9)
+    write_bloom()
     write_checkpoint(FIXTURES / "glm-4-9b-chat-hf", GLM_4_9B_CHAT_HF, glm_tensors(GLM_4_9B_CHAT_HF), shards=4)
     write_checkpoint(FIXTURES / "GLM-4-9B-0414", GLM_4_9B_0414, glm_tensors(GLM_4_9B_0414), shards=4)
     write_checkpoint(FIXTURES / "chatglm3-6b", CHATGLM3_6B, chatglm_tensors(CHATGLM3_6B, dtype="F16"), shards=7)
@@ -3931,6 +3995,8 @@ if __name__ == "__main__":
         write_mllama()
     elif sys.argv[1:] == ["deepseek_v2"]:
         write_deepseek_v2()
+    elif sys.argv[1:] == ["bloom"]:
+        write_bloom()
     elif sys.argv[1:] == ["opt"]:
         write_opt()
     elif sys.argv[1:] == ["blip2"]:

@@ -107,6 +107,14 @@ def _error(fn, *args, **kwargs) -> str:
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table
         # 532_676_608 + ln_f 16_384
         ("falcon-40b", {"language": 41_303_293_952}),
+        # bloom-560m (bloom): 24 * 12_596_224 blocks (query_key_value 3072 x 1024 + 3072, dense
+        # 1024^2 + 1024, dense_h_to_4h and dense_4h_to_h 2 * 4096 * 1024 + 4096 + 1024, input_ and
+        # post_attention_layernorm 4 * 1024) + the tied 250880 x 1024 table 256_901_120 +
+        # word_embeddings_layernorm 2048 + ln_f 2048: the published 559M
+        ("bloom-560m", {"language": 559_214_592}),
+        # bloomz-7b1: 30 * 201_379_840 blocks (12288 x 4096 + 12288, 4096^2 + 4096, 2 * 16384 * 4096
+        # + 16384 + 4096, 4 * 4096) + 250880 x 4096 = 1_027_604_480 + 8192 + 8192: the published 7.07B
+        ("bloomz-7b1", {"language": 7_069_016_064}),
         # OLMo-2-0425-1B (olmo2): 16 * 67_117_056 layers (q, k, v, o 4 * 2048^2, gate, up, down
         # 3 * 2048 * 8192, q_norm and k_norm over the whole projections 2 * 2048, post_attention_
         # and post_feedforward_layernorm 2 * 2048) + embed_tokens and lm_head 2 * 100352 * 2048

@@ -1,4 +1,4 @@
-"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, glm, glm4, olmo2, starcoder2, stablelm, granite, cohere, cohere2, opt): each checked-in spec is what `memspec import` writes
+"""The decoder-only LLM families beyond Llama's layout (gpt_neox, phi, falcon, bloom, glm, glm4, olmo2, starcoder2, stablelm, granite, cohere, cohere2, opt): each checked-in spec is what `memspec import` writes
 from its fixture, its parameter count is the one transformers' model reports for the same
 config.json (built on the meta device), peft's all-linear targets are the linear rows the
 estimate adapts, and the variants the formulas do not model are refused."""
@@ -24,6 +24,8 @@ MODELS = [
     ("phi-2", "specs/phi/phi-2.yaml", 2_779_683_840),
     ("phi-1_5", "specs/phi/phi-1_5.yaml", 1_418_270_720),
     ("falcon-40b", "specs/falcon/falcon-40b.yaml", 41_303_293_952),
+    ("bloom-560m", "specs/bloom/bloom-560m.yaml", 559_214_592),
+    ("bloomz-7b1", "specs/bloom/bloomz-7b1.yaml", 7_069_016_064),
     ("glm-4-9b-chat-hf", "specs/glm/glm-4-9b-chat-hf.yaml", 9_399_951_360),
     ("GLM-4-9B-0414", "specs/glm4/glm-4-9b-0414.yaml", 9_400_279_040),
     ("OLMo-2-0425-1B", "specs/olmo2/OLMo-2-0425-1B.yaml", 1_484_916_736),
@@ -184,6 +186,41 @@ def test_falcon_layer_terms():
     eager = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024, attention="eager").rows}
     assert eager[f"{layer}.core"].activations == 3 * x + 128 * 1024 * 1024 * 2
     assert eager[f"{layer}.dense"].activations == x
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+        ({"slow_but_exact": True, "pretraining_tp": 4}, "slow_but_exact"),
+        ({"attention_dropout": 0.1}, "dropout"),
+        ({"tie_word_embeddings": False}, "untied"),
+    ],
+)
+def test_bloom_variants_not_modelled_are_refused(tmp_path, change, words):
+    message = _import_with(tmp_path, "bloom-560m", **change)
+    assert "E713" in message and words in message
+
+
+def test_bloom_offers_eager_only():
+    """BloomPreTrainedModel declares no sdpa or flash support: transformers refuses them, and so
+    does the estimate."""
+    spec = str(ROOT / "specs/bloom/bloom-560m.yaml")
+    with pytest.raises(MemspecError):
+        api.estimate(spec, micro_batch=1, seq_len=1024, attention="sdpa")
+
+
+def test_bloom_layer_terms():
+    """bloom-560m, trained, batch 1, seq 1024 (x = 1024 * 1024 * 2 = 2 MiB): baddbmm and probs @ v
+    keep q, k and v (views of the fused output at batch 1), the softmax its fp32 result and
+    probs @ v the bf16 cast; GeLUFunction saves its input only."""
+    spec = str(ROOT / "specs/bloom/bloom-560m.yaml")
+    rows = {r.path: r for r in api.estimate(spec, micro_batch=1, seq_len=1024).rows}
+    layer = "language.h[0:24]"
+    x = 1024 * 1024 * 2
+    assert rows[f"{layer}.self_attention.core"].activations == 3 * x + 16 * 1024 * 1024 * (4 + 2)
+    assert rows[f"{layer}.mlp"].activations == 4 * x
+    assert rows[f"{layer}.self_attention.dense"].activations == x
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ ALLOWED = {
     "deepseek_v3/moonlight-16b-a3b.yaml": "",
     "mistral3/mistral-small-3.1-24b-instruct.yaml": "pack offload fused",
     "falcon/falcon-40b.yaml": "",  # GPT-NeoX, Phi and Falcon: measured on plain steps only
+    "bloom/bloom-560m.yaml": "",  # BLOOM: measured on plain steps only
+    "bloom/bloomz-7b1.yaml": "",
     "gemma/gemma-2b.yaml": "",
     "glm/glm-4-9b-chat-hf.yaml": "",  # GLM and GLM-4-0414: measured on plain steps only
     "glm4/glm-4-9b-0414.yaml": "",
