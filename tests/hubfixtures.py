@@ -39,6 +39,23 @@ def edited_copy(fixture: Path, folder: Path, edit, file: str = "config.json") ->
     return str(folder)
 
 
+def modules(spec) -> dict:
+    """A resolved spec's modules as `memspec import` writes them: name -> (inputs, parameters),
+    to hold a checked-in spec to what importing its fixture gives."""
+    return {m.name: (dict(m.inputs), m.parameters) for m in spec.modules}
+
+
+def imported_counts(fixture: Path, family: str) -> dict:
+    """Per-module parameter counts of the fixture imported as `family`, the safetensors header's
+    (asserted equal to the formulas' count of the spec written)."""
+    from compiler.inputs import importer
+
+    imported = importer.import_spec(str(fixture))
+    assert imported.family == family
+    assert importer.formula_counts(imported.spec) == imported.header_parameters
+    return imported.header_parameters
+
+
 def refusal(fixture: Path, folder: Path, where: str, key: str, value, file: str = "config.json") -> str:
     """The message `memspec import` refuses a copy of `fixture` with: `key` set to `value` in
     `file` (in its `where` sub-object, e.g. vision_config; "" for the top level). Raises

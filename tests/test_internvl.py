@@ -117,7 +117,7 @@ def test_both_layouts_import_to_the_same_counts_and_inputs(size):
 def test_the_checked_in_specs_are_what_import_writes(model, fixture):
     written = api.load_spec(ROOT / "specs" / "internvl" / f"{model}.yaml")
     imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert hf.modules(written) == hf.modules(imported)
 
 
 def test_intern_vit_6b_inputs():
@@ -166,7 +166,7 @@ def test_internlm2_checkpoint_imports_with_its_counts():
 def test_the_checked_in_internlm2_spec_is_what_import_writes():
     written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
     imported = importer.import_spec(str(hf.FIXTURES / "InternVL2_5-8B")).spec
-    assert {m.name: (dict(m.inputs), m.parameters) for m in written.modules} == {m.name: (dict(m.inputs), m.parameters) for m in imported.modules}
+    assert hf.modules(written) == hf.modules(imported)
 
 
 def test_internlm2_layers_in_the_estimate():
@@ -276,7 +276,7 @@ def test_internlm2_hub_id_imports_and_estimates(tmp_path, monkeypatch, capsys):
     assert cli.main(["import", "OpenGVLab/InternVL2_5-8B", "-o", str(out)]) == 0
     imported = api.load_spec(out)
     written = api.load_spec(ROOT / "specs" / "internvl" / "internvl2_5-8b.yaml")
-    assert {m.name: (dict(m.inputs), m.parameters) for m in imported.modules} == {m.name: (dict(m.inputs), m.parameters) for m in written.modules}
+    assert hf.modules(imported) == hf.modules(written)
     capsys.readouterr()
     assert (
         cli.main(
