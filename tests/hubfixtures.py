@@ -45,6 +45,13 @@ def modules(spec) -> dict:
     return {m.name: (dict(m.inputs), m.parameters) for m in spec.modules}
 
 
+def contexts(spec, image_h: int, image_w: int, micro_batch: int = 1) -> dict:
+    """The vision and projector modules' (batch, seq) in a resolved spec for one image of
+    image_h x image_w per sample at seq_len 4096, as their context expressions give them."""
+    scope = {"micro_batch": micro_batch, "images_per_sample": 1, "image_h": image_h, "image_w": image_w, "seq_len": 4096}
+    return {m.name: (m.batch({**scope, **m.inputs}), m.seq({**scope, **m.inputs})) for m in spec.modules if m.name in ("vision", "projector")}
+
+
 def imported_counts(fixture: Path, family: str) -> dict:
     """Per-module parameter counts of the fixture imported as `family`, the safetensors header's
     (asserted equal to the formulas' count of the spec written)."""

@@ -74,12 +74,8 @@ def test_the_search_itself():
 @pytest.mark.parametrize("size", SIZES)
 def test_contexts_count_the_processors_tiles(size):
     h, w = size
-    spec = api.load_spec(SPEC)
-    vision, projector = (next(m for m in spec.modules if m.name == n) for n in ("vision", "projector"))
-    scope = {"micro_batch": 1, "images_per_sample": 1, "image_h": h, "image_w": w, "seq_len": 4096}
     want = processor_tiles(h, w)
-    assert vision.batch({**scope, **vision.inputs}) == want
-    assert projector.batch({**scope, **projector.inputs}) == want
+    assert [batch for batch, _ in hf.contexts(api.load_spec(SPEC), h, w).values()] == [want, want]  # vision, projector
     tiles = dict(api.library().formulas["cohere2_causal_lm"].lets)["tiles"]
     assert tiles({"tile": TILE, "canvas": 0, "image_h": h, "image_w": w}) == want
 

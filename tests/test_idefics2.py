@@ -55,13 +55,8 @@ def test_the_checked_in_spec_is_what_import_writes():
 @pytest.mark.parametrize("size", SIZES)
 def test_contexts_count_the_processors_patches(size):
     h, w = size
-    spec = api.load_spec(SPEC)
-    vision, projector = (next(m for m in spec.modules if m.name == n) for n in ("vision", "projector"))
-    scope = {"micro_batch": 2, "images_per_sample": 1, "image_h": h, "image_w": w, "seq_len": 4096}
     want = processor_patches(h, w)
-    for module in (vision, projector):
-        assert module.batch({**scope, **module.inputs}) == 2
-        assert module.seq({**scope, **module.inputs}) == want
+    assert hf.contexts(api.load_spec(SPEC), h, w, micro_batch=2) == {"vision": (2, want), "projector": (2, want)}
 
 
 def test_without_a_size_the_image_is_square_at_the_longest_edge():
