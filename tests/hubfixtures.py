@@ -52,6 +52,22 @@ def contexts(spec, image_h: int, image_w: int, micro_batch: int = 1) -> dict:
     return {m.name: (m.batch({**scope, **m.inputs}), m.seq({**scope, **m.inputs})) for m in spec.modules if m.name in ("vision", "projector")}
 
 
+def meta_build(builder, fixture: Path):
+    """(config, model): a measuring builder's (compiler.measure.families) model of the fixture,
+    built on the meta device."""
+    import torch
+
+    config = builder.load_config(fixture / "config.json")
+    with torch.device("meta"):
+        return config, builder.model_class()._from_config(config)
+
+
+def module_counts(builder, model) -> dict:
+    """Parameters per experiment module of a builder's model (builder.module_groups), a tensor
+    two of a module's submodules share (a tied head) counted once."""
+    return {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in builder.module_groups(model).items()}
+
+
 def imported_counts(fixture: Path, family: str) -> dict:
     """Per-module parameter counts of the fixture imported as `family`, the safetensors header's
     (asserted equal to the formulas' count of the spec written)."""

@@ -106,10 +106,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import aya_vision, family_for
 
     assert family_for(FIX / "config.json") is aya_vision
-    config = aya_vision.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = aya_vision.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in aya_vision.module_groups(model).items()}
+    config, model = hf.meta_build(aya_vision, FIX)
+    counts = hf.module_counts(aya_vision, model)
     assert counts == COUNTS
     for size in SIZES:
         assert aya_vision.tiles_per_image(config, list(size)) == processor_tiles(*size)

@@ -49,10 +49,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import blip_2, family_for
 
     assert family_for(FIX / "config.json") is blip_2  # model_type "blip-2"
-    config = blip_2.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = blip_2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in blip_2.module_groups(model).items()}
+    config, model = hf.meta_build(blip_2, FIX)
+    counts = hf.module_counts(blip_2, model)
     assert counts == COUNTS
     batch = blip_2.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 256, "images_per_sample": 1}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2, 3, 224, 224)

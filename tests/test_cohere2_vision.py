@@ -127,12 +127,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import cohere2_vision, family_for
 
     assert family_for(FIX / "config.json") is cohere2_vision
-    config = cohere2_vision.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = cohere2_vision.model_class()._from_config(config)
-    counts = {
-        name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in cohere2_vision.module_groups(model).items()
-    }
+    config, model = hf.meta_build(cohere2_vision, FIX)
+    counts = hf.module_counts(cohere2_vision, model)
     assert counts == COUNTS
     for size in SIZES:
         assert cohere2_vision.tiles_per_image(config, list(size)) == processor_tiles(*size)

@@ -61,10 +61,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     pytest.importorskip("transformers")
     from compiler.measure.families import deepseek_vl
 
-    config = deepseek_vl.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = deepseek_vl.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in deepseek_vl.module_groups(model).items()}
+    config, model = hf.meta_build(deepseek_vl, FIX)
+    counts = hf.module_counts(deepseek_vl, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     assert not config.tie_word_embeddings
     batch = deepseek_vl.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 1024, "images_per_sample": 1}, torch.bfloat16)

@@ -64,10 +64,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, glm4v
 
     assert family_for(FIX / "config.json") is glm4v
-    config = glm4v.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = glm4v.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in glm4v.module_groups(model).items()}
+    config, model = hf.meta_build(glm4v, FIX)
+    counts = hf.module_counts(glm4v, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     batch = glm4v.make_batch(config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [1024, 768]}, torch.bfloat16)
     assert tuple(batch["pixel_values"].shape) == (2 * 74 * 54, 3 * 2 * 14 * 14)

@@ -85,10 +85,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, idefics2
 
     assert family_for(FIX / "config.json") is idefics2
-    config = idefics2.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = idefics2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in idefics2.module_groups(model).items()}
+    config, model = hf.meta_build(idefics2, FIX)
+    counts = hf.module_counts(idefics2, model)
     assert counts == COUNTS
     for size in SIZES:
         h, w = idefics2.resized(config, list(size))

@@ -70,11 +70,9 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, llava_pixtral
 
     assert family_for(FIX / "config.json") is llava_pixtral
-    config = llava_pixtral.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = llava_pixtral.model_class()._from_config(config)
+    config, model = hf.meta_build(llava_pixtral, FIX)
     assert model.lm_head.weight is not model.model.language_model.embed_tokens.weight
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in llava_pixtral.module_groups(model).items()}
+    counts = hf.module_counts(llava_pixtral, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     batch = llava_pixtral.make_batch(
         config, {"experiment": "t", "micro_batch": 2, "seq_len": 4608, "images_per_sample": 1, "image_size": [2048, 1536]}, torch.bfloat16

@@ -83,13 +83,9 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, minicpmv4_6
 
     assert family_for(FIX / "config.json") is minicpmv4_6
-    config = minicpmv4_6.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = minicpmv4_6.model_class()._from_config(config)
+    config, model = hf.meta_build(minicpmv4_6, FIX)
     # the tied lm_head is the embeddings' table, counted once
-    counts = {
-        name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in minicpmv4_6.module_groups(model).items()
-    }
+    counts = hf.module_counts(minicpmv4_6, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     batch = minicpmv4_6.make_batch(
         config, {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [336, 448]}, torch.bfloat16

@@ -94,11 +94,9 @@ def test_builder_counts_and_batch_equal_the_spec():
     pytest.importorskip("transformers")
     from compiler.measure.families import mistral3
 
-    config = mistral3.load_config(FIX / "config.json")
+    config, model = hf.meta_build(mistral3, FIX)
     assert not config.tie_word_embeddings
-    with torch.device("meta"):
-        model = mistral3.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in mistral3.module_groups(model).items()}
+    counts = hf.module_counts(mistral3, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     batch = mistral3.make_batch(
         config, {"experiment": "t", "micro_batch": 2, "seq_len": 4096, "images_per_sample": 1, "image_size": [2048, 1536]}, torch.bfloat16

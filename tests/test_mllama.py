@@ -52,10 +52,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, mllama
 
     assert family_for(FIX / "config.json") is mllama
-    config = mllama.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = mllama.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for m in mods for p in m.parameters()) for name, mods in mllama.module_groups(model).items()}
+    config, model = hf.meta_build(mllama, FIX)
+    counts = hf.module_counts(mllama, model)
     assert counts == importer.import_spec(str(FIX)).header_parameters
     exp = {"experiment": "t", "micro_batch": 2, "seq_len": 2048, "images_per_sample": 1, "image_size": [560, 1120]}
     batch = mllama.make_batch(config, exp, torch.bfloat16)

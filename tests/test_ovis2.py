@@ -115,10 +115,8 @@ def test_builder_counts_and_batch_equal_the_spec():
     from compiler.measure.families import family_for, ovis2
 
     assert family_for(FIX / "config.json") is ovis2
-    config = ovis2.load_config(FIX / "config.json")
-    with torch.device("meta"):
-        model = ovis2.model_class()._from_config(config)
-    counts = {name: sum(p.numel() for p in {id(p): p for m in mods for p in m.parameters()}.values()) for name, mods in ovis2.module_groups(model).items()}
+    config, model = hf.meta_build(ovis2, FIX)
+    counts = hf.module_counts(ovis2, model)
     assert counts == COUNTS
     for size in SIZES:
         assert ovis2.tiles_per_image(config, list(size)) == processor_tiles(*size)
