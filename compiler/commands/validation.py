@@ -14,6 +14,7 @@ This module never imports the measuring code.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -76,10 +77,13 @@ def record_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def _root() -> Path:
+def _base(model: str) -> Path:
+    """The folder a record's `model:` is relative to: records name their model spec relative to
+    the directory they were measured from (the repository root); the specs shipped with memspec
+    stand in for a checkout."""
     from ..paths import data_root
 
-    return data_root()
+    return Path.cwd() if (Path.cwd() / model).is_file() else data_root()
 
 
 def record_report(path: Path, record: dict | None = None):
@@ -103,9 +107,7 @@ def record_report(path: Path, record: dict | None = None):
     problems = validate(doc, load_schema("experiment"))
     if problems:
         return None, "; ".join(d.message for d in problems)
-    # Records name their model spec relative to the directory they were measured from (the
-    # repository root); the specs shipped with memspec stand in for a checkout.
-    base = Path.cwd() if (Path.cwd() / experiment["model"]).is_file() else _root()
+    base = _base(experiment["model"])
     try:
         spec, setup = api.experiment_inputs(doc, base)
         return api.run(spec, setup), None
@@ -150,6 +152,13 @@ class _Inputs:
     shared: bytes
     formulas: dict[str, tuple[bytes, frozenset[str]]]  # layer type -> (a hash of its bytes, the types it names)
 
+    @functools.cached_property
+    def tree(self) -> bytes:
+        """`checked.tree()`, which keys a record whose spec cannot be read; read once, when one is met."""
+        from .. import checked
+
+        return checked.tree()
+
     @classmethod
     def read(cls) -> "_Inputs":
         import hashlib
@@ -168,8 +177,9 @@ class _Inputs:
 
 
 def _reads(raw: bytes, inputs: _Inputs) -> list[bytes | str] | None:
-    """The files the record's estimate reads beyond `inputs.shared`, each by name and bytes:
-    its model spec and every formula file its layer types reach (children and the
+    """The files the record's estimate reads beyond `inputs.shared`, each by name and content:
+    its model spec (its bytes) and every formula file its layer types reach (a hash of its
+    bytes; children and the
     substitutes `library.formula.SUBSTITUTES`, as `load_library` follows them; peft's
     modules_to_save), a superset where a `type:` names no layer. None when the spec cannot
     be read: the whole tree (`checked.tree()`) then keys the record."""
@@ -178,8 +188,7 @@ def _reads(raw: bytes, inputs: _Inputs) -> list[bytes | str] | None:
 
     try:
         model = json.loads(raw)["experiment"]["model"]
-        base = Path.cwd() if (Path.cwd() / model).is_file() else _root()
-        spec_path = (base / model).resolve()
+        spec_path = (_base(model) / model).resolve()
     except (KeyError, TypeError, ValueError, OSError):
         return None
     spec = checked.read(spec_path)
@@ -208,7 +217,7 @@ def _name(path: Path, inputs: _Inputs) -> tuple[str, bytes]:
     raw = path.read_bytes()
     reads = _reads(raw, inputs)
     if reads is None:
-        return checked.key("comparison", str(path), os.getcwd(), raw, checked.tree()), raw
+        return checked.key("comparison", str(path), os.getcwd(), raw, inputs.tree), raw
     return checked.key("comparison", str(path), os.getcwd(), raw, inputs.shared, *reads), raw
 
 
