@@ -258,6 +258,36 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
     return events
 
 
+class _Locals:
+    """A Python step function's local names, for the allocator's replay: binding a name to a
+    new tensor makes it (and frees `dropped`, a temporary of the same expression), then frees
+    what the name held; binding it to no new tensor (a state, a parameter's own gradient)
+    frees only that. What the names hold at the end goes when the function returns."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.held: dict[str, tuple] = {}
+
+    def make(self, key: tuple, size: int) -> None:
+        self.events.append((key, size))
+
+    def free(self, key: tuple) -> None:
+        self.events.append((key, None))
+
+    def bind(self, name: str, key: tuple | None = None, size: int = 0, dropped: tuple | None = None) -> None:
+        if key is not None:
+            self.events.append((key, size))
+        if dropped is not None:
+            self.events.append((dropped, None))
+        if name in self.held:
+            self.events.append((self.held.pop(name), None))
+        if key is not None:
+            self.held[name] = key
+
+    def returned(self) -> list:
+        return self.events + [(key, None) for key in self.held.values()]
+
+
 def _forloop_adam_events(setup: Setup, g: int, members: list[Stepped], coupled: bool) -> list:
     """torch's for-loop Adam and AdamW on one group, tensor by tensor, for the allocator's
     replay (torch/optim/adam.py, _single_tensor_adam): Adam's coupled weight decay makes
@@ -265,21 +295,16 @@ def _forloop_adam_events(setup: Setup, g: int, members: list[Stepped], coupled: 
     `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` makes the square root,
     then the quotient, and frees the square root; the previous tensor's `denom` is freed as
     the name is bound again. The last tensor's go when the function returns."""
-    events: list = []
-    grad = denom = None
+    names = _Locals()
     for i, t in enumerate(members):
         size = round_up(t.elements * setup.state_bytes, ALLOCATOR_GRANULE)
-        if coupled:
-            if grad is not None:
-                events.append((grad, None))
-            grad = ("step", g, i, "grad")
-            events.append((grad, size))
-        root, quotient = ("step", g, i, "sqrt"), ("step", g, i, "denom")
-        events += [(root, size), (quotient, size), (root, None)]
-        if denom is not None:
-            events.append((denom, None))
-        denom = quotient
-    return events + [(key, None) for key in (grad, denom) if key is not None]
+        if coupled:  # `grad = grads[i]` frees the previous copy, then `grad = grad.add(param, ...)`
+            names.bind("grad")
+            names.bind("grad", ("step", g, i, "grad"), size)
+        root = ("step", g, i, "sqrt")
+        names.make(root, size)
+        names.bind("denom", ("step", g, i, "denom"), size, dropped=root)
+    return names.returned()
 
 
 def _adafactor_events(setup: Setup, tensors: list[Stepped], first: bool) -> list:
@@ -291,42 +316,31 @@ def _adafactor_events(setup: Setup, tensors: list[Stepped], first: bool) -> list
     the factored product of the row and column factors, or `exp_avg_sq.rsqrt()`, a new update
     (the old one freed); with a first moment `update = exp_avg` frees it; `-update` for
     `p.add_`, freed at once. The last parameter's copies go when step() returns."""
-    n4s = [round_up(optimizers.FP32 * t.elements, ALLOCATOR_GRANULE) for t in tensors]
     sixteen = not setup.master_bytes and setup.bytes["param"] < optimizers.FP32
     momentum = setup.optimizer.momentum > 0
-    events: list = []
-    held: dict[str, tuple] = {}
-
-    def bind(name: str, key: tuple | None, size: int = 0, dropped: tuple | None = None) -> None:
-        """`name = <new tensor>`: made (and `dropped`, a temporary of the expression, freed),
-        then what the name held freed; None binds a state, nothing made."""
-        if key is not None:
-            events.append((key, size))
-        if dropped is not None:
-            events.append((dropped, None))
-        if name in held:
-            events.append((held.pop(name), None))
-        if key is not None:
-            held[name] = key
-
-    for i, (t, n4) in enumerate(zip(tensors, n4s)):
+    names = _Locals()
+    for i, t in enumerate(tensors):
+        n4 = round_up(optimizers.FP32 * t.elements, ALLOCATOR_GRANULE)
         if sixteen:  # `grad = p.grad` frees the previous copy, then `grad = grad.float()`
-            bind("grad", None)
-            bind("grad", ("step", t.group, i, "grad"), n4)
+            names.bind("grad")
+            names.bind("grad", ("step", t.group, i, "grad"), n4)
         if first:
-            events += [(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE)) for j, x in enumerate(_states(setup, t.elements, t.shape)) if x.nbytes]
+            for j, x in enumerate(_states(setup, t.elements, t.shape)):
+                if x.nbytes:
+                    names.make(("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
         if sixteen:  # `p_data_fp32 = p`, then `p_data_fp32 = p_data_fp32.float()`
-            bind("p", None)
-            bind("p", ("step", t.group, i, "p"), n4)
+            names.bind("p")
+            names.bind("p", ("step", t.group, i, "p"), n4)
         square = ("step", t.group, i, "square")
-        events.append((square, n4))
-        bind("update", ("step", t.group, i, "update"), n4, dropped=square)
-        bind("update", ("step", t.group, i, "factor"), n4)
+        names.make(square, n4)
+        names.bind("update", ("step", t.group, i, "update"), n4, dropped=square)
+        names.bind("update", ("step", t.group, i, "factor"), n4)
         if momentum:
-            bind("update", None)
+            names.bind("update")  # `update = exp_avg`
         negated = ("step", t.group, i, "negated")
-        events += [(negated, n4), (negated, None)]
-    return events + [(key, None) for key in held.values()]
+        names.make(negated, n4)
+        names.free(negated)
+    return names.returned()
 
 
 def _adafactor_temporaries(setup: Setup, elements: int, shape: tuple[int, ...] | None) -> int:
