@@ -213,17 +213,18 @@ def _first_step_events(setup: Setup, tensors: list[Stepped], largest: int, once:
         events += [(("master", i), round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)) for i, t in enumerate(tensors)]
     events += [e for e in steady if e[0][0] == "master-grad" and e[1] is not None]
     events += [(("once", i), round_up(b, ALLOCATOR_GRANULE)) for i, b in enumerate(once) if b]
-    if setup.optimizer.type == "adafactor":
+    if setup.optimizer.type == "adafactor":  # its states are made inside the loop
         events += _adafactor_events(setup, tensors, first=True)
-    for g, _ in param_groups(tensors) if setup.optimizer.type != "adafactor" else ():
-        for i, t in enumerate(tensors):
-            if t.group == g:
-                events += [
-                    (("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
-                    for j, x in enumerate(_states(setup, t.elements, t.shape))
-                    if not x.paged and x.nbytes
-                ]
-        events += [e for e in steady if e[0][0] == "step" and e[0][1] == g]
+    else:
+        for g, _ in param_groups(tensors):
+            for i, t in enumerate(tensors):
+                if t.group == g:
+                    events += [
+                        (("state", i, j), round_up(x.nbytes, ALLOCATOR_GRANULE))
+                        for j, x in enumerate(_states(setup, t.elements, t.shape))
+                        if not x.paged and x.nbytes
+                    ]
+            events += [e for e in steady if e[0][0] == "step" and e[0][1] == g]
     events += [e for e in steady if e[0][0] == "master-grad" and e[1] is None]
     return events
 
@@ -242,10 +243,20 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
         for i, t in enumerate(tensors):
             masters.append(("master-grad", i))
             events.append((masters[-1], round_up(t.elements * setup.master_bytes, ALLOCATOR_GRANULE)))
-    temporaries = dict(group_temporaries(setup, tensors, largest))
     if opt.type == "adafactor":
         events += _adafactor_events(setup, tensors, first=False)
-    for g, members in param_groups(tensors) if opt.type != "adafactor" else ():
+    else:
+        events += _group_step_events(setup, tensors, largest)
+    events += [(key, None) for key in masters]
+    return events
+
+
+def _group_step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
+    """torch's optimizers group by group (see `_step_events`)."""
+    opt = setup.optimizer
+    temporaries = dict(group_temporaries(setup, tensors, largest))
+    events: list = []
+    for g, members in param_groups(tensors):
         if opt.impl == "forloop" and opt.type in ("adamw", "adam") and not opt.bnb:
             events += _forloop_adam_events(setup, g, members, coupled=opt.type == "adam" and opt.group_decay(g) > 0)
             continue
@@ -254,7 +265,6 @@ def _step_events(setup: Setup, tensors: list[Stepped], largest: int) -> list:
         keys = [(("step", g, i), size) for i, size in enumerate(sizes) if size]
         events += keys
         events += [(key, None) for key, _ in keys]
-    events += [(key, None) for key in masters]
     return events
 
 
