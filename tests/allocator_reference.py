@@ -39,7 +39,8 @@ The rules, each from the function of CUDACachingAllocator.cpp it restates:
 Assumed, not modelled (each a reason `peak_reserved` can differ from a GPU's):
 - one stream: blocks freed on another stream (NCCL's, a side stream's record_stream) would
   wait for it before reuse;
-- new segments get ascending addresses, which decide only among free blocks of one size;
+- new small-pool segments get ascending addresses and large-pool ones descending (each new
+  one below the last), which decide only among free blocks of one size;
 - with expandable segments, `empty_cache` unmaps only the free pages at a segment's end;
 - `garbage_collection_threshold` acts, as in torch, only under a memory fraction
   (`per_process_memory_fraction`), and ages a free block by the allocations since its free.
@@ -360,7 +361,8 @@ class Allocator:
     def __post_init__(self) -> None:
         self._small, self._large = _Pool(True), _Pool(False)
         self._live: dict[object, _Block] = {}
-        self._next_address = 1 << 40
+        self._next_address = 1 << 40  # small-pool segments ascend
+        self._large_floor = 1 << 56  # large-pool segments descend (compiler.memory.allocator)
         if self.config.expandable_segments:
             for pool in (self._small, self._large):
                 pool.base = self._next_address
@@ -438,8 +440,12 @@ class Allocator:
         grow = allocation_size(size)
         if self.limit is not None and self.reserved + grow > self.limit:
             return None
-        block = _Block(self._next_address, grow, pool)
-        self._next_address += grow
+        if pool.small:
+            block = _Block(self._next_address, grow, pool)
+            self._next_address += grow
+        else:
+            self._large_floor -= grow
+            block = _Block(self._large_floor, grow, pool)
         self._grow(grow)
         return block
 

@@ -186,3 +186,35 @@ def test_roundup_list_sets_intervals_as_torch_parses_it():
     assert (table[9], table[10], table[11]) == (0, 2, 0)  # a later entry sets its own only
     table = AllocatorConfig.parse("roundup_power2_divisions:[256:1,512:2,>:8]").roundup_power2_divisions
     assert table[9:] == (2,) + (8,) * 6  # '>' sets every interval after the last entry
+
+
+def test_of_two_equal_free_blocks_the_newer_large_segments_is_taken():
+    """Best fit takes the lowest address among free blocks of one size, and cudaMalloc gave each
+    new segment over 20 MiB a lower address than the one before (six allocator histories of an
+    H100 and an H200, tests/fixtures/gpu-history). Two 30 MiB requests get a 30 MiB segment
+    each (10 MiB or more: their own, rounded to 2 MiB), both are freed; a 20 MiB request is
+    carved from the second (its 10 MiB rest stays cached there) and a 30 MiB one then takes
+    the first whole: 60 MiB reserved, no third segment."""
+    a = Allocator()
+    a.malloc("x", 30 * MIB)
+    a.malloc("y", 30 * MIB)
+    first, second = a._live["x"].ptr, a._live["y"].ptr
+    assert second < first
+    a.free("x")
+    a.free("y")
+    a.malloc("c", 20 * MIB)
+    assert a._live["c"].ptr == second
+    a.malloc("d", 30 * MIB)
+    assert a._live["d"].ptr == first
+    assert a.peak_reserved == a.reserved == 60 * MIB
+
+
+def test_small_pool_segments_still_ascend():
+    """The 2 MiB small-pool segments came mostly at rising addresses (the GPUs' histories: 87 of
+    109 after the one before); the model keeps them ascending, below every large segment."""
+    a = Allocator()
+    a.malloc("s1", 1 * MIB)
+    a.malloc("s2", 1 * MIB)
+    a.malloc("s3", 1 * MIB)
+    a.malloc("big", 30 * MIB)
+    assert a._live["s1"].ptr < a._live["s3"].ptr < a._live["big"].ptr
