@@ -618,9 +618,12 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
         **({"granularity": granularity} if granularity else {}),
         allocator=Allocator() if emulate else None,
     )
+    if emulate and split is None:
+        tracer.make_workspace = emulation.allocate_workspace
     if split is None:
         tracer.register(model.parameters(), PARAMETERS)
         tracer.register(model.buffers(), BUFFERS)
+        _untied_head(model, tracer.allocator)
         tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS)
         return tracer
     gpus = device_map.module_gpus(model, split[1])
@@ -633,6 +636,28 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
         tracer.register(module.buffers(recurse=False), BUFFERS, device=lambda t, g=gpu: g)
     tracer.register([v for v in batch.values() if isinstance(v, torch.Tensor)], INPUTS, device=lambda t: 0)
     return tracer
+
+
+def _untied_head(model, allocator) -> None:
+    """The output embedding's own weight, made and dropped while the model is built: with
+    tied embeddings, `PreTrainedModel.__init__` builds `lm_head` (its nn.Linear allocates a
+    [vocab, hidden] weight on the device) and `post_init` -> `tie_weights` then points it at
+    the input embedding's, which frees it. The caching allocator keeps the freed segment, so
+    the steps find one more block of that size cached (a GPU's allocator history shows the
+    allocation and the free one after the other, after the last layer's weights). Allocated
+    is unchanged; the replay's segments are not."""
+    if allocator is None:
+        return
+    try:
+        head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return
+    weight = getattr(head, "weight", None)
+    if weight is None or embeddings is None or weight is not getattr(embeddings, "weight", None):
+        return
+    key = ("untied output embedding",)
+    allocator.malloc(key, weight.numel() * weight.element_size())
+    allocator.free(key)
 
 
 def _input_embeddings(model, scope: ModuleScope) -> frozenset:

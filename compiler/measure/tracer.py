@@ -199,6 +199,9 @@ class MemoryTracer(TorchDispatchMode):
         # the cuBLAS workspaces: `make(allocator, threads)` and the GEMM threads of the phase
         self.make_workspaces: Callable[[Any, int], None] | None = None
         self.workspace_threads = 0
+        # one thread's workspaces, made in the replay when its first GEMM runs:
+        # `make_workspace(allocator, thread, cublaslt)` (thread 0 the forward's, 1 autograd's)
+        self.make_workspace: Callable[[Any, int, bool], None] | None = None
         self.module_device: Callable[[str], int] = lambda module: 0
 
     # -- storages -------------------------------------------------------------------------
@@ -230,7 +233,8 @@ class MemoryTracer(TorchDispatchMode):
         first GEMM makes its own)."""
         self.make_workspaces, self.workspace_threads = make, threads
         if self.allocators is None:
-            make(self.allocator, threads)
+            if self.make_workspace is None:
+                make(self.allocator, threads)
         else:
             for gpu in sorted(self.gemm_devices):
                 make(self.allocator_of(gpu), threads)
@@ -400,6 +404,8 @@ class MemoryTracer(TorchDispatchMode):
             for t, gpu in zip(outs, devices):
                 if isinstance(t, torch.Tensor):
                     self._track(t, category, module, name, gpu)
+            if self.make_workspace is not None and self.allocators is None and self.allocator is not None and name.split(".")[0] in GEMM_OPS:
+                self._workspace(name, args)
         scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
         gpu = None
         if self.device_of is not None:
@@ -414,6 +420,15 @@ class MemoryTracer(TorchDispatchMode):
                     allocator.free(("scratch", name, i))
         self._observe(func.__name__, module, scratch)
         return out
+
+    def _workspace(self, name: str, args) -> None:
+        """A thread's cuBLAS workspace at its first GEMM, after the GEMM's output (a GPU's
+        allocator history shows the output's block, then the workspace's); its cuBLASLt
+        workspace at its first `addmm` with a vector bias (`gemm_and_bias`, the Lt path).
+        Backward runs on autograd's device thread, which has workspaces of its own; a
+        checkpointed layer's recomputation runs there too."""
+        lt = name.startswith("addmm") and isinstance(args[0], torch.Tensor) and args[0].dim() == 1
+        self.make_workspace(self.allocator, 1 if self.phase == BACKWARD else 0, lt)
 
     def _observe_devices(self, func, args, kwargs, out, module: str, scratch) -> int:
         """Each GPU's highest point; returns the GPU the op ran on."""
