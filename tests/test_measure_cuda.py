@@ -221,3 +221,16 @@ def test_the_allocators_history_is_kept_from_the_models_build_on(attach):
 def test_memory_history_needs_a_device(capsys, tmp_path):
     assert run([str(TINY / "tiny-finetune.yaml"), "--memory-history", str(tmp_path / "h.jsonl.gz")]) == 2
     assert "needs --device cuda" in capsys.readouterr().err
+
+
+def test_shared_device_records_no_device_figure_and_says_why(attach):
+    """--shared-device: NVML's used bytes count every process on the GPU, so a run that shares
+    it reads none (allocated and reserved are the process's own either way)."""
+    m = cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted(), shared=True)
+    assert m.shared and "--shared-device" in cuda.machine(m)["note"]
+    assert not cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted()).shared
+
+
+def test_shared_device_needs_a_device(capsys):
+    assert run([str(TINY / "tiny-finetune.yaml"), "--shared-device"]) == 2
+    assert "needs --device cuda" in capsys.readouterr().err

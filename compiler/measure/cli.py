@@ -90,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(gzip JSON lines; with --matrix PATH is a folder, one NAME.history.jsonl.gz each); "
         "python -m compiler.measure.history replays it through the allocator model",
     )
+    parser.add_argument(
+        "--shared-device",
+        action="store_true",
+        dest="shared_device",
+        help="with --device: other processes use the GPU at the same time; records carry allocated and reserved "
+        "(this process's own) and no device figure (NVML's used bytes would count the others)",
+    )
     parser.add_argument("--format", choices=["json", "text"], default="json", help="json: the record (default); text: a one-line summary per record")
 
 
@@ -132,7 +139,7 @@ def _measure_one(name: str, exp: dict, args) -> dict:
     if getattr(args, "device", None):
         from . import cuda
 
-        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=bool(args.memory_history))
+        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=bool(args.memory_history), shared=args.shared_device)
         if args.memory_history:
             from . import history
 
@@ -219,7 +226,15 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
 
     child = multiprocessing.get_context("spawn").Process(
         target=_measure_child,
-        args=(name, exp, args.steps, args.device, str(path), str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None),
+        args=(
+            name,
+            exp,
+            args.steps,
+            args.device,
+            str(path),
+            str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None,
+            args.shared_device,
+        ),
     )
     child.start()
     child.join()
@@ -229,11 +244,11 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
     return record.read_record(path)
 
 
-def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: str | None = None) -> None:
+def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: str | None = None, shared: bool = False) -> None:
     from . import cuda, harness, history, record
 
     try:
-        measurement = cuda.measure(exp, steps=steps, device=device, history=history_path is not None)
+        measurement = cuda.measure(exp, steps=steps, device=device, history=history_path is not None, shared=shared)
     except ExperimentError as exc:
         _say(f"error: {exc}")
         raise SystemExit(EXIT_INPUT) from None
@@ -244,6 +259,9 @@ def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, his
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.shared_device and not getattr(args, "device", None):
+        _say("memspec measure: --shared-device says other processes share the GPU; it needs --device cuda")
+        return EXIT_USAGE
     if args.memory_history and not getattr(args, "device", None):
         _say("memspec measure: --memory-history is the CUDA caching allocator's own trace; it needs --device cuda")
         return EXIT_USAGE

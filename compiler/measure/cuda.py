@@ -37,6 +37,7 @@ CUDA_NOTE = (
     "optimizer); allocated/reserved: torch.cuda max_memory_allocated/max_memory_reserved, reset at each "
     "phase start; device: NVML used bytes at each phase end minus the idle baseline ({baseline})"
 )
+SHARED_NOTE = "not read: other processes used the device at the same time (--shared-device), so NVML's used bytes were not this one's"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class GpuMeasurement:
     # cudaMalloc failures the allocator answered by freeing its cached blocks and retrying
     # (torch.cuda.memory_stats()["num_alloc_retries"] at the end of the run); None: not read
     alloc_retries: int | None = None
+    # other processes used the device meanwhile (--shared-device): NVML was not read
+    shared: bool = False
 
 
 class Counters(Protocol):
@@ -111,10 +114,11 @@ class TorchCuda:
 
     oom_error = torch.cuda.OutOfMemoryError
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, nvml: bool = True) -> None:
         self.device = device
         self.index = device.index if device.index is not None else 0
-        self._baseline = self._nvml_used()  # NB: before this process creates its CUDA context
+        self._nvml = nvml  # False: other processes share the device, its used bytes are not ours
+        self._baseline = self._nvml_used() if nvml else None  # NB: before this process creates its CUDA context
 
     def accelerator(self) -> tuple[str, int]:
         props = torch.cuda.get_device_properties(self.index)
@@ -133,7 +137,7 @@ class TorchCuda:
 
     def read(self) -> PhasePeak:
         torch.cuda.synchronize(self.index)
-        used = self._nvml_used()
+        used = self._nvml_used() if self._nvml else None
         return PhasePeak(
             allocated=torch.cuda.max_memory_allocated(self.index),
             reserved=torch.cuda.max_memory_reserved(self.index),
@@ -237,10 +241,13 @@ def _attention_kernel(exp: dict) -> Iterator[tuple[str, ...]]:
         yield (harness.FA2_AS_SDPA,)
 
 
-def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None, history: bool = False) -> GpuMeasurement:
+def measure(
+    exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None, history: bool = False, shared: bool = False
+) -> GpuMeasurement:
     """Run `steps` training steps of `exp` on `device`; see the module docstring. `history`:
     keep the caching allocator's trace of every allocation and free, from the model's build on
-    (`GpuMeasurement.history`)."""
+    (`GpuMeasurement.history`). `shared`: other processes use the device meanwhile, so NVML's
+    used bytes are not read (allocated and reserved are this process's own either way)."""
     check_runnable(exp)
     if steps < harness.MIN_STEPS:
         raise ValueError(f"at least {harness.MIN_STEPS} steps: step 1 creates the optimizer states")
@@ -248,7 +255,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
     if counters is None:
         if not torch.cuda.is_available():
             raise ExperimentError(f"--device {device}: torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
-        counters = TorchCuda(where)
+        counters = TorchCuda(where, nvml=not shared)
     name, total = counters.accelerator()
     config = harness.load_config(exp["config"])
     log = _StepLog(counters)
@@ -270,6 +277,7 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
             OutOfMemory(0, SETUP, _first_line(exc)),
             counters.history() if history else None,
             counters.alloc_retries(),
+            shared,
         )
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, scale = harness._make_optimizer(exp, model, trainable, _Relabels())
@@ -278,7 +286,9 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
         if log.phase == FORWARD:
             log.enter(LOSS)
 
-    model.lm_head.register_forward_hook(enter_loss)
+    # NB: as the tracer's harness: BLIP-2 keeps its head inside the language model
+    head = model.lm_head if hasattr(model, "lm_head") else model.get_output_embeddings()
+    head.register_forward_hook(enter_loss)
     applied: tuple[str, ...] = ()
     if exp.get("loss") == "fused_linear_cross_entropy":
         harness._check_fused_loss(exp)
@@ -295,7 +305,9 @@ def measure(exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counte
                 oom = OutOfMemory(step, log.phase or FORWARD, _first_line(exc))
                 log.cut_short()
                 break
-    return GpuMeasurement(tuple(log.steps), name, total, counters.baseline(), applied, oom, counters.history() if history else None, counters.alloc_retries())
+    return GpuMeasurement(
+        tuple(log.steps), name, total, counters.baseline(), applied, oom, counters.history() if history else None, counters.alloc_retries(), shared
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -318,7 +330,7 @@ def _train_step(step: int, model, batch: dict, optimizer, scale: float, log: _St
 
 
 def machine(m: GpuMeasurement) -> dict:
-    baseline = "not readable" if m.baseline is None else f"{m.baseline:,} B"
+    baseline = SHARED_NOTE if m.shared else "not readable" if m.baseline is None else f"{m.baseline:,} B"
     return {
         "system": platform.system(),
         "machine": platform.machine(),
