@@ -110,14 +110,18 @@ def test_the_model_reserves_what_a_real_step_reserved_to_the_byte(name, gpu_rese
     assert record["reserved"] == gpu_reserved
 
 
-def test_a_step_that_ran_out_of_memory_needs_the_devices_limit():
-    """Qwen2.5-0.5B at micro-batch 17 on an H200 ran out of memory in step 2's backward; its
-    allocator freed its cached segments and retried first, so the GPU's segments peaked lower
-    than the model's replay without a limit, which keeps every segment it made: this replay
-    (`history.replay`) has no device limit; the estimate's replays one where a step passes it."""
-    r = history.replay(history.read(GPU_HISTORIES / "qwen2.5-0.5b-full-h200_b17.history.jsonl.gz"))
-    assert r.gpu_reserved == 132_670_029_824
-    assert r.model_reserved > r.gpu_reserved
+def test_a_step_that_ran_out_of_memory_replays_within_the_devices_limit():
+    """Qwen2.5-0.5B at micro-batch 17 on an H200 ran out of memory in step 2's backward. Its
+    allocator had emptied its cache and retried first (28 segments freed), so the GPU's
+    segments peaked at 132,670,029,824 B. Without a limit the model keeps every segment it
+    made and peaks higher; within the card's memory less the CUDA context (143,771 MiB less
+    783,876,096 B, both measured there) it empties its cache where the GPU did and peaks at
+    the GPU's byte."""
+    events = history.read(GPU_HISTORIES / "qwen2.5-0.5b-full-h200_b17.history.jsonl.gz")
+    unlimited = history.replay(events)
+    assert unlimited.gpu_reserved == 132_670_029_824 < unlimited.model_reserved
+    limited = history.replay(events, capacity=143_771 * MIB - 783_876_096)
+    assert limited.model_reserved == limited.gpu_reserved == 132_670_029_824
 
 
 def test_the_traced_step_reserves_what_the_gpu_did():

@@ -65,10 +65,13 @@ class Replay:
         return 100.0 * (self.model_reserved - self.gpu_reserved) / self.gpu_reserved if self.gpu_reserved else 0.0
 
 
-def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None) -> Replay:
+def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None, capacity: int | None = None) -> Replay:
     """NB: a block is keyed by its address, which the GPU reuses once it is freed: each alloc
-    replaces the key's previous (freed) block. Sizes are the blocks' (already rounded)."""
-    model = Allocator(config or AllocatorConfig())
+    replaces the key's previous (freed) block. Sizes are the blocks' (already rounded).
+    `capacity`: the bytes the allocator could reserve on that device (its memory less the
+    context), where a step came near it: the model then empties its cache and retries, as
+    the GPU did (its `segment_free`s)."""
+    model = Allocator(config or AllocatorConfig(), capacity)
     live: dict[int, int] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
     allocs = unmatched = 0
