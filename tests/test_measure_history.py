@@ -28,7 +28,7 @@ def test_events_keep_allocs_completed_frees_and_segments_in_order():
             ("oom", 0, 0),
         ]
     )
-    assert history.events(snap) == [("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("free_completed", 0, 3 * MIB)]
+    assert history.events(snap) == [("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("free_completed", 0, 3 * MIB), ("oom", 0, 0)]
     assert history.events(snap, index=1) == []  # no trace for a device that made none
 
 
@@ -82,7 +82,9 @@ def test_main_prints_one_line_per_history(tmp_path, capsys):
     assert history.main([str(tmp_path / "a.history.jsonl.gz")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("a.history.jsonl.gz: 1 allocations; GPU reserved 0.00 GiB") and "(+0.00 %)" in out
-    assert history.main([]) == 2
+    with pytest.raises(SystemExit) as usage:  # argparse: no history given
+        history.main([])
+    assert usage.value.code == 2
 
 
 # Allocator histories of real steps (`memspec measure --device cuda --memory-history`, an H200,
@@ -136,3 +138,18 @@ def test_the_traced_step_reserves_what_the_gpu_did():
     record = json.loads(path.read_text())
     exp = experiment.normalise(record["experiment"], root, str(path))
     assert harness.measure(exp, steps=len(record["steps"])).reserved == record["reserved"] == 18_903_728_128
+
+
+def test_the_request_that_ran_out_of_memory_is_kept_and_replayed_within_the_capacity():
+    """torch's trace ends an out-of-memory with an `oom` entry (the bytes asked for). Within a
+    capacity the replay asks the model for the same bytes: on a 45 MiB device holding a 30 MiB
+    segment in use, a 16 MiB request needs a 16 MiB segment (46 MiB in all) and fails; a 12 MiB
+    one gets a 12 MiB segment (10 MiB or more: its own, rounded to 2 MiB) and fits."""
+    snap = _snapshot([("segment_alloc", 1 << 30, 30 * MIB), ("alloc", 1 << 30, 30 * MIB), ("oom", 10 * MIB, 16 * MIB)])
+    events = history.events(snap)
+    assert events[-1] == ("oom", 10 * MIB, 16 * MIB)
+    r = history.replay(events, capacity=45 * MIB)
+    assert (r.gpu_out_of_memory, r.model_out_of_memory) == (16 * MIB, True)
+    fits = history.replay(events[:-1] + [("oom", 10 * MIB, 12 * MIB)], capacity=45 * MIB)
+    assert fits.model_out_of_memory is False
+    assert history.replay(events).model_out_of_memory is None  # no capacity: not asked

@@ -22,14 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..memory.allocator import Allocator, AllocatorConfig
+from ..memory.allocator import Allocator, AllocatorConfig, OutOfMemoryError
 
 # The actions of torch.cuda.memory's trace entries (c10/cuda/CUDACachingAllocator.h,
 # TraceEntry::Action): a block handed out, one freed (completed: back in the cache, after any
 # stream use), a segment cudaMalloc'd or cudaFree'd by the allocator itself.
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
 SEGMENT_ALLOC, SEGMENT_FREE = "segment_alloc", "segment_free"
-KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)
+# the request that failed after the allocator emptied its cache (`size`: the bytes asked for)
+OOM = "oom"
+KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM)
 
 
 def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
@@ -59,6 +61,8 @@ class Replay:
     gpu_reserved: int  # the GPU's peak of segment allocations less segment frees
     gpu_allocated: int  # the GPU's peak of live blocks
     unmatched_frees: int  # frees of blocks allocated before the history began
+    gpu_out_of_memory: int | None = None  # the request the GPU could not serve, in bytes
+    model_out_of_memory: bool | None = None  # with a capacity: whether the model fails it too
 
     @property
     def error_pct(self) -> float:
@@ -75,7 +79,18 @@ def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | No
     live: dict[int, int] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
     allocs = unmatched = 0
+    gpu_oom = model_oom = None
     for action, addr, size in history:
+        if action == OOM:
+            gpu_oom = size
+            if capacity is not None:
+                try:
+                    model.malloc(OOM, size)
+                    model.free(OOM)
+                    model_oom = False
+                except OutOfMemoryError:
+                    model_oom = True
+            continue
         if action == ALLOC:
             model.malloc(addr, size)
             live[addr] = size
@@ -93,22 +108,33 @@ def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | No
             peak_reserved = max(peak_reserved, reserved)
         elif action == SEGMENT_FREE:
             reserved -= size
-    return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched)
+    return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched, gpu_oom, model_oom)
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
-    if not paths:
-        print("usage: python -m compiler.measure.history HISTORY.jsonl.gz ...", file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m compiler.measure.history", description="replay GPU allocator histories through the model")
+    parser.add_argument("paths", nargs="+", metavar="HISTORY.jsonl.gz")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        metavar="BYTES",
+        help="what the allocator could reserve on that GPU (its memory less the CUDA context): the model empties its cache "
+        "near it, and a request the GPU could not serve is asked of it too",
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    paths = [Path(p) for p in args.paths]
     gib = 2**30
     for path in paths:
-        r = replay(read(path))
+        r = replay(read(path), capacity=args.capacity)
         print(
             f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
             f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "
             f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated"
             + (f"; {r.unmatched_frees} frees of blocks from before the history" if r.unmatched_frees else "")
+            + (f"; the GPU ran out of memory asking for {r.gpu_out_of_memory:,} B" if r.gpu_out_of_memory is not None else "")
+            + ({True: " (the model too)", False: " (the model would serve it)"}.get(r.model_out_of_memory, ""))
         )
     return 0
 
