@@ -190,8 +190,8 @@ def test_roundup_list_sets_intervals_as_torch_parses_it():
 
 def test_of_two_equal_free_blocks_the_newer_large_segments_is_taken():
     """Best fit takes the lowest address among free blocks of one size, and cudaMalloc gave each
-    new segment over 20 MiB a lower address than the one before (six allocator histories of an
-    H100 and an H200, tests/fixtures/gpu-history). Two 30 MiB requests get a 30 MiB segment
+    new segment over 20 MiB a lower address than the one before (allocator histories of an
+    H200, tests/fixtures/gpu-history). Two 30 MiB requests get a 30 MiB segment
     each (10 MiB or more: their own, rounded to 2 MiB), both are freed; a 20 MiB request is
     carved from the second (its 10 MiB rest stays cached there) and a 30 MiB one then takes
     the first whole: 60 MiB reserved, no third segment."""

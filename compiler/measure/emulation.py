@@ -152,7 +152,7 @@ def allocate_workspaces(allocator, threads_with_gemms: int, sm90: bool = True) -
 def allocate_workspace(allocator, thread: int, cublaslt: bool, sm90: bool = True) -> None:
     """One thread's workspaces as a GPU makes them, each cached for good: the cuBLAS one at
     its first GEMM (`getCurrentCUDABlasHandle` sets it), the cuBLASLt one beside it at its
-    first GEMM on the Lt path (in six H100/H200 allocator histories: the forward's first
+    first GEMM on the Lt path (in six allocator histories of an H200: the forward's first
     `addmm` with a bias made both, one after the other; a model whose first GEMM was an `mm`
     made the Lt one only at its first biased linear; autograd's thread made the Lt one only
     where checkpointing recomputed a biased linear in backward)."""

@@ -37,13 +37,13 @@ Assumed, not modelled (each a reason `peak_reserved` can differ from a GPU's):
   wait for it before reuse;
 - the addresses cudaMalloc gives, which decide among free blocks of one size (best fit takes
   the lowest): a new large-pool segment is placed below every earlier one and a new
-  small-pool segment above, as the CUDA driver placed them on an H100 and an H200 (torch
-  2.11, CUDA 13.0: in six histories of `memspec measure --device cuda --memory-history`
-  every segment over 20 MiB came at a lower address than the one before). With ascending
-  large-pool addresses the model reserved 5 % and 7 % less than the GPU on the GPU's own
-  allocation sequences of Qwen2.5-0.5B with eager attention and checkpointing, where equal
-  sizes of fp32 attention scores and their bf16 copies tie; with descending ones all six
-  agree with the GPU to the byte (tests/test_history.py);
+  small-pool segment above, as the CUDA driver placed them on an H200 (torch 2.11, CUDA 13.0;
+  six histories of `memspec measure --device cuda --memory-history`: in five every segment
+  over 20 MiB came at a lower address than the one before, in the sixth 383 of 438). With
+  ascending large-pool addresses the model reserved 5 % and 7 % less than the GPU on the
+  GPU's own allocation sequences of Qwen2.5-0.5B with eager attention and checkpointing,
+  whose attention scores leave equal-sized blocks cached in several segments; with
+  descending ones all six agree with the GPU to the byte (tests/test_measure_history.py);
 - with expandable segments, `empty_cache` unmaps only the free pages at a segment's end;
 - `garbage_collection_threshold` acts, as in torch, only under a memory fraction
   (`per_process_memory_fraction`), and ages a free block by the allocations since its free.
