@@ -234,3 +234,25 @@ def test_shared_device_records_no_device_figure_and_says_why(attach):
 def test_shared_device_needs_a_device(capsys):
     assert run([str(TINY / "tiny-finetune.yaml"), "--shared-device"]) == 2
     assert "needs --device cuda" in capsys.readouterr().err
+
+
+def test_jobs_needs_a_matrix_on_a_device(capsys, tmp_path):
+    assert run([str(TINY / "tiny-finetune.yaml"), "--device", "cuda", "--jobs", "2"]) == 2
+    assert "--jobs N" in capsys.readouterr().err
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\naxes: {{micro_batch: [1, 2]}}\n")
+    assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--jobs", "2"]) == 2
+    assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--device", "cuda", "--jobs", "0"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path of a machine without a GPU")
+def test_jobs_run_the_entries_side_by_side_and_name_each_that_failed(tmp_path, capsys):
+    """--jobs 3 over two entries: both start at once, each in a process of its own; each that
+    fails is named and the run exits 1, with no record written for it."""
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\naxes: {{micro_batch: [1, 2]}}\n")
+    assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--device", "cuda", "--jobs", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "m_b1: the measuring process failed" in err and "m_b2: the measuring process failed" in err
+    assert "2 failed: m_b1, m_b2" in err
+    assert not list((tmp_path / "out").glob("*.json"))

@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --device: other processes use the GPU at the same time; records carry allocated and reserved "
         "(this process's own) and no device figure (NVML's used bytes would count the others)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --matrix and --device: measure N entries at a time, each in its own process on the one GPU "
+        "(as --shared-device: no device figure); their peaks together must fit the card",
+    )
     parser.add_argument("--format", choices=["json", "text"], default="json", help="json: the record (default); text: a one-line summary per record")
 
 
@@ -194,35 +202,56 @@ def _run_matrix(args) -> int:
     entries.sort(key=lambda item: _cost(item[1]))
     started = time.perf_counter()
     done = skipped = 0
-    failed: list[str] = []
+    failed: list[tuple[int, str]] = []  # (the entry's place, its name)
+    pending = []
     for i, (name, exp) in enumerate(entries, 1):
         path = out_dir / f"{name}.json"
         if path.exists():
             skipped += 1
             _say(f"[{i}/{len(entries)}] {name}: present, skipped")
-            continue
-        t0 = time.perf_counter()
-        if args.device:
-            rec = _in_fresh_process(name, exp, args, path)
-            if rec is None:
-                failed.append(name)
-                continue
+        elif args.device:
+            pending.append((i, name, exp, path))
         else:
+            t0 = time.perf_counter()
             rec = _measure_one(name, exp, args)
             record.write_record(rec, path)
+            done += 1
+            _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.0f} s total]")
+    for i, name, rec, seconds in _in_fresh_processes(pending, args):
+        if rec is None:
+            failed.append((i, name))
+            continue
         done += 1
-        _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.0f} s total]")
-    _say(f"{done} measured, {skipped} already present, {len(entries)} in the matrix" + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+        _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{seconds:.1f} s, {time.perf_counter() - started:.0f} s total]")
+    _say(
+        f"{done} measured, {skipped} already present, {len(entries)} in the matrix"
+        + (f"; {len(failed)} failed: {', '.join(name for _, name in sorted(failed))}" if failed else "")
+    )
     return EXIT_INPUT if failed else EXIT_OK
 
 
-def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
-    """One GPU measurement in a process of its own (spawned, so this one never touches the
+def _in_fresh_processes(pending: list, args):
+    """Each GPU measurement in a process of its own (spawned, so this one never touches the
     device): each starts from an empty caching allocator and reads the idle baseline before
-    its CUDA context exists. None when the child failed (it has said why on stderr)."""
-    import multiprocessing
+    its CUDA context exists. With `--jobs N`, N run at once, sharing the device (no NVML
+    figure). Yields (index, name, record or None when the child failed, seconds) as each ends;
+    a child that failed has said why on stderr."""
+    from multiprocessing.connection import wait
 
-    from . import record
+    queue, running = list(pending), {}
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            i, name, exp, path = queue.pop(0)
+            child = _spawn(name, exp, args, path, shared=args.shared_device or args.jobs > 1)
+            running[child.sentinel] = (child, i, name, path, time.perf_counter())
+        for sentinel in wait(list(running)):
+            child, i, name, path, t0 = running.pop(sentinel)
+            child.join()
+            yield i, name, _collected(child, name, path), time.perf_counter() - t0
+
+
+def _spawn(name: str, exp: dict, args, path: Path, shared: bool):
+    import multiprocessing
 
     child = multiprocessing.get_context("spawn").Process(
         target=_measure_child,
@@ -233,11 +262,16 @@ def _in_fresh_process(name: str, exp: dict, args, path: Path) -> dict | None:
             args.device,
             str(path),
             str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None,
-            args.shared_device,
+            shared,
         ),
     )
     child.start()
-    child.join()
+    return child
+
+
+def _collected(child, name: str, path: Path) -> dict | None:
+    from . import record
+
     if child.exitcode != 0 or not path.exists():
         _say(f"{name}: the measuring process failed (exit code {child.exitcode})")
         return None
@@ -259,6 +293,9 @@ def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, his
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.jobs < 1 or (args.jobs > 1 and not (args.matrix and getattr(args, "device", None))):
+        _say("memspec measure: --jobs N (N >= 1) runs several entries of a --matrix at once on a --device cuda")
+        return EXIT_USAGE
     if args.shared_device and not getattr(args, "device", None):
         _say("memspec measure: --shared-device says other processes share the GPU; it needs --device cuda")
         return EXIT_USAGE
