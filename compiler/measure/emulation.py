@@ -142,11 +142,8 @@ def allocate_workspaces(allocator, threads_with_gemms: int, sm90: bool = True) -
     thread one cuBLAS workspace and one cuBLASLt workspace, each cached for good."""
     if allocator is None:
         return
-    cublas = _cublas_workspace(sm90)
     for thread in range(threads_with_gemms):
-        for name, nbytes in (("cublas", cublas), ("cublaslt", CUBLASLT_WORKSPACE_BYTES)):
-            if (name, thread) not in allocator:
-                allocator.malloc((name, thread), nbytes)
+        allocate_workspace(allocator, thread, True, sm90)
 
 
 def allocate_workspace(allocator, thread: int, cublaslt: bool, sm90: bool = True) -> None:
