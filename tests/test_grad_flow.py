@@ -11,7 +11,9 @@ from compiler.api import estimate
 T, H = 2 * 1024, 4096
 
 
-def rows(trainable, checkpointing=()):
+def rows(trainable, checkpointing=(), **overrides):
+    """LLaVA-1.5-7B at micro-batch 2, seq 1024, sdpa: the table's rows by path (tests/test_lora.py
+    adds LoRA through `overrides`)."""
     r = estimate(
         "specs/llava/llava-1.5-7b.yaml",
         micro_batch=2,
@@ -19,6 +21,7 @@ def rows(trainable, checkpointing=()):
         trainable=list(trainable),
         gradient_checkpointing=list(checkpointing),
         attention="sdpa",
+        **overrides,
     )
     return {row.path: row for row in r.rows}
 

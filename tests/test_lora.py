@@ -5,6 +5,7 @@ f = 11008; bf16 (2 bytes), rank r = 16.
 """
 
 import pytest
+from test_grad_flow import rows as llava_rows  # noqa: E402  (tests/ is on sys.path under pytest's rootdir conftest)
 
 from compiler.api import estimate
 from compiler.pipeline.expand import lora_target
@@ -16,16 +17,8 @@ MLP = "language.layers[0:32].mlp"
 
 
 def rows(trainable=("projector",), dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"), checkpointing=()):
-    r = estimate(
-        "specs/llava/llava-1.5-7b.yaml",
-        micro_batch=2,
-        seq_len=1024,
-        trainable=list(trainable),
-        gradient_checkpointing=list(checkpointing),
-        attention="sdpa",
-        lora={"r": R, "alpha": 32, "dropout": dropout, "target_modules": targets if targets == "all-linear" else list(targets)},
-    )
-    return {row.path: row for row in r.rows}
+    lora = {"r": R, "alpha": 32, "dropout": dropout, "target_modules": targets if targets == "all-linear" else list(targets)}
+    return llava_rows(trainable, checkpointing, lora=lora)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The estimate's reserved figure: two steps replayed through the caching allocator model."""
 
+import json
 from pathlib import Path
 
 from compiler import api
@@ -43,3 +44,37 @@ def test_the_settings_are_shown():
     report = api.estimate(PRETRAIN, dp=1, zero=0, alloc_conf="expandable_segments:True")
     assert "allocator PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True" in text(report)
     assert as_data(report)["allocator"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_workspaces_and_the_incoming_gradient_are_placed_as_on_the_gpu(monkeypatch):
+    """Qwen2.5-0.5B in pure bf16 with Adafactor, seq 1024, on an H200
+    (tests/measured/gpu/qwen2-optimizers_bf16_adafactor.json). Autograd's first GEMM is the
+    tied head's weight gradient (151936 x 896 x 2 B = 259.66 MiB), made while the 16-bit
+    logits' gradient (the incoming one, 296.75 MiB) is still held: the gradient takes a freed
+    594 MiB fp32 loss block and autograd's 32 MiB cuBLAS workspace lands beside it, for good.
+    Step 2's log_softmax backward then finds one 594 MiB block fewer and opens a segment, as
+    the GPU did. Made before the step, the workspaces left that block whole: 5.45 GiB, -9.27 %."""
+    from compiler.commands.validation import record_report
+    from compiler.memory.allocator import Allocator
+
+    played: list = []
+    play = Allocator.play
+
+    def recording(self, events, made, probe_key):
+        events = list(events)
+        played.extend(key for key, _ in events)
+        return play(self, events, made, probe_key)
+
+    monkeypatch.setattr(Allocator, "play", recording)
+    path = ROOT / "tests" / "measured" / "gpu" / "qwen2-optimizers_bf16_adafactor.json"
+    record = json.loads(path.read_text())
+    report, _ = record_report(path, record)
+    step1 = played[: played.index(("workspace", 1, 1)) + 1]
+    head = [i for i, k in enumerate(step1) if k[:2] in (("transient", "grad_out"), ("grad", "language.lm_head"))]
+    # the incoming gradient, then the weight gradient, then autograd's two workspaces
+    assert [step1[i][:2] for i in head[-2:]] == [("transient", "grad_out"), ("grad", "language.lm_head")]
+    assert step1[head[-1] + 1 :] == [("workspace", 1, 0), ("workspace", 1, 1)]
+    # the forward's thread made its pair at the first linear (layer 0's q_proj), after its output
+    first = step1.index(("workspace", 0, 0))
+    assert step1[first - 2 : first + 2] == [("tensor", "language.layers[0]/attn_in"), ("probe",), ("workspace", 0, 0), ("workspace", 0, 1)]
+    assert report.reserved == 6_438_256_640 and record["reserved"] == 6_448_742_400  # -0.16 %

@@ -4,6 +4,8 @@ the registry, one placing walk per setup, and imports go down the pipeline."""
 import ast
 from pathlib import Path
 
+from test_zero3 import ZERO3  # noqa: E402  (tests/ is on sys.path under pytest's rootdir conftest)
+
 from compiler.api import load_inputs
 from compiler.pipeline.walks import _registry, strategies
 
@@ -11,14 +13,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WALKS = ROOT / "compiler" / "pipeline" / "walks"
 FINETUNE = "specs/experiments/llava-1.5-7b-finetune.yaml"  # ZeRO-3, dp 8
 FSDP = "specs/experiments/llava-1.5-7b-finetune-fsdp2.yaml"
-ZERO3 = {
-    "zero": 3,
-    "reduce_bucket_size": "auto",
-    "prefetch_bucket_size": "auto",
-    "param_persistence_threshold": "auto",
-    "overlap_comm": True,
-    "contiguous_gradients": True,
-}
 
 
 def _names(path, overrides=None):

@@ -241,6 +241,9 @@ class Formula:
     setups: frozenset[str] = frozenset()
     # phase -> the order its own transient tensors are allocated and freed in (replay only)
     allocations: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
+    # its forward and backward run cuBLAS GEMMs: a thread's first GEMM makes the thread's
+    # cuBLAS and cuBLASLt workspaces (the replay places them there)
+    gemm: bool = False
     # the names of its tensor-typed inputs (expand asks for every child input of every instance)
     tensor_inputs: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -389,6 +392,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         param_shapes=param_shapes,
         param_names=param_names,
         module_class=data.get("module_class"),
+        gemm=bool(data.get("gemm", False)),
         buffers=buffers,
         activations=activations,
         transient=transient,

@@ -33,6 +33,8 @@ class Gpu:
     arch: str  # sm80, sm90, ...
     workspace: int  # cuBLAS + cuBLASLt workspace bytes per GEMM thread
     gemm_threads: int  # threads holding one workspace each in a steady-state step
+    # each thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's (they sum to workspace)
+    workspace_blocks: tuple[int, ...] = ()
 
 
 # Units of a memory size on the command line (--gpu 24GiB, --margin 2GiB): SI powers of 10
@@ -152,6 +154,7 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
             v["arch"],
             (per_arch("cublas_workspace_kib", v["arch"]) + per_arch("cublaslt_workspace_kib", v["arch"])) * KIB,
             per_arch("gemm_threads", v["arch"]),
+            (per_arch("cublas_workspace_kib", v["arch"]) * KIB, per_arch("cublaslt_workspace_kib", v["arch"]) * KIB),
         )
         for k, v in doc.data["gpus"].items()
     }
@@ -191,7 +194,7 @@ def find_gpu(text: str, gpus: Mapping[str, Gpu], consts: DeviceConstants) -> Gpu
             "give the GPU's whole memory, as nvidia-smi's memory.total shows it, e.g. 24GiB",
         )
     base = consts.default_gpu
-    return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads)
+    return Gpu(text, f"custom GPU, {base.key}'s {base.arch} constants", memory, base.arch, base.workspace, base.gemm_threads, base.workspace_blocks)
 
 
 def catalog_constants(target: Gpu, dp: int) -> tuple[Constant, ...]:

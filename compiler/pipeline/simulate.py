@@ -197,6 +197,20 @@ class _StepWalk:
         self.after_running = _hooks(walks, "after_running")
         self.before_layer_backward = _hooks(walks, "before_layer_backward")
         self.after_layer_backward = _hooks(walks, "after_layer_backward")
+        target = step.setup.target
+        self.workspace_blocks = _workspace_blocks(target)
+        # NB: with nothing trainable, no backward: the forward's thread alone runs GEMMs
+        self.workspace_threads = target.gemm_threads if step.trainable else 1
+        self.placed: set[int] = set()
+
+    def _workspace(self, thread: int) -> None:
+        """Thread `thread`'s cuBLAS and cuBLASLt workspaces, made by its first GEMM after that
+        GEMM's output (0: the forward's thread; 1: autograd's, which runs backward and a
+        checkpointing unit's recomputation), as the GPU histories show them: kept for good."""
+        if thread < self.workspace_threads and thread not in self.placed:
+            self.placed.add(thread)
+            for i, size in enumerate(self.workspace_blocks):
+                self.state.events.append((("workspace", thread, i), size))
 
     def forward_pass(self) -> dict[str, int]:
         """The forward in `expand.forward_order`; the saved bytes per module at its end."""
@@ -279,6 +293,8 @@ class _StepWalk:
             if order:
                 _defer(state.events, mark, {name for op, name, _ in order if op == "saved"})
             state.observe(phase, inst.path, push(t, inst.module, unkept), (inst.module, node.cost.transient_forward), order, pieces=pieces)
+            if inst.formula.gemm:
+                self._workspace(0 if first else 1)
             self._ran(node)
         held = self.state.hold(inst.module, t.get(inst.module, 0) - stack.get(inst.module, 0)) if node.children else None
         for c in node.children[lo:hi]:
@@ -309,11 +325,18 @@ class _StepWalk:
         held = state.hold(inst.module, t.get(inst.module, 0) - stack.get(inst.module, 0) - (grad_out[1] if grad_out else 0)) if node.children else None
         for c in reversed(node.children[:hi]):
             self.backward(c, t)
+        order = node.cost.allocations_backward
+        if not node.children and order and order[0][:2] == ("alloc", "grad_out") and order[0][2]:
+            # NB: the incoming gradient exists before the layer's weight gradients are made
+            # (the next layer's backward made it): the replay allocates it first
+            state.incoming_grad(order[0][2])
         if node.cost.gradients:
             # NB: a gradient computed in forward (a fused loss) was live as a saved tensor;
             # it becomes the .grad here rather than being allocated beside it
             state.free(inst.path, [(name, 0) for name in node.cost.handover])
             self.placing.layer_gradients(node, t)
+        if not node.children and inst.formula.gemm and (node.cost.gradients or node.cost.transient_backward):
+            self._workspace(1)
         state.unhold(held)
         state.unhold(grad_out)
         if not node.children:
@@ -351,6 +374,11 @@ class _StepWalk:
         return step, owner.first_step(step, transient), step_start
 
 
+def _workspace_blocks(target) -> tuple[int, ...]:
+    """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's."""
+    return target.workspace_blocks or (target.workspace,)
+
+
 def _defer(events: list, mark: int, names: set[str]) -> None:
     """Take the allocations of the saved tensors `names` made since `mark` out of `events`:
     the leaf's allocation order makes them where its operators do."""
@@ -365,12 +393,14 @@ def _replay(
     that fails on `setup.gpu` if one does.
 
     The replay runs what a job allocates in its order: the weights and buffers, the
-    cuBLAS workspaces, the allocations made before the walk (ZeRO-3's gradient partition,
-    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, then its
+    allocations made before the walk (ZeRO-3's gradient partition, DeepSpeed's staging
+    buffers), then step 1 (the walk's forward and backward, then its
     step(): `first_step`, the placing walk's order of the masters, the master gradients, the
     states and the temporaries where it knows them, else the states then the steady step's
     allocations) and step 2 (the same with the states in place); whatever a step made and
-    still holds goes at its end (zero_grad(set_to_none=True)). Step 1's pattern of frees
+    still holds goes at its end (zero_grad(set_to_none=True)), except each GEMM thread's
+    cuBLAS and cuBLASLt workspaces, which the walk makes at the thread's first GEMM and the
+    allocator keeps for good. Step 1's pattern of frees
     leaves cached blocks that step 2 is served from, which is why two steps are replayed.
     NB: a formula's transient is one allocation (the running layer's, beside the rest of its
     module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
@@ -380,6 +410,7 @@ def _replay(
     if setup.gpu is not None:
         capacity = setup.gpu.memory - device_overhead(setup)
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
+    placed = {e[0] for e in walk if e[0][0] == "workspace"}
 
     def run(allocator: Allocator) -> int:
         live, malloc, free = allocator.live, allocator.malloc, allocator.free
@@ -390,8 +421,12 @@ def _replay(
         for i, size in enumerate(resident):
             if size:
                 malloc(("weight", i), size)
+        # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has
+        # its workspaces from the start, as before any layer runs
         for thread in range(setup.target.gemm_threads):
-            malloc(("workspace", thread), setup.target.workspace)
+            for i, size in enumerate(_workspace_blocks(setup.target)):
+                if ("workspace", thread, i) not in placed:
+                    malloc(("workspace", thread, i), size)
         play(state.events[:walk_start], [])
         for number in (1, 2):
             made: list = []
@@ -405,7 +440,7 @@ def _replay(
                             malloc(("state", i), size)
                 play(step, made)
             for key in made:
-                if key in live:
+                if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
                     free(key)
         return allocator.peak_reserved
 

@@ -90,6 +90,7 @@ class State:
     grad_keys: dict = field(default_factory=dict)  # layer path -> [(key, bytes)] live
     persisted: dict = field(default_factory=dict)  # module -> composites' transients held (hold)
     serial: int = 0
+    incoming: dict = field(default_factory=dict)  # name -> key allocated ahead of the leaf's order
 
     def _new_key(self, kind: str, name: str) -> tuple:
         self.serial += 1
@@ -271,7 +272,9 @@ class State:
         sizes: dict[tuple, int] = {}
         for op, name, size in order:
             if op == "alloc":
-                if size:
+                if name in self.incoming:
+                    made[name] = self.incoming.pop(name)
+                elif size:
                     made[name] = key = self._new_key("transient", name)
                     sizes[key] = size
                     self.events.append((key, size))
@@ -302,6 +305,13 @@ class State:
                         self.events.append((old, None))
                         return
         self.events.append((key, None))
+
+    def incoming_grad(self, size: int) -> None:
+        """The running leaf's incoming gradient, allocated ahead of its weight gradients: its
+        allocation order's first `{alloc: grad_out}` takes this block instead of making one."""
+        key = self._new_key("transient", "grad_out")
+        self.events.append((key, size))
+        self.incoming["grad_out"] = key
 
     def first_point(self) -> Point:
         phase, path, total, grads, live, transient, buffers = self.best_first
