@@ -124,7 +124,8 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     states = [b for r in nodes for n in r.walk() for b in placing.state_blocks(n)]
     states += [round_up(b, ALLOCATOR_GRANULE) for b in once]
     first_step = walk.owner.first_step_allocations(once) if trainable else None
-    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step)
+    untied = _untied_head(nodes, setup) if (p_div, setup.device_map, setup.pp) == (1, None, 1) else 0
+    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied)
     return Estimate(
         peak=state.best,
         reserved=reserved,
@@ -374,6 +375,22 @@ class _StepWalk:
         return step, owner.first_step(step, transient), step_start
 
 
+def _untied_head(nodes: tuple[Node, ...], setup: Setup) -> int:
+    """Bytes of the output embedding's own weight that building a model with tied embeddings
+    allocates and drops: `PreTrainedModel.__init__` builds lm_head (an nn.Linear allocates its
+    [vocab, hidden] weight on the device) and `post_init` -> `tie_weights` points it at the
+    input embedding's, freeing it. The caching allocator keeps the freed segment (a GPU's
+    allocator history shows the allocation and the free one after the other, after the last
+    layer's weights; compiler/measure/harness.py `_untied_head` traces the same). Only where
+    the whole model is built on each GPU: no sharded parameters, device_map or pipeline stage."""
+    for root in nodes:
+        for n in root.walk():
+            scope = n.inst.scope
+            if n.inst.formula.layer_type == "embedding" and scope.get("shared_weight"):
+                return scope["vocab"] * scope["dim"] * scope["bytes"]["param"]
+    return 0
+
+
 def _workspace_blocks(target) -> tuple[int, ...]:
     """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's."""
     return target.workspace_blocks or (target.workspace,)
@@ -387,13 +404,21 @@ def _defer(events: list, mark: int, names: set[str]) -> None:
 
 
 def _replay(
-    setup: Setup, state: State, resident: list[int], states: list[int], walk_start: int, step_start: int, first_step: list | None = None
+    setup: Setup,
+    state: State,
+    resident: list[int],
+    states: list[int],
+    walk_start: int,
+    step_start: int,
+    first_step: list | None = None,
+    untied: int = 0,
 ) -> tuple[int, OutOfMemory | None]:
     """The caching allocator's reserved bytes over two training steps, and the allocation
     that fails on `setup.gpu` if one does.
 
-    The replay runs what a job allocates in its order: the weights and buffers, the
-    allocations made before the walk (ZeRO-3's gradient partition, DeepSpeed's staging
+    The replay runs what a job allocates in its order: the weights and buffers, with tied
+    embeddings the output embedding's own weight made and dropped (`untied` bytes, see
+    `_untied_head`), the allocations made before the walk (ZeRO-3's gradient partition, DeepSpeed's staging
     buffers), then step 1 (the walk's forward and backward, then its
     step(): `first_step`, the placing walk's order of the masters, the master gradients, the
     states and the temporaries where it knows them, else the states then the steady step's
@@ -421,6 +446,9 @@ def _replay(
         for i, size in enumerate(resident):
             if size:
                 malloc(("weight", i), size)
+        if untied:
+            malloc(("untied output embedding",), untied)
+            free(("untied output embedding",))
         # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has
         # its workspaces from the start, as before any layer runs
         for thread in range(setup.target.gemm_threads):
