@@ -379,7 +379,7 @@ def _instance(
     scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only = _own_scope(
         ex, formula, given, setup, path, batch, seq, trainable, grad_in, reaches_loss, checkpointing, locate, bias_ok, idle
     )
-    bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    bound = {name: tensors.get(name) or f"{path}/{local}" for name, local in _tensor_defaults(ex.memo, formula)}
     parent = _Parent(formula, scope, scope_key, bound, setup, path, template, index, module, requires_grad, reaches_loss, checkpointing, locate, idle, saved)
     return Instance(
         path=path,
@@ -713,6 +713,15 @@ def _with_lora(ex: _Expansion, lora, given: Mapping[str, Any], tensors: Mapping[
     if not lora.dropout > 0 and "input" in tensors:
         out["lora_input"] = tensors["input"]
     return ex.library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
+
+
+def _tensor_defaults(memo: dict, formula: Formula) -> tuple[tuple[str, str], ...]:
+    """(name, local name when unbound) of each tensor input of `formula`, in its order."""
+    key = ("tensors", id(formula))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (formula, tuple((i.name, i.default or i.name) for i in formula.inputs if i.type == "tensor"))
+    return hit[1]
 
 
 def _tensor_inputs(formula: Formula) -> frozenset[str]:
