@@ -223,7 +223,8 @@ class Zero3Walk(DeepSpeedWalk):
         # NB: a config's data_types.grad_accum_dtype is not read.
         self.grads_resident = not _offloaded(setup) and step.trainable > 0
         self.ipg = _IpgBucket(setup)
-        self.gathering = self.shards()[0] > 1 or _params_offloaded(setup)
+        self.p_div = self.shards()[0]  # NB: the setup's, fixed through the walk (while_running reads it per layer)
+        self.gathering = self.p_div > 1 or _params_offloaded(setup)
         # ZeRO-3's reuse: a layer used again within stage3_max_reuse_distance elements stays gathered
         trace = _zero3_trace(step.nodes, setup) if self.gathering else []
         self.keep_after = _reuse_kept(trace, setup.deepspeed.max_reuse_distance) if self.gathering else ()
@@ -246,7 +247,7 @@ class Zero3Walk(DeepSpeedWalk):
         NB: a ModulesToSaveWrapper's original_module never runs: nothing is gathered."""
         if node.children or not self.gathering or node.inst.idle:
             return 0
-        setup, p_div = self.setup, self.shards()[0]
+        setup, p_div = self.setup, self.p_div
         sizes = self.gathered.get(id(node))
         if sizes is None:
             # NB: with offload_param the all-gather's input is a GPU copy of the host partition
