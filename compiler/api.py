@@ -116,20 +116,26 @@ def experiment_spec(doc: Document, base: Path) -> Spec:
     return load_spec(display(spec_path))
 
 
-def layers(spec: Spec, setup: Setup, formulas: Library | None = None) -> tuple[Node, ...]:
+def layers(spec: Spec, setup: Setup, formulas: Library | None = None, reuse: dict | None = None) -> tuple[Node, ...]:
     """Stages expand -> evaluate: the evaluated layer tree, without the step's simulation
-    (what the image tokens of a sample or a parameter count need)."""
+    (what the image tokens of a sample or a parameter count need). `reuse`: a dict kept
+    across the runs of one spec and library, where each module's layers made before from the
+    same inputs are taken again (expand.expand)."""
     lib = formulas or spec_library(spec)
-    return evaluate(expand(spec, setup, lib), setup.optimizer, setup.state_bytes, setup.master_bytes)
+    return evaluate(expand(spec, setup, lib, reuse), setup.optimizer, setup.state_bytes, setup.master_bytes, reuse)
 
 
-def run(spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True, nodes: tuple[Node, ...] | None = None) -> Report:
+def run(
+    spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True, nodes: tuple[Node, ...] | None = None, reuse: dict | None = None
+) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak); `nodes`, the layers of an earlier run of
     `spec` whose setup differs from this one only where expand and evaluate do not read it
-    (the data-parallel degree), are simulated again as they are (a search's)."""
+    (the data-parallel degree), are simulated again as they are (a search's); `reuse`, as
+    `layers`' (a search's or a sweep's: a sequence length changes the language model's
+    layers, not the vision tower's)."""
     if nodes is None:
-        nodes = layers(spec, setup, formulas)
+        nodes = layers(spec, setup, formulas, reuse)
         _reconcile(spec, nodes, setup)
     rows = layer_table(nodes) if table else ()
     est = simulate(nodes, setup)

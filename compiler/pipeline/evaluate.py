@@ -106,13 +106,27 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     return hit
 
 
-def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0, master_bytes: int = 0) -> tuple[Node, ...]:
+def evaluate(
+    roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0, master_bytes: int = 0, reuse: dict | None = None
+) -> tuple[Node, ...]:
     """`optimizer` (with one state element's bytes and the master copy's) replaces the formulas' element-wise
     `bytes.optim` by the optimizer's own states where they are not element-wise (Adafactor's
-    factored moments, bitsandbytes' 8-bit blocks)."""
+    factored moments, bitsandbytes' 8-bit blocks). `reuse`: as `expand`'s, where a root
+    evaluated before (the same object, from expand's reuse) with the same optimizer states is
+    taken again."""
     memo: dict = {}
     states = None if optimizer is None or optimizers.is_elementwise(optimizer) else (optimizer, state_bytes, master_bytes)
-    return tuple(_node(r, memo, states) for r in roots)
+    if reuse is None:
+        return tuple(_node(r, memo, states) for r in roots)
+    out = []
+    for r in roots:
+        entries = reuse.setdefault(("node", id(r)), [])
+        node = next((n for root, held, n in entries if root is r and held == states), None)
+        if node is None:
+            node = _node(r, memo, states)
+            entries.append((r, states, node))  # NB: the root rides along, so that its id stays its own
+        out.append(node)
+    return tuple(out)
 
 
 def trained(inst: Instance, tensors: tuple, shapes: tuple, names: tuple) -> tuple[tuple, tuple]:
