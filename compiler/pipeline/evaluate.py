@@ -60,14 +60,17 @@ class Node:
     children: tuple["Node", ...]
 
     def walk(self) -> tuple["Node", ...]:
-        """This node and its descendants in forward order (computed once: the simulator
-        and the table walk the tree many times)."""
-        return self._flat
+        """This node and its descendants in forward order (the descendants computed once: the
+        simulator and the table walk the tree many times)."""
+        return (self,) + self._below
 
     @cached_property
-    def _flat(self) -> tuple["Node", ...]:
+    def _below(self) -> tuple["Node", ...]:
+        """The descendants in forward order. NB: not the node itself, which would make every
+        tree a reference cycle, freed only by the garbage collector (a search makes and drops
+        a tree per estimate)."""
         out: list[Node] = []
-        stack: list[Node] = [self]
+        stack: list[Node] = list(reversed(self.children))
         while stack:
             n = stack.pop()
             out.append(n)
