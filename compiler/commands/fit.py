@@ -194,5 +194,5 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
         at = 1 if micro.value is None else setup.micro_batch
         # NB: a margin from the catalog is the kind of step's: each lever's own
         own = margin.source.startswith("specs/gpus.yaml")
-        found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve)
+        found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve, reuse)
     return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)
