@@ -244,3 +244,31 @@ def test_fit_on_the_measured_boundary_answers_a_micro_batch_that_ran(experiment,
         ("specs/experiments/llava-1.5-7b-lora.yaml", 29),
         ("specs/experiments/qwen2.5-0.5b-full-h200.yaml", 15),
     }
+
+
+def test_a_search_takes_again_only_the_layers_made_from_the_same_inputs():
+    """A search or a sweep keeps each module's layers in `reuse` and takes them again where
+    the module's inputs are the same: every run gets what expanding and evaluating afresh
+    gives, and LLaVA's vision tower is made once per micro-batch (and per checkpointing of
+    its own), whatever the sequence length, the language model's checkpointing or ZeRO."""
+    from compiler.api import layers
+
+    spec, setup = load_inputs(EXPERIMENT, {"dp": 8, "zero": 3})
+    changes = [
+        {},
+        {"seq_len": 1024},
+        {"seq_len": 4096},
+        {"gradient_checkpointing": frozenset()},
+        {"dp": 2, "zero": 2},
+        {"micro_batch": 3},
+        {"micro_batch": 3, "seq_len": 1024},
+        {"gradient_checkpointing": frozenset({"language", "vision"})},
+    ]
+    reuse: dict = {}
+    for change in changes:
+        s = replace(setup, **change)
+        assert layers(spec, s, reuse=reuse) == layers(spec, s), change
+    made = [entry for key, entries in reuse.items() if key[:1] == ("root",) and key[3] == "vision" for entry in entries]
+    assert len(made) == 3  # micro-batch 16, micro-batch 3, and the tower checkpointed
+    # each change but dp and ZeRO's and the vision tower's checkpointing: 8 - 2
+    assert len([key for key in reuse if key[:1] == ("root",) and key[3] == "language"]) == 6

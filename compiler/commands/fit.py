@@ -61,9 +61,10 @@ class FitReport:
 class _Probe:
     """device figure of the setup with one knob changed, memoised."""
 
-    def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int, nodes: tuple[Node, ...] | None = None):
+    def __init__(self, spec: Spec, change: Callable[[int], Setup], budget: int, nodes: tuple[Node, ...] | None = None, reuse: dict | None = None):
         self.spec, self.change, self.budget = spec, change, budget
         self.nodes = nodes  # the layers, when the knob is one that expand and evaluate do not read
+        self.reuse = reuse  # the search's modules already expanded and evaluated (api.run)
         self.device: dict[int, int] = {}
         self.oom: set[int] = set()  # values whose replay ran out of the GPU's memory
         self.runs = 0  # estimates made (the setup's own figure is given, not made)
@@ -76,7 +77,7 @@ class _Probe:
 
     def fits(self, x: int) -> bool:
         if x not in self.device:
-            self.know(x, run(self.spec, self.change(x), table=False, nodes=self.nodes))
+            self.know(x, run(self.spec, self.change(x), table=False, nodes=self.nodes, reuse=self.reuse))
             self.runs += 1
         return self.device[x] <= self.budget and x not in self.oom
 
@@ -166,9 +167,12 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
     margin = margin or setup.margin or gpu_catalog()[1].margin
     budget = margin.budget(gpu.memory)
     setup = replace(setup, gpu=gpu, target=gpu)
-    base = run(spec, setup)
-    probe_b = _Probe(spec, lambda b: replace(setup, micro_batch=b), budget)
-    probe_s = _Probe(spec, lambda s: replace(setup, seq_len=s), budget)
+    # NB: a module whose inputs a probe leaves as they were (a vision tower at another sequence
+    # length) is expanded and evaluated once for the whole search
+    reuse: dict = {}
+    base = run(spec, setup, reuse=reuse)
+    probe_b = _Probe(spec, lambda b: replace(setup, micro_batch=b), budget, reuse=reuse)
+    probe_s = _Probe(spec, lambda s: replace(setup, seq_len=s), budget, reuse=reuse)
     # NB: the image tokens at the experiment's image size (tiles, native resolution), not the
     # spec's default size: a shorter sequence cannot hold the images (E723)
     min_seq = (image_tokens_per_sample(base.nodes) or 0) + 1
@@ -190,5 +194,5 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
         at = 1 if micro.value is None else setup.micro_batch
         # NB: a margin from the catalog is the kind of step's: each lever's own
         own = margin.source.startswith("specs/gpus.yaml")
-        found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve)
+        found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve, reuse)
     return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)

@@ -97,17 +97,18 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     return out
 
 
-def levers(spec: Spec, setup: Setup, budget: int | None, resolve: Callable[[Mapping[str, Any]], Setup]) -> tuple[Lever, ...]:
+def levers(spec: Spec, setup: Setup, budget: int | None, resolve: Callable[[Mapping[str, Any]], Setup], reuse: dict | None = None) -> tuple[Lever, ...]:
     """Each lever alone on `setup` (its micro-batch and sequence), as in the module docstring.
     `budget` None: each lever's setup within the GPU's memory less its own catalog margin
-    (turning checkpointing on changes the margin, specs/gpus.yaml device.margin_pct)."""
+    (turning checkpointing on changes the margin, specs/gpus.yaml device.margin_pct).
+    `reuse`: the search's layers made so far (api.run; more GPUs or a ZeRO stage change none)."""
     out = []
     for name, tries in candidates(spec, setup):
         found = None
         for flags, change in tries:
             try:
                 changed = resolve({**change, "micro_batch": setup.micro_batch, "seq_len": setup.seq_len})
-                report = run(spec, replace(changed, gpu=setup.gpu, target=setup.target), table=False)
+                report = run(spec, replace(changed, gpu=setup.gpu, target=setup.target), table=False, reuse=reuse)
             except MemspecError:
                 continue  # NB: a lever this setup refuses (activation offloading, FSDP, tp) is no lever
             found = Lever(name, flags, report.device, within(report, report.budget if budget is None else budget))

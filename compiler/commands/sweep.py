@@ -247,6 +247,7 @@ def sweep(
     setups = resolve_points(spec, doc, base, points)
     lib = spec_library(spec)
     rows = []
+    reuse: dict = {}  # each module's layers, expanded and evaluated once per distinct input (api.run)
     first: dict[tuple, Row] = {}  # the first row of each point less its dp
     for i, (point, setup) in enumerate(zip(points, setups)):
         if progress is not None:
@@ -256,7 +257,7 @@ def sweep(
         key = tuple((k, repr(v)) for k, v in point.items() if k != "dp")
         seen = first.get(key)
         nodes = seen.report.nodes if seen is not None and replace(seen.report.setup, dp=setup.dp) == setup else None
-        rows.append(Row(point, run(spec, setup, lib, table=False, nodes=nodes)))
+        rows.append(Row(point, run(spec, setup, lib, table=False, nodes=nodes, reuse=reuse)))
         first.setdefault(key, rows[-1])
     if progress is not None:
         progress(len(points), len(points), {})

@@ -533,13 +533,16 @@ class Allocator:
         configuration (no rounding divisions, max split size nor expandable segments):
         tests/test_allocator_fast.py holds it equal to the general path."""
         live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
+        # NB: the counters live in locals through the loop, written back before anything
+        # that reads them (the general path, a new segment, a probe that needs one) and at the end
+        allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
         for key, nbytes in events:
             if nbytes is None:  # free_block, try_merge_blocks
                 block = live.pop(key, None)
                 if block is None:
                     continue
                 block.allocated = False
-                self.allocated -= block.size
+                allocated -= block.size
                 pool = block.pool
                 order, free = pool.order, pool.free
                 before, after = block.prev, block.next
@@ -560,38 +563,68 @@ class Allocator:
                     if pool.tail is after:
                         pool.tail = block
                     block.size += after.size
-                block.freed_at = self.mallocs
+                block.freed_at = mallocs
                 _insort(order, block.size << _PTR_BITS | block.ptr)
                 free[block.ptr] = block
                 continue
             if key is probe_key:
+                if plain:
+                    # NB: `probe` when a cached block fits: taken and put back unchanged (its
+                    # entry last in the pool's dict again, where garbage collection reads it)
+                    size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+                    pool = small_pool if size <= SMALL_SIZE else large_pool
+                    order = pool.order
+                    i = _bisect_left(order, size << _PTR_BITS)
+                    if i < len(order):
+                        free, ptr = pool.free, order[i] & _PTR_MASK
+                        free[ptr] = free.pop(ptr)
+                        mallocs += 1
+                        continue
+                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self.probe(nbytes)
+                allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
                 continue
             if key in live:
                 continue
             made.append(key)
             if not plain:
+                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self._malloc(key, nbytes)
+                allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
                 continue
             size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
             small = size <= SMALL_SIZE
             pool = small_pool if small else large_pool
-            self.mallocs += 1
+            mallocs += 1
             order = pool.order
             i = _bisect_left(order, size << _PTR_BITS)
             if i < len(order):
                 block = pool.free.pop(order[i] & _PTR_MASK)
                 del order[i]
             else:
+                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
             if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
-                self._split_off(block, size, remaining)
+                # _split_off, inlined: the block keeps `size`, the rest stays cached
+                rest = _Block(block.ptr + size, remaining, pool)
+                after = block.next
+                rest.prev, rest.next = block, after
+                if after is not None:
+                    after.prev = rest
+                block.next = rest
+                block.size = size
+                if pool.tail is block:
+                    pool.tail = rest
+                rest.freed_at = mallocs
+                _insort(order, remaining << _PTR_BITS | rest.ptr)
+                pool.free[rest.ptr] = rest
             block.allocated = True
             live[key] = block
-            allocated = self.allocated = self.allocated + block.size
-            if allocated > self.peak_allocated:
-                self.peak_allocated = allocated
+            allocated += block.size
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+        self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
 
     def _split_off(self, block: _Block, size: int, remaining: int) -> None:
         """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached."""

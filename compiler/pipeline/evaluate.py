@@ -60,14 +60,17 @@ class Node:
     children: tuple["Node", ...]
 
     def walk(self) -> tuple["Node", ...]:
-        """This node and its descendants in forward order (computed once: the simulator
-        and the table walk the tree many times)."""
-        return self._flat
+        """This node and its descendants in forward order (the descendants computed once: the
+        simulator and the table walk the tree many times)."""
+        return (self,) + self._below
 
     @cached_property
-    def _flat(self) -> tuple["Node", ...]:
+    def _below(self) -> tuple["Node", ...]:
+        """The descendants in forward order. NB: not the node itself, which would make every
+        tree a reference cycle, freed only by the garbage collector (a search makes and drops
+        a tree per estimate)."""
         out: list[Node] = []
-        stack: list[Node] = [self]
+        stack: list[Node] = list(reversed(self.children))
         while stack:
             n = stack.pop()
             out.append(n)
@@ -106,13 +109,27 @@ def _numbers(formula: Formula, scope: Mapping[str, Any], memo: dict) -> tuple:
     return hit
 
 
-def evaluate(roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0, master_bytes: int = 0) -> tuple[Node, ...]:
+def evaluate(
+    roots: tuple[Instance, ...], optimizer: Optimizer | None = None, state_bytes: int = 0, master_bytes: int = 0, reuse: dict | None = None
+) -> tuple[Node, ...]:
     """`optimizer` (with one state element's bytes and the master copy's) replaces the formulas' element-wise
     `bytes.optim` by the optimizer's own states where they are not element-wise (Adafactor's
-    factored moments, bitsandbytes' 8-bit blocks)."""
+    factored moments, bitsandbytes' 8-bit blocks). `reuse`: as `expand`'s, where a root
+    evaluated before (the same object, from expand's reuse) with the same optimizer states is
+    taken again."""
     memo: dict = {}
     states = None if optimizer is None or optimizers.is_elementwise(optimizer) else (optimizer, state_bytes, master_bytes)
-    return tuple(_node(r, memo, states) for r in roots)
+    if reuse is None:
+        return tuple(_node(r, memo, states) for r in roots)
+    out = []
+    for r in roots:
+        entries = reuse.setdefault(("node", id(r)), [])
+        node = next((n for root, held, n in entries if root is r and held == states), None)
+        if node is None:
+            node = _node(r, memo, states)
+            entries.append((r, states, node))  # NB: the root rides along, so that its id stays its own
+        out.append(node)
+    return tuple(out)
 
 
 def trained(inst: Instance, tensors: tuple, shapes: tuple, names: tuple) -> tuple[tuple, tuple]:
@@ -152,40 +169,57 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         else:
             optim = _optimizer_states(inst, mine, mine_shapes, b, *states)
         factors = (params, grads, optim, *buffers)
-    acts, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
-    name = inst.tensor
-    kept = tuple((name(n), b) for n, b, _ in ckpts) if inst.checkpointed or inst.shard_unit else ()
+    saved_t, held_t, handover_t, pinned_t, cached_t, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
+    bound, local = inst.tensors, inst.path + "/"
+
+    def name(template: str) -> str:  # Instance.tensor
+        return bound[template[1:-1]] if template[:1] == "{" and template[-1:] == "}" else local + template
+
+    kept = tuple([(name(n), b) for n, b in ckpts]) if ckpts and (inst.checkpointed or inst.shard_unit) else ()
     cost = Cost(
         *factors,
         param_shapes=shapes,
-        saved=tuple((name(n), b) for n, b, until in acts if until != "forward"),
-        held=tuple((name(n), b) for n, b, until in acts if until == "forward"),
+        saved=tuple([(name(n), b) for n, b in saved_t]) if saved_t else (),
+        held=tuple([(name(n), b) for n, b in held_t]) if held_t else (),
         checkpoint=kept if inst.checkpointed else (),
         transient_forward=tf,
         transient_backward=tb,
         param_rows=rows,
         unit_input=kept if inst.shard_unit else (),
-        handover=tuple(name(n) for n, _, until in acts if until == "gradient"),
-        pinned=tuple(name(n) for n, _, until in acts if until == "step"),
-        cached=tuple((name(n), b) for n, b, until in acts if until == "cached"),
+        handover=tuple([name(n) for n in handover_t]) if handover_t else (),
+        pinned=tuple([name(n) for n in pinned_t]) if pinned_t else (),
+        cached=tuple([(name(n), b) for n, b in cached_t]) if cached_t else (),
         param_names=names,
-        allocations_forward=tuple((op, name(n) if op == "saved" else n, size) for op, n, size in forward),
-        allocations_backward=tuple((op, name(n) if op == "saved" else n, size) for op, n, size in backward),
+        allocations_forward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in forward]) if forward else (),
+        allocations_backward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in backward]) if backward else (),
     )
-    return Node(inst, cost, tuple(_node(c, memo, states) for c in inst.children))
+    children = inst.children
+    return Node(inst, cost, tuple([_node(c, memo, states) for c in children]) if children else ())
 
 
 def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...], ckpt: tuple[int, ...], order: Mapping, memo: dict) -> tuple:
     """A formula's saved tensors, checkpoint tensors and allocation orders in one scope, with
-    their bytes and the names as the formula writes them (each instance binds its own):
-    (name, bytes, until) of each activation and checkpoint tensor with bytes, and each
-    order's entries (`_order`). Computed once per scope, as `_numbers` is."""
+    their bytes and the names as the formula writes them (each instance binds its own): the
+    (name, bytes) of the activations with bytes kept for backward (every `until` but
+    forward), of those held until the forward ends (`until: forward`), the names handed over
+    as gradients (`until: gradient`) and pinned (`until: step`), the (name, bytes) of the
+    cast-cached ones (`until: cached`) and of the checkpoint tensors, and each order's entries
+    (`_order`). Computed once per scope, as `_numbers` is."""
     key = ("unbound", id(formula), id(scope))
     hit = memo.get(key)
     if hit is None:
         acts = tuple((s.tensor, b, s.until) for s, b in zip(formula.activations, saved) if b)
-        ckpts = tuple((s.tensor, b, None) for s, b in zip(formula.checkpoint, ckpt) if b)
-        hit = memo[key] = (acts, ckpts, _order(order.get("forward", ()), formula, saved), _order(order.get("backward", ()), formula, saved))
+        ckpts = tuple((s.tensor, b) for s, b in zip(formula.checkpoint, ckpt) if b)
+        hit = memo[key] = (
+            tuple((n, b) for n, b, until in acts if until != "forward"),
+            tuple((n, b) for n, b, until in acts if until == "forward"),
+            tuple(n for n, _, until in acts if until == "gradient"),
+            tuple(n for n, _, until in acts if until == "step"),
+            tuple((n, b) for n, b, until in acts if until == "cached"),
+            ckpts,
+            _order(order.get("forward", ()), formula, saved),
+            _order(order.get("backward", ()), formula, saved),
+        )
     return hit
 
 

@@ -28,7 +28,7 @@ one name, and repeated instances never do unless the parent passes the same tens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import Diagnostic, MemspecError, UsageError
@@ -132,12 +132,16 @@ def experiment_scope(setup: Setup) -> dict[str, int]:
     }
 
 
-def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
+def expand(spec: Spec, setup: Setup, library: Library, reuse: dict | None = None) -> tuple[Instance, ...]:
+    """`reuse`: a dict the caller keeps across the expansions of one spec and library (a
+    search's or a sweep's), where a module's root made before is taken again when its inputs
+    are the same (`_reused_root`)."""
     ex = _Expansion(library, roots={m.name: m.type for m in spec.modules})
     problems: list[Diagnostic] = []
     roots = []
     grad = False
     experiment = experiment_scope(setup)
+    unread = None if reuse is None else replace(setup, **UNREAD)
     for m in spec.modules:
         if m.type not in library:
             problems.append(_unknown_type(spec, m, library))
@@ -146,7 +150,10 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
         batch = integer(m.batch, m.batch(scope))
         seq = integer(m.seq, m.seq(scope))
         try:
-            root = _root(ex, m, setup, batch, seq, grad, _module_locate(spec, m.path))
+            if reuse is None:
+                root = _root(ex, m, setup, batch, seq, grad, _module_locate(spec, m.path))
+            else:
+                root = _reused_root(reuse, (spec, library, m, batch, seq, grad, m.name in setup.gradient_checkpointing, unread), ex, setup)
         except MemspecError as exc:
             problems.extend(exc.diagnostics)
             continue
@@ -172,6 +179,42 @@ def expand(spec: Spec, setup: Setup, library: Library) -> tuple[Instance, ...]:
         # NB: problems only with flags (--lora-modules-to-save) are the command line's: exit 2
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)
     return tuple(roots)
+
+
+# What a module's expansion never reads of a Setup, set to one value in `_reused_root`'s key:
+# seq_len (read through the module's own batch and seq, computed before), the checkpointed
+# modules (read as whether this module is one), and what only the walks and the replay read.
+# NB: a field belongs here only while nothing in this module, peft.py or the formulas' binding
+# reads it (tests/test_fit.py holds an expansion with reuse equal to one without).
+UNREAD: Mapping[str, Any] = {
+    "seq_len": 0,
+    "gradient_checkpointing": frozenset(),
+    "dp": 1,
+    "zero": 0,
+    "deepspeed": None,
+    "gpu": None,
+    "target": None,
+    "margin": None,
+    "alloc_conf": None,
+}
+
+
+def _reused_root(reuse: dict, key: tuple, ex: _Expansion, setup: Setup) -> Instance:
+    """A module's root from `reuse` when made before from the same inputs: the spec, library
+    and module (the same objects), its batch and seq, whether an earlier module's output
+    requires grad, whether it is checkpointed, and the setup with `UNREAD` set; else made and
+    kept there. The modules_to_save names it matched are matched again."""
+    spec, library, m, batch, seq, grad, checkpointing, unread = key
+    entries = reuse.setdefault(("root", id(spec), id(library), m.name, batch, seq, grad, checkpointing), [])
+    for held, root, matched in entries:
+        if held[:3] == (spec, library, m) and held[3] == unread:
+            ex.matched.update(matched)
+            return root
+    before = set(ex.matched)
+    root = _root(ex, m, setup, batch, seq, grad, _module_locate(spec, m.path))
+    # NB: the key's objects ride along, so that the ids in it stay theirs
+    entries.append(((spec, library, m, unread), root, ex.matched - before))
+    return root
 
 
 def _unknown_type(spec: Spec, m: Module, library: Library) -> Diagnostic:
@@ -379,7 +422,7 @@ def _instance(
     scope, scope_key, requires_grad, trainable, grad_in, flat_states, bias_only = _own_scope(
         ex, formula, given, setup, path, batch, seq, trainable, grad_in, reaches_loss, checkpointing, locate, bias_ok, idle
     )
-    bound = {i.name: tensors.get(i.name) or f"{path}/{i.default or i.name}" for i in formula.inputs if i.type == "tensor"}
+    bound = {name: tensors.get(name) or f"{path}/{local}" for name, local in _tensor_defaults(ex.memo, formula)}
     parent = _Parent(formula, scope, scope_key, bound, setup, path, template, index, module, requires_grad, reaches_loss, checkpointing, locate, idle, saved)
     return Instance(
         path=path,
@@ -713,6 +756,15 @@ def _with_lora(ex: _Expansion, lora, given: Mapping[str, Any], tensors: Mapping[
     if not lora.dropout > 0 and "input" in tensors:
         out["lora_input"] = tensors["input"]
     return ex.library["dora_linear" if lora.use_dora else "lora_linear"], hit[1], out
+
+
+def _tensor_defaults(memo: dict, formula: Formula) -> tuple[tuple[str, str], ...]:
+    """(name, local name when unbound) of each tensor input of `formula`, in its order."""
+    key = ("tensors", id(formula))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (formula, tuple((i.name, i.default or i.name) for i in formula.inputs if i.type == "tensor"))
+    return hit[1]
 
 
 def _tensor_inputs(formula: Formula) -> frozenset[str]:

@@ -212,7 +212,7 @@ class State:
         # NB: `pieces`, the leaf's saved tensors where it keeps none (a checkpointing unit's
         # first forward), exist as the tensors they are, each its own allocation, unless the
         # leaf's order makes them
-        pieces = tuple(b for name, b in pieces if name not in temporary)
+        pieces = tuple(b for name, b in pieces if name not in temporary) if pieces else ()
         keys = []
         for m, size in transient.items():
             size -= self.persisted.get(m, 0)
@@ -224,7 +224,10 @@ class State:
                 parts = (size - mine - sum(temporary.values()) - sum(pieces), *pieces)
             else:
                 parts = (size - mine - sum(pieces), *pieces, mine)
-            keys += [(self._new_key("transient", m), b) for b in parts if b > 0]
+            for b in parts:
+                if b > 0:
+                    self.serial += 1  # NB: _new_key, inlined (the replay's hottest producer)
+                    keys.append((("transient", m, self.serial), b))
         if order:
             self.events.extend(keys)
             self._ordered(order, temporary, backward, module)
@@ -233,7 +236,7 @@ class State:
             self.events.append((PROBE, keys[0][1]))
         else:
             self.events.extend(keys)
-            self.events.extend((key, None) for key, _ in keys)
+            self.events.extend([(key, None) for key, _ in keys])
         total = self.level + sum(transient.values())
         self.timeline.append((phase, path, total))
         if self.best is None or total > self.best.total:

@@ -223,14 +223,16 @@ class Zero3Walk(DeepSpeedWalk):
         # NB: a config's data_types.grad_accum_dtype is not read.
         self.grads_resident = not _offloaded(setup) and step.trainable > 0
         self.ipg = _IpgBucket(setup)
-        self.gathering = self.shards()[0] > 1 or _params_offloaded(setup)
+        self.p_div = self.shards()[0]  # NB: the setup's, fixed through the walk (while_running reads it per layer)
+        self.gathering = self.p_div > 1 or _params_offloaded(setup)
         # ZeRO-3's reuse: a layer used again within stage3_max_reuse_distance elements stays gathered
         trace = _zero3_trace(step.nodes, setup) if self.gathering else []
         self.keep_after = _reuse_kept(trace, setup.deepspeed.max_reuse_distance) if self.gathering else ()
         self.kept: dict = {}  # id(node) -> bytes kept gathered since its last use
         self.cursor = 0  # the next trace position
         self.keeping: int | None = None  # bytes the leaf now running stays gathered with after it
-        self.gathered: dict = {}  # id(leaf) -> (bytes its gather adds while it runs, bytes kept after it)
+        # id(leaf), and its parameter tensors' bytes -> (bytes its gather adds while it runs, bytes kept after it)
+        self.gathered: dict = {}
         # _prefetch_bytes, unrolled: the whole prefetch bucket while the gathered elements leave room
         self.full_prefetch = _prefetch_bytes(setup, 0) if self.gathering else 0
         self.room = setup.deepspeed.max_live_parameters - setup.deepspeed.prefetch_bucket if self.gathering else 0
@@ -246,13 +248,18 @@ class Zero3Walk(DeepSpeedWalk):
         NB: a ModulesToSaveWrapper's original_module never runs: nothing is gathered."""
         if node.children or not self.gathering or node.inst.idle:
             return 0
-        setup, p_div = self.setup, self.shards()[0]
+        setup, p_div = self.setup, self.p_div
         sizes = self.gathered.get(id(node))
         if sizes is None:
             # NB: with offload_param the all-gather's input is a GPU copy of the host partition
             # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
-            # while the layer runs (an upper bound: it is freed once the all-gather is issued)
-            sizes = self.gathered[id(node)] = (_gathered_bytes(node.cost, setup, p_div, host_copy=True), _gathered_bytes(node.cost, setup, p_div))
+            # while the layer runs (an upper bound: it is freed once the all-gather is issued).
+            # Layers of the same parameter tensors (the decoder layers) gather the same bytes.
+            tensors = node.cost.param_tensors
+            sizes = self.gathered.get(tensors)
+            if sizes is None:
+                sizes = self.gathered[tensors] = (_gathered_bytes(node.cost, setup, p_div, host_copy=True), _gathered_bytes(node.cost, setup, p_div))
+            self.gathered[id(node)] = sizes
         if node.cost.parameters:
             k = self.cursor
             self.cursor += 1
