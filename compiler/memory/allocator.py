@@ -514,7 +514,7 @@ class Allocator:
             split_max = self.config.max_split_size
             split = (split_max is None or size < split_max) and remaining > SMALL_SIZE
         if split:
-            self._split_off(block, size, remaining)
+            self._split_off(block, size, remaining, self.mallocs)
         return block
 
     # -- free -----------------------------------------------------------------------------
@@ -568,18 +568,9 @@ class Allocator:
                 free[block.ptr] = block
                 continue
             if key is probe_key:
-                if plain:
-                    # NB: `probe` when a cached block fits: taken and put back unchanged (its
-                    # entry last in the pool's dict again, where garbage collection reads it)
-                    size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-                    pool = small_pool if size <= SMALL_SIZE else large_pool
-                    order = pool.order
-                    i = _bisect_left(order, size << _PTR_BITS)
-                    if i < len(order):
-                        free, ptr = pool.free, order[i] & _PTR_MASK
-                        free[ptr] = free.pop(ptr)
-                        mallocs += 1
-                        continue
+                if plain and self._served(nbytes):
+                    mallocs += 1
+                    continue
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self.probe(nbytes)
                 allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
@@ -606,19 +597,7 @@ class Allocator:
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
             if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
-                # _split_off, inlined: the block keeps `size`, the rest stays cached
-                rest = _Block(block.ptr + size, remaining, pool)
-                after = block.next
-                rest.prev, rest.next = block, after
-                if after is not None:
-                    after.prev = rest
-                block.next = rest
-                block.size = size
-                if pool.tail is block:
-                    pool.tail = rest
-                rest.freed_at = mallocs
-                _insort(order, remaining << _PTR_BITS | rest.ptr)
-                pool.free[rest.ptr] = rest
+                self._split_off(block, size, remaining, mallocs)
             block.allocated = True
             live[key] = block
             allocated += block.size
@@ -626,8 +605,23 @@ class Allocator:
                 peak_allocated = allocated
         self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
 
-    def _split_off(self, block: _Block, size: int, remaining: int) -> None:
-        """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached."""
+    def _served(self, nbytes: int) -> bool:
+        """`probe` under the default configuration where a cached block fits: the block is
+        taken and put back unchanged (its entry last in the pool's dict again, where garbage
+        collection reads it). False, changing nothing, where none fits."""
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        pool = self._small if size <= SMALL_SIZE else self._large
+        order = pool.order
+        i = _bisect_left(order, size << _PTR_BITS)
+        if i == len(order):
+            return False
+        free, ptr = pool.free, order[i] & _PTR_MASK
+        free[ptr] = free.pop(ptr)
+        return True
+
+    def _split_off(self, block: _Block, size: int, remaining: int, at: int) -> None:
+        """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached (freed at
+        malloc count `at`)."""
         pool = block.pool
         rest = _Block(block.ptr + size, remaining, pool)
         after = block.next
@@ -638,7 +632,7 @@ class Allocator:
         block.size = size
         if pool.tail is block:
             pool.tail = rest
-        rest.freed_at = self.mallocs
+        rest.freed_at = at
         _insort(pool.order, remaining << _PTR_BITS | rest.ptr)
         pool.free[rest.ptr] = rest
 

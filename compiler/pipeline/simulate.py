@@ -436,26 +436,22 @@ def _replay(
         capacity = setup.gpu.memory - device_overhead(setup)
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
     placed = {e[0] for e in walk if e[0][0] == "workspace"}
+    loaded = [(("weight", i), size) for i, size in enumerate(resident) if size]
+    if untied:
+        loaded += [(("untied output embedding",), untied), (("untied output embedding",), None)]
+    # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has its
+    # workspaces from the start, as before any layer runs
+    threads = range(setup.target.gemm_threads)
+    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(_workspace_blocks(setup.target)) if ("workspace", t, i) not in placed]
+    loaded += state.events[:walk_start]
+    made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
     def run(allocator: Allocator) -> int:
-        live, malloc, free = allocator.live, allocator.malloc, allocator.free
+        live, free = allocator.live, allocator.free
         # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
         # not made again; `made` collects what this step allocated
         play = functools.partial(allocator.play, probe_key=PROBE)
-
-        for i, size in enumerate(resident):
-            if size:
-                malloc(("weight", i), size)
-        if untied:
-            malloc(("untied output embedding",), untied)
-            free(("untied output embedding",))
-        # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has
-        # its workspaces from the start, as before any layer runs
-        for thread in range(setup.target.gemm_threads):
-            for i, size in enumerate(_workspace_blocks(setup.target)):
-                if ("workspace", thread, i) not in placed:
-                    malloc(("workspace", thread, i), size)
-        play(state.events[:walk_start], [])
+        play(loaded, [])
         for number in (1, 2):
             made: list = []
             play(walk, made)
@@ -463,9 +459,7 @@ def _replay(
                 play(first_step, [])  # NB: the states it makes stay
             else:
                 if number == 1:
-                    for i, size in enumerate(states):
-                        if size:
-                            malloc(("state", i), size)
+                    play(made_states, [])
                 play(step, made)
             for key in made:
                 if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
