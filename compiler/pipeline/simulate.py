@@ -418,15 +418,15 @@ def _replay(
 
     The replay runs what a job allocates in its order: the weights and buffers, with tied
     embeddings the output embedding's own weight made and dropped (`untied` bytes, see
-    `_untied_head`), the allocations made before the walk (ZeRO-3's gradient partition, DeepSpeed's staging
-    buffers), then step 1 (the walk's forward and backward, then its
+    `_untied_head`), the allocations made before the walk (ZeRO-3's gradient partition,
+    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, then its
     step(): `first_step`, the placing walk's order of the masters, the master gradients, the
     states and the temporaries where it knows them, else the states then the steady step's
     allocations) and step 2 (the same with the states in place); whatever a step made and
     still holds goes at its end (zero_grad(set_to_none=True)), except each GEMM thread's
     cuBLAS and cuBLASLt workspaces, which the walk makes at the thread's first GEMM and the
-    allocator keeps for good. Step 1's pattern of frees
-    leaves cached blocks that step 2 is served from, which is why two steps are replayed.
+    allocator keeps for good. Step 1's pattern of frees leaves cached blocks that step 2 is
+    served from, which is why two steps are replayed.
     NB: a formula's transient is one allocation (the running layer's, beside the rest of its
     module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
     modelled at that grain.
