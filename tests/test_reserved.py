@@ -108,3 +108,23 @@ def test_workspaces_and_the_incoming_gradient_are_placed_as_on_the_gpu(monkeypat
     assert step1[first - 2 : first + 2] == [("tensor", "language.layers[0]/attn_in"), ("probe",), ("workspace", 0, 0), ("workspace", 0, 1)]
     # -0.36 % (the output embedding's own weight, made and dropped at the build, is cached too)
     assert report.reserved == 6_425_673_728 and record["reserved"] == 6_448_742_400
+
+
+def test_gemm_on_a_composite_is_an_error_naming_the_line(tmp_path, capsys):
+    """`gemm: true` places a thread's workspaces after a leaf's GEMM; on a composite (LoRA's
+    linear, whose base layer and adapters are the leaves) it would mean nothing, so `memspec
+    check` refuses it with the file, the line and what would be right."""
+    import shutil
+
+    from compiler.cli import main
+
+    folder = tmp_path / "formulas"
+    shutil.copytree(ROOT / "formulas", folder)
+    lora = folder / "lora_linear.yaml"
+    lines = lora.read_text().splitlines(keepends=True)
+    lora.write_text("".join(lines[:2] + ["gemm: true\n"] + lines[2:]))
+    assert main(["check", str(lora)]) == 1
+    err = capsys.readouterr()
+    shown = err.out + err.err
+    assert f"{lora}:3:1: E208 $.gemm: gemm on a composite layer type" in shown
+    assert "help: mark the leaf layer types that run the GEMMs (linear) and leave gemm out here" in shown

@@ -375,6 +375,15 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     activations = _compile_saved(data.get("activations"), doc, "$.activations", scope, inputs, problems)
     checkpoint = _compile_saved((data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems)
     children = _compile_children(data.get("children") or (), doc, scope, problems)
+    if data.get("gemm") and children:
+        problems.append(
+            doc.diag(
+                "E208",
+                "$.gemm",
+                "gemm on a composite layer type: the replay places a thread's workspaces at a leaf's GEMM",
+                "mark the leaf layer types that run the GEMMs (linear) and leave gemm out here",
+            )
+        )
     allocations = _compile_allocations(data.get("allocations") or {}, doc, scope, activations, problems)
     examples = tuple(
         Example(e["name"], e.get("inputs") or {}, e.get("context") or {}, e["expect"], child_path("$.examples", i))
