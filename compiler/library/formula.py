@@ -334,6 +334,21 @@ def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, t
     return out
 
 
+def _compile_gemm(data: Mapping[str, Any], composite: bool, doc: Document, problems: list[Diagnostic]) -> bool:
+    """`gemm:`, a leaf's: the replay places a thread's workspaces after a leaf's GEMM, so on a
+    composite it would mean nothing."""
+    if data.get("gemm") and composite:
+        problems.append(
+            doc.diag(
+                "E208",
+                "$.gemm",
+                "gemm on a composite layer type: the replay places a thread's workspaces at a leaf's GEMM",
+                "mark the leaf layer types that run the GEMMs (linear) and leave gemm out here",
+            )
+        )
+    return bool(data.get("gemm", False))
+
+
 def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     data = doc.data
     stem = Path(doc.file).stem
@@ -375,15 +390,6 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
     activations = _compile_saved(data.get("activations"), doc, "$.activations", scope, inputs, problems)
     checkpoint = _compile_saved((data.get("checkpoint") or {}).get("saves"), doc, "$.checkpoint.saves", scope, inputs, problems)
     children = _compile_children(data.get("children") or (), doc, scope, problems)
-    if data.get("gemm") and children:
-        problems.append(
-            doc.diag(
-                "E208",
-                "$.gemm",
-                "gemm on a composite layer type: the replay places a thread's workspaces at a leaf's GEMM",
-                "mark the leaf layer types that run the GEMMs (linear) and leave gemm out here",
-            )
-        )
     allocations = _compile_allocations(data.get("allocations") or {}, doc, scope, activations, problems)
     examples = tuple(
         Example(e["name"], e.get("inputs") or {}, e.get("context") or {}, e["expect"], child_path("$.examples", i))
@@ -401,7 +407,7 @@ def _compile_formula(doc: Document, problems: list[Diagnostic]) -> Formula:
         param_shapes=param_shapes,
         param_names=param_names,
         module_class=data.get("module_class"),
-        gemm=bool(data.get("gemm", False)),
+        gemm=_compile_gemm(data, bool(children), doc, problems),
         buffers=buffers,
         activations=activations,
         transient=transient,
