@@ -85,8 +85,7 @@ def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | No
             gpu_oom = size
             if capacity is not None:
                 try:
-                    model.malloc(OOM, size)
-                    model.free(OOM)
+                    model.probe(size)
                     model_oom = False
                 except OutOfMemoryError:
                     model_oom = True

@@ -534,7 +534,7 @@ class Allocator:
         tests/test_allocator_fast.py holds it equal to the general path."""
         live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
         # NB: the counters live in locals through the loop, written back before anything
-        # that reads them (the general path, a new segment, a probe that needs one) and at the end
+        # that reads them (the general path, a new segment, a probe) and at the end
         allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
         for key, nbytes in events:
             if nbytes is None:  # free_block, try_merge_blocks
@@ -568,9 +568,6 @@ class Allocator:
                 free[block.ptr] = block
                 continue
             if key is probe_key:
-                if plain and self._served(nbytes):
-                    mallocs += 1
-                    continue
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self.probe(nbytes)
                 allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
@@ -604,20 +601,6 @@ class Allocator:
             if allocated > peak_allocated:
                 peak_allocated = allocated
         self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
-
-    def _served(self, nbytes: int) -> bool:
-        """`probe` under the default configuration where a cached block fits: the block is
-        taken and put back unchanged (its entry last in the pool's dict again, where garbage
-        collection reads it). False, changing nothing, where none fits."""
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-        pool = self._small if size <= SMALL_SIZE else self._large
-        order = pool.order
-        i = _bisect_left(order, size << _PTR_BITS)
-        if i == len(order):
-            return False
-        free, ptr = pool.free, order[i] & _PTR_MASK
-        free[ptr] = free.pop(ptr)
-        return True
 
     def _split_off(self, block: _Block, size: int, remaining: int, at: int) -> None:
         """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached (freed at

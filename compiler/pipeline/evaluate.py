@@ -170,11 +170,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
             optim = _optimizer_states(inst, mine, mine_shapes, b, *states)
         factors = (params, grads, optim, *buffers)
     saved_t, held_t, handover_t, pinned_t, cached_t, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
-    bound, local = inst.tensors, inst.path + "/"
-
-    def name(template: str) -> str:  # Instance.tensor
-        return bound[template[1:-1]] if template[:1] == "{" and template[-1:] == "}" else local + template
-
+    name = inst.tensor
     kept = tuple([(name(n), b) for n, b in ckpts]) if ckpts and (inst.checkpointed or inst.shard_unit) else ()
     cost = Cost(
         *factors,

@@ -66,10 +66,11 @@ class Instance:
         return f"{self.path}/{name}"
 
     def tensor(self, template: str) -> str:
-        """Concrete name of a saved-tensor entry: "{input}" or a local name."""
-        if template.startswith("{") and template.endswith("}"):
+        """Concrete name of a saved-tensor entry: "{input}" or a local name (evaluate binds
+        every saved tensor of every instance through it)."""
+        if template[:1] == "{" and template[-1:] == "}":
             return self.tensors[template[1:-1]]
-        return self.local(template)
+        return self.path + "/" + template
 
     def walk(self):
         yield self

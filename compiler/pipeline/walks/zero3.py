@@ -231,7 +231,8 @@ class Zero3Walk(DeepSpeedWalk):
         self.kept: dict = {}  # id(node) -> bytes kept gathered since its last use
         self.cursor = 0  # the next trace position
         self.keeping: int | None = None  # bytes the leaf now running stays gathered with after it
-        # id(leaf), and its parameter tensors' bytes -> (bytes its gather adds while it runs, bytes kept after it)
+        # a leaf's parameter tensors' bytes -> (bytes its gather adds while it runs, bytes kept after
+        # it): the layers of the same parameter tensors (the decoder layers) gather the same bytes
         self.gathered: dict = {}
         # _prefetch_bytes, unrolled: the whole prefetch bucket while the gathered elements leave room
         self.full_prefetch = _prefetch_bytes(setup, 0) if self.gathering else 0
@@ -249,17 +250,13 @@ class Zero3Walk(DeepSpeedWalk):
         if node.children or not self.gathering or node.inst.idle:
             return 0
         setup, p_div = self.setup, self.p_div
-        sizes = self.gathered.get(id(node))
+        tensors = node.cost.param_tensors
+        sizes = self.gathered.get(tensors)
         if sizes is None:
             # NB: with offload_param the all-gather's input is a GPU copy of the host partition
             # (partition_parameters.py, all_gather_coalesced: ds_tensor.to(device)); counted
-            # while the layer runs (an upper bound: it is freed once the all-gather is issued).
-            # Layers of the same parameter tensors (the decoder layers) gather the same bytes.
-            tensors = node.cost.param_tensors
-            sizes = self.gathered.get(tensors)
-            if sizes is None:
-                sizes = self.gathered[tensors] = (_gathered_bytes(node.cost, setup, p_div, host_copy=True), _gathered_bytes(node.cost, setup, p_div))
-            self.gathered[id(node)] = sizes
+            # while the layer runs (an upper bound: it is freed once the all-gather is issued)
+            sizes = self.gathered[tensors] = (_gathered_bytes(node.cost, setup, p_div, host_copy=True), _gathered_bytes(node.cost, setup, p_div))
         if node.cost.parameters:
             k = self.cursor
             self.cursor += 1
