@@ -2717,6 +2717,11 @@ QWEN_7B = {
     "use_logn_attn": True,
     "vocab_size": 151936,
 }
+# Qwen/Qwen-1_8B, reconstructed from the published values (hidden 2048, 16 heads of kv_channels
+# 128, 24 layers, intermediate_size 11008, max_position_embeddings 8192, vocab 151936, no_bias: the
+# sizes mlx-examples' Qwen-1.8B port reads) and the keys every first-generation Qwen config writes
+# as Qwen-7B's; bf16 weights in 2 shards. 1,836,828,672 parameters, the published 1.8B.
+QWEN_1_8B = {**QWEN_7B, "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 24}
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
 CHATGLM3_6B = {
@@ -3960,8 +3965,9 @@ def write_idefics2() -> None:
 
 
 def write_qwen() -> None:
-    """Qwen/Qwen-7B alone (`python tests/hubfixtures.py qwen`)."""
+    """Qwen/Qwen-7B and Qwen/Qwen-1_8B alone (`python tests/hubfixtures.py qwen`)."""
     write_checkpoint(FIXTURES / "Qwen-7B", QWEN_7B, qwen_tensors(QWEN_7B), shards=8)
+    write_checkpoint(FIXTURES / "Qwen-1_8B", QWEN_1_8B, qwen_tensors(QWEN_1_8B), shards=2)
 
 
 def write_all() -> None:

@@ -22,13 +22,14 @@ X = TOKENS * HIDDEN * 2  # one [4096, 4096] bf16 tensor: 33_554_432
 LAYERS = "language.h[0:32]"
 
 
-def test_the_checked_in_spec_is_what_import_writes():
-    written = api.load_spec(SPEC)
-    imported = importer.import_spec(str(hf.FIXTURES / "Qwen-7B")).spec
+@pytest.mark.parametrize(("spec", "fixture", "ff"), [("qwen-7b", "Qwen-7B", 11008), ("qwen-1_8b", "Qwen-1_8B", 5504)])
+def test_the_checked_in_spec_is_what_import_writes(spec, fixture, ff):
+    written = api.load_spec(ROOT / "specs" / "qwen" / f"{spec}.yaml")
+    imported = importer.import_spec(str(hf.FIXTURES / fixture)).spec
     assert hf.modules(written) == hf.modules(imported)
     language = written.modules[0].inputs
-    # w1 and w2 are intermediate_size // 2 = 22016 // 2 wide; no_bias true
-    assert (language["ff"], language["head_dim"], language["bias"]) == (11008, 128, False)
+    # w1 and w2 are intermediate_size // 2 wide (22016 // 2, 11008 // 2); no_bias true
+    assert (language["ff"], language["head_dim"], language["bias"]) == (ff, 128, False)
     assert written.attention == ("flash_attention_2", "sdpa")
 
 
