@@ -1032,6 +1032,28 @@ def chatglm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     return out
 
 
+def qwen_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """The first-generation Qwen checkpoints (remote code QWenLMHeadModel): transformer.wte, per layer
+    ln_1, one attn.c_attn of 3 x kv_channels x heads rows with bias, attn.c_proj, ln_2, mlp.w1 and
+    mlp.w2 of intermediate_size // 2 rows each and mlp.c_proj; transformer.ln_f and an untied lm_head."""
+    h, nh, kv, ff, v = c["hidden_size"], c["num_attention_heads"], c["kv_channels"], c["intermediate_size"] // 2, c["vocab_size"]
+    out = [("transformer.wte.weight", dtype, [v, h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"transformer.h.{i}."
+        out += [
+            (p + "ln_1.weight", dtype, [h]),
+            (p + "attn.c_attn.weight", dtype, [3 * nh * kv, h]),
+            (p + "attn.c_attn.bias", dtype, [3 * nh * kv]),
+            (p + "attn.c_proj.weight", dtype, [nh * kv, h]),
+            (p + "ln_2.weight", dtype, [h]),
+            (p + "mlp.w1.weight", dtype, [ff, h]),
+            (p + "mlp.w2.weight", dtype, [ff, h]),
+            (p + "mlp.c_proj.weight", dtype, [h, ff]),
+        ]
+    out += [("transformer.ln_f.weight", dtype, [h]), ("lm_head.weight", dtype, [v, h])]
+    return out
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
@@ -2661,6 +2683,45 @@ GLM_4_9B_0414 = {
     "use_cache": True,
     "vocab_size": 151552,
 }
+# Qwen/Qwen-7B (remote code, model_type "qwen"), config.json as of the repo's main (the 8K-context
+# release of 2023-09; bf16 weights in 8 shards, total_size 15_442_649_088 in its index).
+QWEN_7B = {
+    "architectures": ["QWenLMHeadModel"],
+    "auto_map": {"AutoConfig": "configuration_qwen.QWenConfig", "AutoModelForCausalLM": "modeling_qwen.QWenLMHeadModel"},
+    "attn_dropout_prob": 0.0,
+    "bf16": False,
+    "emb_dropout_prob": 0.0,
+    "fp16": False,
+    "fp32": False,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "initializer_range": 0.02,
+    "kv_channels": 128,
+    "layer_norm_epsilon": 1e-06,
+    "max_position_embeddings": 32768,
+    "model_type": "qwen",
+    "no_bias": True,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "onnx_safe": None,
+    "rotary_emb_base": 10000,
+    "rotary_pct": 1.0,
+    "scale_attn_weights": True,
+    "seq_length": 8192,
+    "tie_word_embeddings": False,
+    "tokenizer_class": "QWenTokenizer",
+    "transformers_version": "4.32.0",
+    "use_cache": True,
+    "use_dynamic_ntk": True,
+    "use_flash_attn": "auto",
+    "use_logn_attn": True,
+    "vocab_size": 151936,
+}
+# Qwen/Qwen-1_8B, reconstructed from the published values (hidden 2048, 16 heads of kv_channels
+# 128, 24 layers, intermediate_size 11008, max_position_embeddings 8192, vocab 151936, no_bias: the
+# sizes mlx-examples' Qwen-1.8B port reads) and the keys every first-generation Qwen config writes
+# as Qwen-7B's; bf16 weights in 2 shards. 1,836,828,672 parameters, the published 1.8B.
+QWEN_1_8B = {**QWEN_7B, "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 24}
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
 CHATGLM3_6B = {
@@ -3903,6 +3964,12 @@ def write_idefics2() -> None:
     write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7, processor=IDEFICS2_PROCESSOR)
 
 
+def write_qwen() -> None:
+    """Qwen/Qwen-7B and Qwen/Qwen-1_8B alone (`python tests/hubfixtures.py qwen`)."""
+    write_checkpoint(FIXTURES / "Qwen-7B", QWEN_7B, qwen_tensors(QWEN_7B), shards=8)
+    write_checkpoint(FIXTURES / "Qwen-1_8B", QWEN_1_8B, qwen_tensors(QWEN_1_8B), shards=2)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -3979,6 +4046,7 @@ def write_all() -> None:
     write_idefics2()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
+    write_qwen()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4045,6 +4113,8 @@ if __name__ == "__main__":
         write_ovis2()
     elif sys.argv[1:] == ["idefics2"]:
         write_idefics2()
+    elif sys.argv[1:] == ["qwen"]:
+        write_qwen()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

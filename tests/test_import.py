@@ -196,6 +196,15 @@ def _error(fn, *args, **kwargs) -> str:
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B
         ("internlm2_5-7b-chat", {"language": 7_737_708_544}),
+        # Qwen-7B (qwen, remote code): 32 * 202_395_648 layers (c_attn 3 * 4096 = 12288 x 4096
+        # + 12288 = 50_343_936, attn.c_proj 4096^2, w1, w2 (22016 // 2 = 11008 rows each) and
+        # mlp.c_proj 3 * 4096 * 11008, ln_1, ln_2 2 * 4096) + wte and lm_head 2 * 151936 * 4096
+        # = 1_244_659_712 + ln_f 4096 = 7_721_324_544, the hub's count (index total_size 15_442_649_088 B in bf16)
+        ("Qwen-7B", {"language": 7_721_324_544}),
+        # Qwen-1_8B: 24 * 50_604_032 layers (c_attn 6144 x 2048 + 6144 = 12_589_056, attn.c_proj
+        # 2048^2, w1, w2 (11008 // 2 = 5504 rows each) and mlp.c_proj 3 * 2048 * 5504, ln_1, ln_2
+        # 2 * 2048) + wte and lm_head 2 * 151936 * 2048 = 622_329_856 + ln_f 2048 = 1_836_828_672, the published 1.8B
+        ("Qwen-1_8B", {"language": 1_836_828_672}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
