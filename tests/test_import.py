@@ -1134,3 +1134,21 @@ def test_smolvlm2_imports_with_the_idefics3_family_and_says_video_is_not_modelle
     # 768 x 1024: longest edge to 2048, 3 x 4 tiles of 512 + the global one, (512 // 16)^2 // 4^2 = 64 tokens each
     assert smol2.data["modules"]["language"]["inputs"]["image_tokens"] == 64
     assert "video" not in importer.import_spec(str(FIX / "SmolVLM-Instruct")).data["summary"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "context", "key"),
+    [
+        ("Qwen-7B", 8192, "seq_length"),  # max_position_embeddings 32768: dynamic NTK at inference only
+        ("chatglm3-6b", 8192, "seq_length"),  # no max_position_embeddings
+        ("bloomz-7b1", 2048, "seq_length"),  # ALiBi: no position table, the trained context
+        ("Llama-2-7b-hf", 4096, "max_position_embeddings"),
+        ("llava-1.5-7b-hf", 4096, "max_position_embeddings"),  # text_config's
+    ],
+)
+def test_context_length_is_the_trained_context(fixture, context, key):
+    """fit proposes sequences up to the spec's context_length: a config's seq_length (the
+    trained context) where it has one, else max_position_embeddings."""
+    config = json.loads((hf.FIXTURES / fixture / "config.json").read_text())
+    assert importer.context_length(config) == (context, key)
+    assert importer.import_spec(str(hf.FIXTURES / fixture)).spec.context_length == context

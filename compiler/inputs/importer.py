@@ -219,12 +219,16 @@ def trainer_hidden_size(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def context_length(config: Mapping[str, Any]) -> int | None:
-    """max_position_embeddings of the language model: the top level, text_config (VLMs in
-    transformers) or llm_config (InternVL's remote code); None when the config has none."""
-    for c in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
-        if isinstance(c.get("max_position_embeddings"), int) and not isinstance(c["max_position_embeddings"], bool):
-            return c["max_position_embeddings"]
+def context_length(config: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The language model's context and the key that gave it: `seq_length` where the config
+    has one (the trained context of Qwen, ChatGLM and BLOOM; Qwen's max_position_embeddings,
+    4 x seq_length, is reached by dynamic NTK at inference only), else max_position_embeddings;
+    at the top level, in text_config (VLMs in transformers) or llm_config (InternVL's remote
+    code); None when the config has neither."""
+    for key in ("seq_length", "max_position_embeddings"):
+        for c in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+            if isinstance(c.get(key), int) and not isinstance(c[key], bool):
+                return c[key], key
     return None
 
 
@@ -260,7 +264,7 @@ def _spec_data(
         "summary": " ".join(family.summary.render({**scope, "repo": ckpt.source}).split()),
         "source": source,
         **({"hidden_size": hidden} if (hidden := trainer_hidden_size(ckpt.config)) else {}),
-        **({"context_length": n} if (n := context_length(ckpt.config)) else {}),
+        **({"context_length": n[0]} if (n := context_length(ckpt.config)) else {}),
         **_anyres_data(ckpt, family, scope),
         **(
             {
@@ -364,7 +368,9 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
     if "hidden_size" in data:
         lines.append(_commented(f"hidden_size: {data['hidden_size']}", 'what HF Trainer\'s DeepSpeed "auto" bucket sizes use'))
     if "context_length" in data:
-        lines.append(_commented(f"context_length: {data['context_length']}", "config.json max_position_embeddings: the longest sequence fit proposes"))
+        lines.append(
+            _commented(f"context_length: {data['context_length']}", f"config.json {context_length(ckpt.config)[1]}: the longest sequence fit proposes")
+        )
     if "anyres" in data:
         a = data["anyres"]
         lines.append(
