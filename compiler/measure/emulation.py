@@ -51,6 +51,14 @@ FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
 MASKED_SELECT_SCRATCH = "masked-scatter-backward-nonzero-indices"
 CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
+# The replay's rules from GPU allocator histories (docs/measuring.md): cudaMalloc gives each new
+# large segment an address below the others (compiler.memory.allocator), each thread's
+# workspaces are made at its first GEMM, and the tied output embedding's own weight is made and
+# dropped at the build. A record whose list lacks them predates them: its reserved was replayed
+# without them (allocated is the same either way).
+SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
+WORKSPACE_AT_FIRST_GEMM = "cublas-workspace-at-first-gemm"
+TIED_HEAD_AT_BUILD = "tied-output-embedding-made-at-build"
 SOFTMAX_BACKWARD_SCRATCH = "softmax-backward-grad-times-output"
 HOST_VALUES = "host-read-inputs-keep-values"
 # Elements up to which FakeTensorMode keeps a tensor computed from constants as a constant

@@ -457,7 +457,11 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
             emulation.MASKED_SELECT_SCRATCH,
             emulation.CUBLAS_WORKSPACE,
             emulation.SOFTMAX_BACKWARD_SCRATCH,
+            emulation.SEGMENTS_DESCENDING,
         ]
+        # NB: a model split by device_map makes each GPU's workspaces at the phase start and
+        # builds no untied head in the replay (`_tracer`)
+        + ([] if exp.get("device_map") else [emulation.WORKSPACE_AT_FIRST_GEMM, emulation.TIED_HEAD_AT_BUILD])
     )
 
 
