@@ -196,6 +196,11 @@ def _error(fn, *args, **kwargs) -> str:
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B
         ("internlm2_5-7b-chat", {"language": 7_737_708_544}),
+        # Baichuan2-7B-Base (baichuan, remote code): 32 * 202_383_360 layers (W_pack 3 * 4096 x 4096
+        # = 50_331_648, o_proj 4096^2, gate, up, down 3 * 4096 * 11008 = 135_266_304, input_layernorm,
+        # post_attention_layernorm 2 * 4096) + embed_tokens and lm_head 2 * 125696 * 4096 = 1_029_701_632
+        # + norm 4096 = 7_505_973_248, the published 7.5B (no rotary buffer: inv_freq is a plain attribute)
+        ("Baichuan2-7B-Base", {"language": 7_505_973_248}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
