@@ -2686,13 +2686,29 @@ GLM_4_9B_0414 = {
 # main; the hub ships one pytorch_model.bin (bf16), written here as a safetensors header of the same
 # tensor names and shapes.
 BAICHUAN2_7B_BASE = {
-    "_from_model_config": True, "architectures": ["BaichuanForCausalLM"],
+    "_from_model_config": True,
+    "architectures": ["BaichuanForCausalLM"],
     "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig", "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"},
-    "tokenizer_class": "BaichuanTokenizer", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
-    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096, "model_max_length": 4096,
-    "model_type": "baichuan", "num_attention_heads": 32, "num_hidden_layers": 32, "pad_token_id": 0, "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.29.2", "use_cache": True,
-    "vocab_size": 125696, "z_loss_weight": 0,
+    "tokenizer_class": "BaichuanTokenizer",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_max_length": 4096,
+    "model_type": "baichuan",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.29.2",
+    "use_cache": True,
+    "vocab_size": 125696,
+    "z_loss_weight": 0,
 }
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
