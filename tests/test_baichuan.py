@@ -53,8 +53,9 @@ def test_attention_terms():
     assert rotary0.activations - rotary.activations == B * S * S * 2
     # the fp32 rotary: at k's cat, q's fp32 result, k.float() * cos, k.float(), -x2, the cat: 4.5 fp32 q's
     assert rotary.transient_forward == 4 * 2 * X + X
-    # k's rotary backward: 4.5 fp32 q-sized tensors beside q's and v's pending bf16 gradients
-    assert rotary.transient_backward == 4 * 2 * X + X + 2 * X
+    # k's rotary backward: 4.5 fp32 q-sized tensors beside q's and v's pending bf16 gradients, which
+    # take the place of W_pack's output (qkv_rest, charged until then, freed with the kernel's v)
+    assert rotary.transient_backward == 4 * 2 * X + X
     # the memory-efficient kernel (a float mask rules flash out): q, k, v, out + lse padded to 32 rows
     # (2 * 32 * 2048 * 4) + philox seed and offset (2 * 8); the mask is charged by the rotary's row
     assert rows[LAYERS + ".self_attn.core"].activations == 4 * X + B * 32 * S * 4 + 2 * 8
@@ -69,6 +70,8 @@ def test_norms_save_the_16_bit_input_too():
     # Llama's RMSNorm keeps the fp32 copy, rstd and the cast only: one X less per norm
     llama = {r.path: r for r in api.estimate(str(ROOT / "specs" / "llama" / "llama-2-7b.yaml"), micro_batch=B, seq_len=S).rows}
     assert norm.activations - llama["language.layers[0:32].input_layernorm"].activations == X
+    # backward: three fp32 x and one bf16 x on top of the saved tensors (traced: the final norm's moment)
+    assert norm.transient_backward == 3 * 2 * X + X
 
 
 def test_norm_head_keeps_a_normalised_copy_of_the_head():
@@ -77,8 +80,9 @@ def test_norm_head_keeps_a_normalised_copy_of_the_head():
     assert head.parameters == w
     # x (the final norm's output) + F.normalize(W), which F.linear saves for dX + the row norms [V, 1] twice
     assert head.activations == X + w + 2 * VOCAB * 2
-    # DivBackward0: dWn and the divisor's gradient's four [V, h] temporaries, dX waiting
-    assert head.transient_backward == X + 5 * w
+    # DivBackward0: dWn, the divisor's gradient's four [V, h] temporaries and dX waiting (5 w + X) while
+    # x, the normalised copy and W.grad (charged from the head's backward on) are not: 3 w on top
+    assert head.transient_backward == 3 * w
     lora = {r.path: r for r in api.estimate(str(SPEC), micro_batch=B, seq_len=S, trainable=[], lora={"r": 16, "target_modules": ["W_pack"]}).rows}
     frozen = lora["language.lm_head"]
     # frozen head: the normalised copy is still made and saved for dX (the LoRA'd layers need it)
@@ -94,10 +98,14 @@ def test_loss_in_the_compute_dtype_with_the_z_loss():
     # + the max's indices (int64, 32_768) and maxima (bf16, 8_188 -> 8_192) + total_weight, the loss and
     # its seed gradient, bf16 scalars
     assert loss.activations == shift + 32_768 + 32_768 + 8_192 + 3 * 2
-    # the logits the model returns beside their shifted contiguous copy
-    assert loss.transient_forward == logits + shift
-    # slice_backward's [b, s, V] beside the copy's gradient
-    assert loss.transient_backward == shift + logits
+    # the logits the model returns beside their shifted contiguous copy (a copy at batch 2), the
+    # normalizer [2 * 2047] bf16 (8_188 -> 8_192) and two 0-dim tensors (z_loss, the cross-entropy)
+    assert loss.transient_forward == logits + shift + 8_192 + 2 * 512
+    # nll_loss's and log_softmax's gradients beside the saved log-probabilities
+    assert loss.transient_backward == 2 * shift
+    one = {r.path: r for r in api.estimate(str(SPEC), micro_batch=1, seq_len=S).rows}["language.loss"]
+    # one sample: logits[..., :-1, :] is contiguous already, so .contiguous() copies nothing
+    assert one.transient_forward == S * VOCAB * 2 + 4_096 + 2 * 512
 
 
 def test_checkpointed_layers_keep_the_mask():
