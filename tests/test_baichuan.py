@@ -115,6 +115,16 @@ def test_checkpointed_layers_keep_the_mask():
     assert rows["language.layers[1:32]"].activations == X
 
 
+def test_lora_with_checkpointing_charges_the_embeddings_once():
+    rows = _rows(trainable=[], lora={"r": 16, "target_modules": ["W_pack"]}, gradient_checkpointing=["language"])
+    # peft's input-grad hook makes the frozen embeddings' output require grad; the first
+    # checkpointed layer saves it as its input (with position_ids and the mask), not the embedding too
+    assert rows["language.embed_tokens"].activations == 0
+    assert rows["language.layers[0]"].activations == X + S * 8 + B * S * S * 2
+    # LoRA adapts W_pack by the name the checkpoint and peft's target_modules use
+    assert rows[LAYERS + ".self_attn.W_pack"].type == "lora_linear"
+
+
 def test_a_sequence_past_the_cache_rebuilds_it_in_fp32():
     rows = {r.path: r for r in api.estimate(str(SPEC), micro_batch=1, seq_len=8192).rows}
     assert rows["language.layers[1:32].self_attn.rotary"].buffers == 2 * 8192 * 128 * 4
