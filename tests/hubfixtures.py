@@ -1054,6 +1054,27 @@ def qwen_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]
     return out
 
 
+def baichuan_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Baichuan2-7B (remote code BaichuanForCausalLM): model.embed_tokens, per layer self_attn.W_pack
+    (q, k and v stacked, [3 x hidden, hidden], no bias) and o_proj, mlp.gate_proj / down_proj / up_proj,
+    input_layernorm and post_attention_layernorm; model.norm and lm_head (NormHead's weight). The
+    rotary's inv_freq is a plain attribute, not in the state dict."""
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [
+            (p + "self_attn.W_pack.weight", dtype, [3 * h, h]),
+            (p + "self_attn.o_proj.weight", dtype, [h, h]),
+            (p + "mlp.gate_proj.weight", dtype, [inter, h]),
+            (p + "mlp.down_proj.weight", dtype, [h, inter]),
+            (p + "mlp.up_proj.weight", dtype, [inter, h]),
+            (p + "input_layernorm.weight", dtype, [h]),
+            (p + "post_attention_layernorm.weight", dtype, [h]),
+        ]
+    return out + [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
@@ -2722,6 +2743,34 @@ QWEN_7B = {
 # sizes mlx-examples' Qwen-1.8B port reads) and the keys every first-generation Qwen config writes
 # as Qwen-7B's; bf16 weights in 2 shards. 1,836,828,672 parameters, the published 1.8B.
 QWEN_1_8B = {**QWEN_7B, "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 24}
+# baichuan-inc/Baichuan2-7B-Base (remote code, model_type "baichuan"), config.json as of the repo's
+# main; the hub ships one pytorch_model.bin (bf16), written here as a safetensors header of the same
+# tensor names and shapes.
+BAICHUAN2_7B_BASE = {
+    "_from_model_config": True,
+    "architectures": ["BaichuanForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig", "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"},
+    "tokenizer_class": "BaichuanTokenizer",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_max_length": 4096,
+    "model_type": "baichuan",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.29.2",
+    "use_cache": True,
+    "vocab_size": 125696,
+    "z_loss_weight": 0,
+}
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
 CHATGLM3_6B = {
@@ -4047,6 +4096,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     write_qwen()
+    write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())

@@ -205,6 +205,11 @@ def _error(fn, *args, **kwargs) -> str:
         # 2048^2, w1, w2 (11008 // 2 = 5504 rows each) and mlp.c_proj 3 * 2048 * 5504, ln_1, ln_2
         # 2 * 2048) + wte and lm_head 2 * 151936 * 2048 = 622_329_856 + ln_f 2048 = 1_836_828_672, the published 1.8B
         ("Qwen-1_8B", {"language": 1_836_828_672}),
+        # Baichuan2-7B-Base (baichuan, remote code): 32 * 202_383_360 layers (W_pack 3 * 4096 x 4096
+        # = 50_331_648, o_proj 4096^2, gate, up, down 3 * 4096 * 11008 = 135_266_304, input_layernorm,
+        # post_attention_layernorm 2 * 4096) + embed_tokens and lm_head 2 * 125696 * 4096 = 1_029_701_632
+        # + norm 4096 = 7_505_973_248, the published 7.5B (no rotary buffer: inv_freq is a plain attribute)
+        ("Baichuan2-7B-Base", {"language": 7_505_973_248}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
