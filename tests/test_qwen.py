@@ -92,8 +92,12 @@ def test_loss_over_the_shifted_bf16_logits():
     # shifted slice a view at batch 1; total_weight, the loss and its seed gradient, bf16 scalars
     shifted = -(-(TOKENS - 1) * VOCAB * 2 // 512) * 512
     assert loss.activations == shifted + 3 * 2
-    # the bf16 logits the model returns beside their [:, :-1] contiguous copy: no fp32 copy
-    assert loss.transient_forward == TOKENS * VOCAB * 2 + shifted
+    # the bf16 logits the model returns, no fp32 copy; their [:, :-1] slice is contiguous at batch 1
+    # (a size-1 dimension's stride is not checked), so .contiguous() copies nothing
+    assert loss.transient_forward == TOKENS * VOCAB * 2
+    # two samples: the slice is copied, [2, 4095, 151936] bf16 beside the logits
+    two = _rows("flash_attention_2", micro_batch=2)["language.loss"]
+    assert two.transient_forward == 2 * TOKENS * VOCAB * 2 + -(-2 * (TOKENS - 1) * VOCAB * 2 // 512) * 512
 
 
 def test_lora_on_qwens_own_names():
