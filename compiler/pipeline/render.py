@@ -492,7 +492,7 @@ def fit_text(f) -> str:
         _answer_line(
             f"longest sequence at micro-batch {s.micro_batch}",
             f.seq_len,
-            "the model's context length, max_position_embeddings" if f.context_length and f.seq_len.value == f.context_length else "the search bound",
+            "the model's context length (the spec's context_length)" if f.context_length and f.seq_len.value == f.context_length else "the search bound",
         ),
     ]
     if f.dp is not None:
