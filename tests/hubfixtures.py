@@ -2807,7 +2807,16 @@ QWEN_VL_CHAT = {
     "use_dynamic_ntk": True,
     "use_flash_attn": False,
     "use_logn_attn": True,
-    "visual": {"heads": 16, "image_size": 448, "image_start_id": 151857, "layers": 48, "mlp_ratio": 4.9231, "output_dim": 4096, "patch_size": 14, "width": 1664},
+    "visual": {
+        "heads": 16,
+        "image_size": 448,
+        "image_start_id": 151857,
+        "layers": 48,
+        "mlp_ratio": 4.9231,
+        "output_dim": 4096,
+        "patch_size": 14,
+        "width": 1664,
+    },
     "vocab_size": 151936,
 }
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
