@@ -59,8 +59,8 @@ def test_buffers_have_no_rotary_cache_and_no_logn_tensor():
 
 def test_the_language_attention_is_the_codes_own():
     rows = _rows()
-    # q, k (the rotated ones) and v (c_attn's view) 3 * X, the 0-dim divisor's 512-byte block, the
-    # bf16 probabilities [1, 32, 2048, 2048] (softmax's output, saved once for both users)
+    # torch.matmul's copies of the permuted q, k^T and v 3 * X, the 0-dim divisor's 512-byte block,
+    # the bf16 probabilities [1, 32, 2048, 2048] (softmax's output, saved once for both users)
     assert rows[LAYERS + ".attn.core_vl"].activations == 3 * X + 512 + SCORES
     # the scores beside their quotient, before the probabilities exist
     assert rows[LAYERS + ".attn.core_vl"].transient_forward == SCORES
@@ -68,14 +68,16 @@ def test_the_language_attention_is_the_codes_own():
     assert rows[LAYERS + ".attn.core_vl"].transient_backward == 3 * SCORES + X
     # no flash-attn in this revision: the torch rotary, at k: the rotated q and v's third, four fp32 copies
     assert rows[LAYERS + ".attn.rotary"].transient_forward == 2 * X + 4 * 2 * X
+    # the locals keep c_attn's output and the rotated q and k (the kernel saved copies): 5 X
+    assert rows["language.h[1:32].attn"].transient_forward == 5 * X
 
 
 def test_cos_and_sin_are_one_device_copy_for_every_layer():
     rows = _rows()
-    # q's and k's thirds of c_attn's output (v's view keeps it), every layer; the first layer's
-    # row also carries cos and sin, fp32 [1, 2048, 1, 128] each, charged once
-    assert rows["language.h[0].attn"].activations == 2 * X + 2 * SEQ * 128 * 4
-    assert rows["language.h[1:32].attn"].activations == 2 * X
+    # the first layer's row carries cos and sin, fp32 [1, 2048, 1, 128] each, charged once; c_attn's
+    # output is no saved tensor (the kernel saved copies of q, k and v)
+    assert rows["language.h[0].attn"].activations == 2 * SEQ * 128 * 4
+    assert not rows["language.h[1:32].attn"].activations
 
 
 def test_checkpointed_layers_keep_the_mask_and_the_rope_once():
