@@ -87,8 +87,9 @@ def test_checkpointed_layers_keep_the_mask_and_the_rope_once():
     assert rows["language.h[0]"].activations == X + SEQ * SEQ * 2 + 2 * SEQ * 128 * 4
     assert rows["language.h[1:32]"].activations == X
     # the mask's making: two int64 aranges, the fp32 full, then the bf16 cast beside it (charged
-    # by the layers from their checkpoint on)
-    assert rows["language.mask"].transient_forward == 2 * SEQ * 8 + SEQ * SEQ * 4 + SEQ * SEQ * 2
+    # by the layers from their checkpoint on), beside the held embeddings, ids and features
+    held = X + SEQ * 8 + 256 * HIDDEN * 2 + 5 * 512
+    assert rows["language.mask"].transient_forward == held + 2 * SEQ * 8 + SEQ * SEQ * 4 + SEQ * SEQ * 2
 
 
 def test_the_splice_copies_the_embeddings():
@@ -97,8 +98,10 @@ def test_the_splice_copies_the_embeddings():
     # held through the layers: the token embeddings (inputs_embeds), position_ids [1, 2048] int64,
     # the features and the image-position ids (bos_pos and eos_pos two tensors each, img_pos one)
     held = X + SEQ * 8 + images + 5 * 512
-    # the copy (.clone()) beside what is held
-    assert rows["language.splice"].transient_forward == X + held
+    # the copy (.clone()) beside what is held and the cos / sin copies, fp32 [1, 2048, 1, 128] each
+    assert rows["language.splice"].transient_forward == X + held + 2 * SEQ * 128 * 4
+    # the mask's making (two int64 aranges, the fp32 full and the bool comparison) beside it too
+    assert rows["language.mask"].transient_forward == held + 2 * SEQ * 8 + SEQ * SEQ * 4 + SEQ * SEQ
     # CopySlices: the incoming gradient and its full copy, grad_slice.clone() and copy_'s two
     # gradients, then select_backward's zero-filled features beside their sum
     assert rows["language.splice"].transient_backward == 2 * X + 3 * images + 2 * images
