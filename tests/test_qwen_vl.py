@@ -149,6 +149,11 @@ def test_lora_on_qwen_vls_own_names():
     adapted = sorted(p for p, r in rows.items() if r.type == "lora_linear")
     # attn.c_proj matches the language layers' only (the tower's are out_proj and mlp.c_proj)
     assert adapted == [LAYERS + ".attn.c_attn", LAYERS + ".attn.c_proj", LAYERS + ".mlp.w1", LAYERS + ".mlp.w2"]
+    # enable_input_require_grads (peft, checkpointing) hooks wte only: VisionTransformer is no
+    # PreTrainedModel, so the frozen tower and resampler record nothing
+    assert not any(r.activations for p, r in rows.items() if p.startswith(("vision", "projector")))
+    # wte's output, a leaf that requires grad, kept until backward
+    assert rows["language.wte"].activations == X
 
 
 def test_other_attention_is_refused():
