@@ -1075,6 +1075,57 @@ def baichuan_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return out + [("model.norm.weight", dtype, [h]), ("lm_head.weight", dtype, [c["vocab_size"], h])]
 
 
+def qwen_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Qwen-VL (remote code QWenLMHeadModel with transformer.visual): Qwen-7B's tensors (qwen_tensors)
+    and the VisionTransformer of visual.py under transformer.visual: conv1 without bias, a
+    positional_embedding of 256 rows, ln_pre, per block ln_1, attn.in_proj (3 x width rows, bias),
+    attn.out_proj, ln_2, mlp.c_fc (int(width x mlp_ratio) rows) and mlp.c_proj, then the Resampler
+    attn_pool (query and the frozen 2-D sin-cos pos_embed of 256 x output_dim, kv_proj without bias,
+    torch's nn.MultiheadAttention in_proj_weight / in_proj_bias / out_proj, ln_q, ln_kv), ln_post
+    and the proj matrix."""
+    v = c["visual"]
+    w, out_dim, p, queries = v["width"], v["output_dim"], v["patch_size"], 256
+    mlp = int(w * v["mlp_ratio"])
+    out = qwen_tensors(c, dtype)
+    vp = "transformer.visual."
+    out += [(vp + "conv1.weight", dtype, [w, 3, p, p]), (vp + "positional_embedding", dtype, [queries, w])]
+    out += [(vp + "ln_pre.weight", dtype, [w]), (vp + "ln_pre.bias", dtype, [w])]
+    for i in range(v["layers"]):
+        b = f"{vp}transformer.resblocks.{i}."
+        out += [
+            (b + "ln_1.weight", dtype, [w]),
+            (b + "ln_1.bias", dtype, [w]),
+            (b + "attn.in_proj.weight", dtype, [3 * w, w]),
+            (b + "attn.in_proj.bias", dtype, [3 * w]),
+            (b + "attn.out_proj.weight", dtype, [w, w]),
+            (b + "attn.out_proj.bias", dtype, [w]),
+            (b + "ln_2.weight", dtype, [w]),
+            (b + "ln_2.bias", dtype, [w]),
+            (b + "mlp.c_fc.weight", dtype, [mlp, w]),
+            (b + "mlp.c_fc.bias", dtype, [mlp]),
+            (b + "mlp.c_proj.weight", dtype, [w, mlp]),
+            (b + "mlp.c_proj.bias", dtype, [w]),
+        ]
+    a = vp + "attn_pool."
+    out += [
+        (a + "query", dtype, [queries, out_dim]),
+        (a + "pos_embed", dtype, [queries, out_dim]),
+        (a + "kv_proj.weight", dtype, [out_dim, w]),
+        (a + "attn.in_proj_weight", dtype, [3 * out_dim, out_dim]),
+        (a + "attn.in_proj_bias", dtype, [3 * out_dim]),
+        (a + "attn.out_proj.weight", dtype, [out_dim, out_dim]),
+        (a + "attn.out_proj.bias", dtype, [out_dim]),
+        (a + "ln_q.weight", dtype, [out_dim]),
+        (a + "ln_q.bias", dtype, [out_dim]),
+        (a + "ln_kv.weight", dtype, [out_dim]),
+        (a + "ln_kv.bias", dtype, [out_dim]),
+        (vp + "ln_post.weight", dtype, [out_dim]),
+        (vp + "ln_post.bias", dtype, [out_dim]),
+        (vp + "proj", dtype, [out_dim, out_dim]),
+    ]
+    return out
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
@@ -2771,6 +2822,52 @@ BAICHUAN2_7B_BASE = {
     "vocab_size": 125696,
     "z_loss_weight": 0,
 }
+# Qwen/Qwen-VL-Chat (remote code, model_type "qwen" with a `visual` block), config.json as of the
+# repo's main (2023-08; Qwen/Qwen-VL's is the same); bf16 weights in 10 shards. 9,656,935,168
+# parameters: Qwen-7B's 7,721,324,544 and the visual tower's 1,935,610,624, the published 9.6B.
+QWEN_VL_CHAT = {
+    "architectures": ["QWenLMHeadModel"],
+    "attn_dropout_prob": 0.0,
+    "auto_map": {"AutoConfig": "configuration_qwen.QWenConfig", "AutoModelForCausalLM": "modeling_qwen.QWenLMHeadModel"},
+    "bf16": False,
+    "emb_dropout_prob": 0.0,
+    "fp16": False,
+    "fp32": False,
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 22016,
+    "kv_channels": 128,
+    "layer_norm_epsilon": 1e-06,
+    "max_position_embeddings": 8192,
+    "model_type": "qwen",
+    "no_bias": True,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "onnx_safe": None,
+    "rotary_emb_base": 10000,
+    "rotary_pct": 1.0,
+    "scale_attn_weights": True,
+    "seq_length": 2048,
+    "tie_word_embeddings": False,
+    "tokenizer_type": "QWenTokenizer",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.31.0",
+    "use_cache": True,
+    "use_dynamic_ntk": True,
+    "use_flash_attn": False,
+    "use_logn_attn": True,
+    "visual": {
+        "heads": 16,
+        "image_size": 448,
+        "image_start_id": 151857,
+        "layers": 48,
+        "mlp_ratio": 4.9231,
+        "output_dim": 4096,
+        "patch_size": 14,
+        "width": 1664,
+    },
+    "vocab_size": 151936,
+}
 # THUDM/chatglm3-6b and THUDM/glm-4-9b-chat (remote code, model_type "chatglm"), config.json as
 # of the repos' main (fp16 weights in 7 shards, bf16 in 10); auto_map left out.
 CHATGLM3_6B = {
@@ -4019,6 +4116,11 @@ def write_qwen() -> None:
     write_checkpoint(FIXTURES / "Qwen-1_8B", QWEN_1_8B, qwen_tensors(QWEN_1_8B), shards=2)
 
 
+def write_qwen_vl() -> None:
+    """Qwen/Qwen-VL-Chat alone (`python tests/hubfixtures.py qwen_vl`)."""
+    write_checkpoint(FIXTURES / "Qwen-VL-Chat", QWEN_VL_CHAT, qwen_vl_tensors(QWEN_VL_CHAT), shards=10)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -4097,6 +4199,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     write_qwen()
     write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
+    write_qwen_vl()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4165,6 +4268,8 @@ if __name__ == "__main__":
         write_idefics2()
     elif sys.argv[1:] == ["qwen"]:
         write_qwen()
+    elif sys.argv[1:] == ["qwen_vl"]:
+        write_qwen_vl()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

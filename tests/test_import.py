@@ -210,6 +210,15 @@ def _error(fn, *args, **kwargs) -> str:
         # post_attention_layernorm 2 * 4096) + embed_tokens and lm_head 2 * 125696 * 4096 = 1_029_701_632
         # + norm 4096 = 7_505_973_248, the published 7.5B (no rotary buffer: inv_freq is a plain attribute)
         ("Baichuan2-7B-Base", {"language": 7_505_973_248}),
+        # Qwen-VL-Chat (qwen_vl, remote code): the language model is Qwen-7B's 7_721_324_544; the
+        # tower conv1 1664 * 3 * 14 * 14 = 978_432 + positional_embedding 256 * 1664 = 425_984 + ln_pre
+        # 3328 + 48 * 38_361_728 blocks (ln_1, ln_2 2 * 3328, in_proj 4992 x 1664 + 4992 = 8_311_680,
+        # out_proj 1664^2 + 1664 = 2_770_560, c_fc int(1664 * 4.9231) = 8192 rows: 8192 x 1664 + 8192
+        # = 13_639_680, c_proj 1664 x 8192 + 1664 = 13_633_152) = 1_842_770_688; attn_pool query and
+        # pos_embed 2 * 256 * 4096 + kv_proj 4096 x 1664 = 6_815_744 + in_proj 3 * 4096^2 + 12288
+        # + out_proj 4096^2 + 4096 + ln_q, ln_kv 2 * 8192 = 76_054_528, ln_post 8192, proj 4096^2:
+        # 92_839_936; 9_656_935_168 in all, the published 9.6B
+        ("Qwen-VL-Chat", {"vision": 1_842_770_688, "projector": 92_839_936, "language": 7_721_324_544}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B

@@ -102,8 +102,12 @@ def _compile(name: str, kind: str, library) -> None:
     else:
         spec = api.load_spec(name)
         # NB: the image tokens at the spec's default image size (tiles, native resolution) can
-        # exceed spec.image_tokens; a first expansion with room for any of them counts them
+        # exceed spec.image_tokens; a first expansion with room for any of them counts them. A
+        # model whose formulas splice the features without an image_merge (Qwen-VL's remote
+        # code) takes the spec's own count, as resolve checks it
         _, probe = api.load_inputs(name, {"micro_batch": 1, "seq_len": PROBE_SEQ})
-        need = api.image_tokens_per_sample(api.layers(spec, probe, library)) or 0
+        need = api.image_tokens_per_sample(api.layers(spec, probe, library))
+        if need is None:
+            need = probe.images_per_sample * spec.image_tokens
         _, setup = api.load_inputs(name, {"micro_batch": 1, "seq_len": max(need, 1)})
     api.run(spec, setup, library)

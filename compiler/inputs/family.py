@@ -243,9 +243,12 @@ class Families:
     def get(self, model_type: Any, where: str, config: Mapping[str, Any] | None = None) -> Family:
         """The family for a config.json's model_type; one listed as "model_type/vision_type"
         (LLaVA with a Pixtral tower: "llava/pixtral") wins for a config whose
-        vision_config.model_type is vision_type."""
+        vision_config.model_type is vision_type. A config with a `visual` block and no
+        vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"."""
         vision = (config or {}).get("vision_config")
         vision_type = vision.get("model_type") if isinstance(vision, Mapping) else None
+        if vision is None and isinstance((config or {}).get("visual"), Mapping):
+            vision_type = "visual"
         family = None
         if isinstance(model_type, str) and isinstance(vision_type, str):
             family = self.by_model_type.get(f"{model_type}/{vision_type}")
