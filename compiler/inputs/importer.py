@@ -225,8 +225,9 @@ def context_length(config: Mapping[str, Any]) -> tuple[int, str] | None:
     4 x seq_length, is reached by dynamic NTK at inference only), else max_position_embeddings;
     at the top level, in text_config (VLMs in transformers) or llm_config (InternVL's remote
     code); None when the config has neither."""
+    configs = [c for c in (config, config.get("text_config"), config.get("llm_config")) if isinstance(c, Mapping)]
     for key in ("seq_length", "max_position_embeddings"):
-        for c in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        for c in configs:
             if isinstance(c.get(key), int) and not isinstance(c[key], bool):
                 return c[key], key
     return None
