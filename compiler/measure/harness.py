@@ -37,6 +37,7 @@ import transformers
 from ..memory.allocator import Allocator
 from ..pipeline.vocabulary import release_code
 from . import device_map, emulation, fsdp, tricks
+from .record import SEGMENTS_DESCENDING
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
 from .tracer import (
@@ -457,7 +458,7 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
             emulation.MASKED_SELECT_SCRATCH,
             emulation.CUBLAS_WORKSPACE,
             emulation.SOFTMAX_BACKWARD_SCRATCH,
-            emulation.SEGMENTS_DESCENDING,
+            SEGMENTS_DESCENDING,
         ]
         # NB: a model split by device_map makes each GPU's workspaces at the phase start and
         # builds no untied head in the replay (`_tracer`)

@@ -21,6 +21,17 @@ from typing import Any
 from ..paths import schema_path
 from .experiment import to_record
 
+# The emulation name of the replay rules from GPU allocator histories (emulation.py): a traced
+# record without it was replayed before them, so its reserved is the older replay's
+SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
+
+
+def older_replay(record: dict) -> bool:
+    """A traced record whose reserved was replayed before the rules of the GPU allocator
+    histories (its `emulation` lacks them); a GPU's own record never is."""
+    return bool(record.get("emulation")) and SEGMENTS_DESCENDING not in record["emulation"]
+
+
 SCHEMA_ID = "memspec/measured/v1"
 SCHEMA_PATH = schema_path("measured")
 SOURCE_CPU_TRACE = "cpu-trace"
