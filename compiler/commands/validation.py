@@ -340,7 +340,7 @@ def _summary_groups(comparisons: list[Comparison], older: list[Comparison]):
     for measure in MEASURES:
         if measure == "reserved" and older:
             yield measure, measure, [c for c in comparisons if not c.older_replay]
-            yield measure, "reserved, older replay", older
+            yield measure, "reserved, old replay", older
         else:
             yield measure, measure, comparisons
 
