@@ -218,6 +218,8 @@ def _error(fn, *args, **kwargs) -> str:
         # down_proj 3072 x 8192, two norms 2 * 3072) + embed_tokens and lm_head 2 * 32064 * 3072
         # = 197_001_216 + norm 3072 = 3_821_079_552; 4_146_621_440 in all, the published 4.15B
         ("Phi-3-vision-128k-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
+        # Phi-3.5-vision-instruct: the same layout and sizes, 4_146_621_440, the published 4.15B
+        ("Phi-3.5-vision-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "phi3_v" / "phi-3-vision-128k-instruct.yaml"
 PHI3 = ROOT / "specs" / "phi3" / "phi-3-mini-4k-instruct.yaml"
 FIXTURE = hf.FIXTURES / "Phi-3-vision-128k-instruct"
+SPEC_35 = ROOT / "specs" / "phi3_v" / "phi-3.5-vision-instruct.yaml"
+FIXTURE_35 = hf.FIXTURES / "Phi-3.5-vision-instruct"
 TOKENS, HIDDEN, VOCAB, HEAD = 4096, 3072, 32064, 96
 X = TOKENS * HIDDEN * 2  # one [1, 4096, 3072] bf16 tensor: 25_165_824
 TRAIN = ["projector", "language"]  # the usual recipe: the CLIP tower frozen
@@ -36,10 +38,13 @@ def _rows(**kw) -> dict:
     return {r.path: r for r in est.rows}
 
 
-def test_the_checked_in_spec_is_what_import_writes():
+@pytest.mark.parametrize(("spec", "fixture"), [(SPEC, FIXTURE), (SPEC_35, FIXTURE_35)])
+def test_the_checked_in_specs_are_what_import_writes(spec, fixture):
+    assert hf.modules(api.load_spec(spec)) == hf.modules(importer.import_spec(str(fixture)).spec)
+
+
+def test_phi3_vision_128k_imports_as_phi3_with_hd_crops():
     written = api.load_spec(SPEC)
-    imported = importer.import_spec(str(FIXTURE)).spec
-    assert hf.modules(written) == hf.modules(imported)
     language = written.modules[2].inputs
     assert (language["phi3v"], language["fused"], language["hd_crops"], language["image_tokens"]) == (True, True, 16, 144)
     # a square image is 4 x 4 crops at num_crops 16: (16 + 1) * 144 + 1 + 5 * 12
@@ -211,14 +216,11 @@ def test_a_yarn_rotary_is_refused(tmp_path):
         importer.import_spec(hf.edited_copy(FIXTURE, tmp_path / "copy", edit))
 
 
-def test_num_crops_4_changes_the_tower_batch_and_the_positions(tmp_path):
-    folder = hf.edited_copy(FIXTURE, tmp_path / "copy", lambda d: d.update(num_crops=4), "preprocessor_config.json")
-    imported = importer.import_spec(folder)
-    # a square image: 2 x 2 crops, (4 + 1) * 144 + 1 + 3 * 12 = 757 positions
-    assert imported.spec.image_tokens == _positions(2, 2) == 757
-    (tmp_path / "spec.yaml").write_text(imported.text)
-    est = api.estimate(str(tmp_path / "spec.yaml"), micro_batch=1, seq_len=2048, trainable=TRAIN)
-    rows = {r.path: r for r in est.rows}
+def test_phi3_5_vision_takes_num_crops_4():
+    # Phi-3.5-vision's preprocessor_config.json: num_crops 4; a square image is 2 x 2 crops,
+    # (4 + 1) * 144 + 1 + 3 * 12 = 757 positions
+    assert api.load_spec(SPEC_35).image_tokens == _positions(2, 2) == 757
+    rows = {r.path: r for r in api.estimate(str(SPEC_35), micro_batch=1, seq_len=2048, trainable=TRAIN).rows}
     # the tower reads num_crops + 1 = 5 crops
     assert rows["vision.patch_embedding"].transient_forward == 5 * 576 * 1024 * 2
     assert rows["language.image_merge[0]"].activations == 2 * 757 * 8
