@@ -121,6 +121,17 @@ def test_hd_transform_and_projection_terms():
     assert rows["projector.img_projection.linear_1"].parameters + rows["projector.img_projection.linear_2"].parameters == 22_026_240 * 2
 
 
+def test_with_peft_and_checkpointing_the_gradient_runs_into_the_tower():
+    plain = _rows(trainable=["projector"], lora={"r": 16, "target_modules": ["qkv_proj", "o_proj"]})
+    hooked = _rows(trainable=["projector"], lora={"r": 16, "target_modules": ["qkv_proj", "o_proj"]}, gradient_checkpointing=["language"])
+    assert plain["projector"].transient_backward == 0
+    # enable_input_require_grads: the patch embedding's output requires grad, so the HD transform's
+    # backward reaches the feature map: two of them 2 * 17 * 577 * 1024 * 2 (the crops' zero-filled
+    # gradients summed, the class-token slice's) and the last image's two copies 2 * 16 * 144 * 4096 * 2
+    assert hooked["projector"].transient_backward == 2 * 17 * 577 * 1024 * 2 + 2 * 16 * 144 * 4096 * 2
+    assert sum(r.activations or 0 for p, r in hooked.items() if p.startswith("vision")) > 0
+
+
 def test_the_merge_is_an_out_of_place_index_put():
     merge = _rows()["language.image_merge[0]"]
     # the nonzero's two int64 index tensors over the 2509 image positions, saved by IndexPutBackward0;
