@@ -1126,6 +1126,27 @@ def qwen_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     return out
 
 
+def phi3_v_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """Phi-3-vision / Phi-3.5-vision (remote code Phi3VForCausalLM): the Phi-3 decoder under model.
+    (fused qkv_proj and gate_up_proj), lm_head, and model.vision_embed_tokens: img_processor (a
+    CLIPVisionModel, ViT-L/14 at 336 px, the remote code's fixed CLIP_VIT_LARGE_PATCH14_336_CONFIG),
+    the separators glb_GN [1, 1, 4096] and sub_GN [1, 1, 1, 4096] (4 x image_dim_out: the 2 x 2
+    merge) and img_projection.0 / .2 (Linear 4096 -> hidden, GELU, Linear hidden -> hidden)."""
+    h, dim = c["hidden_size"], c["img_processor"]["image_dim_out"]
+    clip = {"hidden_size": dim, "intermediate_size": 4096, "num_hidden_layers": 24, "patch_size": 14, "image_size": 336}
+    e = "model.vision_embed_tokens."
+    vision = [(e + "glb_GN", dtype, [1, 1, 4 * dim]), (e + "sub_GN", dtype, [1, 1, 1, 4 * dim])]
+    vision += clip_tensors(clip, e + "img_processor.vision_model.", dtype)
+    vision += [
+        (e + "img_projection.0.weight", dtype, [h, 4 * dim]),
+        (e + "img_projection.0.bias", dtype, [h]),
+        (e + "img_projection.2.weight", dtype, [h, h]),
+        (e + "img_projection.2.bias", dtype, [h]),
+    ]
+    language = llama_tensors(c, dtype=dtype, fused=True)
+    return language[:1] + vision + language[1:]
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
@@ -2794,6 +2815,270 @@ QWEN_7B = {
 # sizes mlx-examples' Qwen-1.8B port reads) and the keys every first-generation Qwen config writes
 # as Qwen-7B's; bf16 weights in 2 shards. 1,836,828,672 parameters, the published 1.8B.
 QWEN_1_8B = {**QWEN_7B, "hidden_size": 2048, "intermediate_size": 11008, "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 24}
+# microsoft/Phi-3-vision-128k-instruct (remote code Phi3VForCausalLM, model_type "phi3_v"), config.json
+# as of the repo's main (su rotary: 48 short and 48 long factors, one per rotated frequency of the
+# 96-wide heads) and its preprocessor_config.json (Phi3VImageProcessor, num_crops 16); bf16 weights
+# in 2 shards. 4,146,621,440 parameters, the published 4.15B.
+PHI3_V_128K_SHORT_FACTOR = [
+    1.05,
+    1.05,
+    1.05,
+    1.1,
+    1.1,
+    1.1,
+    1.2500000000000002,
+    1.2500000000000002,
+    1.4000000000000004,
+    1.4500000000000004,
+    1.5500000000000005,
+    1.8500000000000008,
+    1.9000000000000008,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.000000000000001,
+    2.1000000000000005,
+    2.1000000000000005,
+    2.2,
+    2.3499999999999996,
+    2.3499999999999996,
+    2.3499999999999996,
+    2.3499999999999996,
+    2.3999999999999995,
+    2.3999999999999995,
+    2.6499999999999986,
+    2.6999999999999984,
+    2.8999999999999977,
+    2.9499999999999975,
+    3.049999999999997,
+    3.049999999999997,
+    3.049999999999997,
+]
+PHI3_V_128K_LONG_FACTOR = [
+    1.0299999713897705,
+    1.0499999523162842,
+    1.0499999523162842,
+    1.0799999237060547,
+    1.2299998998641968,
+    1.2299998998641968,
+    1.2999999523162842,
+    1.4499999284744263,
+    1.5999999046325684,
+    1.6499998569488525,
+    1.8999998569488525,
+    2.859999895095825,
+    3.68999981880188,
+    5.419999599456787,
+    5.489999771118164,
+    5.489999771118164,
+    9.09000015258789,
+    11.579999923706055,
+    15.65999984741211,
+    15.769999504089355,
+    15.789999961853027,
+    18.360000610351562,
+    21.989999771118164,
+    23.079999923706055,
+    30.009998321533203,
+    32.35000228881836,
+    32.590003967285156,
+    35.56000518798828,
+    39.95000457763672,
+    53.840003967285156,
+    56.20000457763672,
+    57.95000457763672,
+    59.29000473022461,
+    59.77000427246094,
+    59.920005798339844,
+    61.190006256103516,
+    61.96000671386719,
+    62.50000762939453,
+    63.3700065612793,
+    63.48000717163086,
+    63.48000717163086,
+    63.66000747680664,
+    63.850006103515625,
+    64.08000946044922,
+    64.760009765625,
+    64.80001068115234,
+    64.81001281738281,
+    64.81001281738281,
+]
+PHI3_VISION_128K_INSTRUCT = {
+    "_name_or_path": "Phi-3-vision-128k-instruct",
+    "architectures": ["Phi3VForCausalLM"],
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3_v.Phi3VConfig", "AutoModelForCausalLM": "modeling_phi3_v.Phi3VForCausalLM"},
+    "bos_token_id": 1,
+    "embd_layer": {
+        "embedding_cls": "image",
+        "hd_transform_order": "sub_glb",
+        "projection_cls": "mlp",
+        "use_hd_transform": True,
+        "with_learnable_separator": True,
+    },
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "img_processor": {"image_dim_out": 1024, "model_name": "openai/clip-vit-large-patch14-336", "name": "clip_vision_model", "num_img_tokens": 144},
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "model_type": "phi3_v",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": PHI3_V_128K_LONG_FACTOR, "short_factor": PHI3_V_128K_SHORT_FACTOR, "type": "su"},
+    "rope_theta": 10000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.38.1",
+    "use_cache": True,
+    "vocab_size": 32064,
+    "_attn_implementation": "flash_attention_2",
+}
+PHI3_VISION_128K_PROCESSOR = {
+    "auto_map": {"AutoImageProcessor": "image_processing_phi3_v.Phi3VImageProcessor", "AutoProcessor": "processing_phi3_v.Phi3VProcessor"},
+    "do_convert_rgb": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "Phi3VImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "num_crops": 16,
+    "num_img_tokens": 144,
+    "processor_class": "Phi3VProcessor",
+}
+# microsoft/Phi-3.5-vision-instruct (the same remote code), config.json as of the repo's main (su
+# rotary with its own factors, sliding_window 262144, pad_token_id 32000, the dropouts written out)
+# and preprocessor_config.json (num_crops 4, the multi-frame setting it ships with); the same tensor
+# layout and 4,146,621,440 parameters as Phi-3-vision-128k, the published 4.15B.
+PHI3_5_V_SHORT_FACTOR = [
+    1.08,
+    1.1,
+    1.1300000000000001,
+    1.2800000000000002,
+    1.3100000000000003,
+    1.4500000000000004,
+    1.4500000000000004,
+    1.9500000000000008,
+    2.030000000000001,
+    2.4299999999999926,
+    2.5699999999999896,
+    2.9499999999999815,
+    3.729999999999965,
+    3.869999999999962,
+    4.189999999999955,
+    4.43999999999995,
+    4.6399999999999455,
+    4.979999999999938,
+    5.159999999999934,
+    5.279999999999932,
+    5.759999999999922,
+    5.889999999999919,
+    5.889999999999919,
+    5.969999999999917,
+    6.089999999999915,
+    6.2799999999999105,
+    6.7699999999999,
+    6.8899999999998975,
+    7.109999999999893,
+    7.129999999999892,
+    7.179999999999891,
+    7.289999999999889,
+    7.339999999999888,
+    7.559999999999883,
+    7.619999999999882,
+    7.69999999999988,
+    7.879999999999876,
+    7.879999999999876,
+    7.879999999999876,
+    7.939999999999875,
+    7.949999999999875,
+    7.979999999999874,
+    8.19999999999987,
+    8.439999999999864,
+    8.469999999999864,
+    8.589999999999861,
+    8.809999999999857,
+    8.999999999999853,
+]
+PHI3_5_V_LONG_FACTOR = [
+    1.0800000429153442,
+    1.1100000143051147,
+    1.1399999856948853,
+    1.340000033378601,
+    1.5899999141693115,
+    1.600000023841858,
+    1.6200000047683716,
+    2.620000123977661,
+    3.2300000190734863,
+    3.2300000190734863,
+    4.789999961853027,
+    7.400000095367432,
+    7.700000286102295,
+    9.09000015258789,
+    12.199999809265137,
+    17.670000076293945,
+    24.46000099182129,
+    28.57000160217285,
+    30.420001983642578,
+    30.840002059936523,
+    32.590003967285156,
+    32.93000411987305,
+    42.320003509521484,
+    44.96000289916992,
+    50.340003967285156,
+    50.45000457763672,
+    57.55000305175781,
+    57.93000411987305,
+    58.21000289916992,
+    60.1400032043457,
+    62.61000442504883,
+    62.62000274658203,
+    62.71000289916992,
+    63.1400032043457,
+    63.1400032043457,
+    63.77000427246094,
+    63.93000411987305,
+    63.96000289916992,
+    63.970001220703125,
+    64.02999877929688,
+    64.06999969482422,
+    64.08000183105469,
+    64.12000274658203,
+    64.41000366210938,
+    64.4800033569336,
+    64.51000213623047,
+    64.52999877929688,
+    64.83999633789062,
+]
+PHI3_5_VISION_INSTRUCT = {
+    **{k: v for k, v in PHI3_VISION_128K_INSTRUCT.items() if k not in ("rope_scaling", "sliding_window")},
+    "_name_or_path": "Phi-3.5-vision-instruct",
+    "embd_pdrop": 0.0,
+    "pad_token_id": 32000,
+    "resid_pdrop": 0.0,
+    "rope_scaling": {"long_factor": PHI3_5_V_LONG_FACTOR, "short_factor": PHI3_5_V_SHORT_FACTOR, "type": "su"},
+    "sliding_window": 262144,
+}
+PHI3_5_VISION_PROCESSOR = {**PHI3_VISION_128K_PROCESSOR, "num_crops": 4}
 # baichuan-inc/Baichuan2-7B-Base (remote code, model_type "baichuan"), config.json as of the repo's
 # main; the hub ships one pytorch_model.bin (bf16), written here as a safetensors header of the same
 # tensor names and shapes.
@@ -4110,6 +4395,23 @@ def write_idefics2() -> None:
     write_checkpoint(FIXTURES / "idefics2-8b-base", IDEFICS2_8B_BASE, idefics2_tensors(IDEFICS2_8B_BASE), shards=7, processor=IDEFICS2_PROCESSOR)
 
 
+def write_phi3_v() -> None:
+    write_checkpoint(
+        FIXTURES / "Phi-3-vision-128k-instruct",
+        PHI3_VISION_128K_INSTRUCT,
+        phi3_v_tensors(PHI3_VISION_128K_INSTRUCT),
+        shards=2,
+        processor=PHI3_VISION_128K_PROCESSOR,
+    )
+    write_checkpoint(
+        FIXTURES / "Phi-3.5-vision-instruct",
+        PHI3_5_VISION_INSTRUCT,
+        phi3_v_tensors(PHI3_5_VISION_INSTRUCT),
+        shards=2,
+        processor=PHI3_5_VISION_PROCESSOR,
+    )
+
+
 def write_qwen() -> None:
     """Qwen/Qwen-7B and Qwen/Qwen-1_8B alone (`python tests/hubfixtures.py qwen`)."""
     write_checkpoint(FIXTURES / "Qwen-7B", QWEN_7B, qwen_tensors(QWEN_7B), shards=8)
@@ -4200,6 +4502,7 @@ def write_all() -> None:
     write_qwen()
     write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
     write_qwen_vl()
+    write_phi3_v()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4266,6 +4569,8 @@ if __name__ == "__main__":
         write_ovis2()
     elif sys.argv[1:] == ["idefics2"]:
         write_idefics2()
+    elif sys.argv[1:] == ["phi3_v"]:
+        write_phi3_v()
     elif sys.argv[1:] == ["qwen"]:
         write_qwen()
     elif sys.argv[1:] == ["qwen_vl"]:

@@ -219,6 +219,16 @@ def _error(fn, *args, **kwargs) -> str:
         # + out_proj 4096^2 + 4096 + ln_q, ln_kv 2 * 8192 = 76_054_528, ln_post 8192, proj 4096^2:
         # 92_839_936; 9_656_935_168 in all, the published 9.6B
         ("Qwen-VL-Chat", {"vision": 1_842_770_688, "projector": 92_839_936, "language": 7_721_324_544}),
+        # Phi-3-vision-128k-instruct (phi3_v, remote code): the CLIP ViT-L/14-336 under
+        # model.vision_embed_tokens.img_processor. (patch 602_112 + class / positions 591_872 + pre-LN
+        # 2048 + 24 * 12_596_224 + post-LN 2048 = 303_507_456); glb_GN and sub_GN 2 * 4096 and
+        # img_projection 4096 x 3072 + 3072 + 3072^2 + 3072 (22_034_432); Phi-3-mini with vocab 32064:
+        # 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o_proj 3072^2, gate_up_proj 16384 x 3072,
+        # down_proj 3072 x 8192, two norms 2 * 3072) + embed_tokens and lm_head 2 * 32064 * 3072
+        # = 197_001_216 + norm 3072 = 3_821_079_552; 4_146_621_440 in all, the published 4.15B
+        ("Phi-3-vision-128k-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
+        # Phi-3.5-vision-instruct: the same layout and sizes, 4_146_621_440, the published 4.15B
+        ("Phi-3.5-vision-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B

@@ -101,6 +101,8 @@ ALLOWED = {
     "phi/phi-1_5.yaml": "",
     "phi/phi-2.yaml": "",
     "phi3/phi-3-mini-4k-instruct.yaml": "pack offload fused",
+    "phi3_v/phi-3-vision-128k-instruct.yaml": "",  # the remote-code Phi3V layers (phi3v_rope_table): plain steps only
+    "phi3_v/phi-3.5-vision-instruct.yaml": "",
     "stablelm/stablelm-2-1_6b.yaml": "",
     "starcoder2/starcoder2-3b.yaml": "",
     "opt/opt-1.3b.yaml": "",  # OPT: measured on plain steps only

@@ -121,6 +121,41 @@ def _covering_tiles(height: int, width: int, tile: int, max_patches: int) -> int
     return blocks + 1 if blocks > 1 else blocks
 
 
+# Phi3VImageProcessor's crop budget (num_crops) is at most this: 4 and 16 are released
+MAX_HD_CROPS = 64
+
+
+def _hd_grid(height: int, width: int, tile: int, max_crops: int) -> tuple[int, int]:
+    """(rows, columns) of the tile-side crops Phi3VImageProcessor's HD_transform makes of one
+    height x width image (Phi-3-vision, Phi-3.5-vision): the long side laid along the width
+    (a taller image is transposed first), the largest scale with scale * ceil(scale / ratio) <=
+    max_crops (ratio = long side / short side), the image resized to scale tiles along the long
+    side and int(scale * tile / ratio) pixels along the short one, which padding_336 pads up to
+    whole tiles; in the processor's float arithmetic."""
+    if not 1 <= max_crops <= MAX_HD_CROPS or height < 1 or width < 1 or tile < 1:
+        raise ValueError(f"hd_rows / hd_cols({height}, {width}, {tile}, {max_crops}): sizes >= 1 and 1 <= max_crops <= {MAX_HD_CROPS}")
+    transposed = width < height
+    long, short = (height, width) if transposed else (width, height)
+    ratio = long / short
+    scale = 1
+    while scale * math.ceil(scale / ratio) <= max_crops:
+        scale += 1
+    scale -= 1
+    new_short = int(int(scale * tile) / ratio)
+    padded = int(math.ceil(new_short / tile))
+    return (scale, padded) if transposed else (padded, scale)
+
+
+def _hd_rows(height: int, width: int, tile: int, max_crops: int) -> int:
+    """The rows of Phi3VImageProcessor's HD crops (_hd_grid)."""
+    return _hd_grid(height, width, tile, max_crops)[0]
+
+
+def _hd_cols(height: int, width: int, tile: int, max_crops: int) -> int:
+    """The columns of Phi3VImageProcessor's HD crops (_hd_grid)."""
+    return _hd_grid(height, width, tile, max_crops)[1]
+
+
 FUNCTIONS: Mapping[str, Callable[..., int]] = {
     "min": min,
     "max": max,
@@ -130,6 +165,8 @@ FUNCTIONS: Mapping[str, Callable[..., int]] = {
     "crop_to_patches": _crop_to_patches,
     "canvas_tiles": _canvas_tiles,
     "covering_tiles": _covering_tiles,
+    "hd_rows": _hd_rows,
+    "hd_cols": _hd_cols,
 }
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past
