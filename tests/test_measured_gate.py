@@ -97,7 +97,8 @@ def test_a_record_replayed_before_the_gpu_rules_is_summarised_apart():
     """A traced record whose `emulation` lacks the GPU allocator histories' rules keeps the
     reserved of the older replay: validate prints its reserved on a row of its own."""
     from compiler.commands.validation import Comparison
-    from compiler.measure.record import SEGMENTS_DESCENDING, older_replay
+    from compiler.measure.record import older_replay
+    from compiler.memory.allocator import SEGMENTS_DESCENDING
 
     assert older_replay({"emulation": ["cublas-workspace-per-thread"]})
     assert not older_replay({"emulation": ["cublas-workspace-per-thread", SEGMENTS_DESCENDING]})

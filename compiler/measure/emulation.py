@@ -56,7 +56,7 @@ CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
 # workspaces are made at its first GEMM, and the tied output embedding's own weight is made and
 # dropped at the build. A record whose list lacks them predates them: its reserved was replayed
 # without them (allocated is the same either way).
-# (the first is record.SEGMENTS_DESCENDING, where the record reader checks for it without torch)
+# (the first is compiler.memory.allocator.SEGMENTS_DESCENDING, the record reader's check without torch)
 
 WORKSPACE_AT_FIRST_GEMM = "cublas-workspace-at-first-gemm"
 TIED_HEAD_AT_BUILD = "tied-output-embedding-made-at-build"

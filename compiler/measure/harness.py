@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..memory.allocator import Allocator
+from ..memory.allocator import SEGMENTS_DESCENDING, Allocator
 from ..pipeline.vocabulary import release_code
 from . import device_map, emulation, fsdp, tricks
-from .record import SEGMENTS_DESCENDING
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
 from .tracer import (

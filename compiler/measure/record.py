@@ -18,12 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..memory.allocator import SEGMENTS_DESCENDING
 from ..paths import schema_path
 from .experiment import to_record
-
-# The emulation name of the replay rules from GPU allocator histories (emulation.py): a traced
-# record without it was replayed before them, so its reserved is the older replay's
-SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
 
 
 def older_replay(record: dict) -> bool:

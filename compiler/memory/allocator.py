@@ -55,6 +55,11 @@ import bisect
 from bisect import bisect_left as _bisect_left, insort as _insort
 from dataclasses import dataclass, field, replace
 
+# The name a traced record's `emulation` gives this model's placement of new large segments
+# (below the others, as the GPU allocator histories show): a record without it was replayed
+# with ascending addresses (compiler.measure.record.older_replay)
+SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
+
 KIB = 1 << 10
 MIB = 1 << 20
 MIN_BLOCK = 512  # kMinBlockSize
