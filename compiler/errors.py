@@ -72,6 +72,7 @@ Codes (stable; never reuse a retired one):
     E325 bf16-mixed / 16-mixed as torch.autocast on fp32 weights (no DeepSpeed stated) with a formula the spec instantiates that does not list autocast in `setups:`, or a setup it is not modelled with
     E327 videos_per_sample above 0 on a model that takes no video (its spec has no video_temporal_patch)
     E328 videos_per_sample without video_frames, or video_frames without videos
+    E329 torch_compile: true (a compiled step's saved activations are not modelled until measured)
 
     --deepspeed / --from-command (a DeepSpeed config, a launch script):
     E801 DeepSpeed config value of the wrong type or range   E811 no launch command, or no training script
