@@ -38,7 +38,7 @@ def test_the_checked_in_spec_is_what_import_writes():
     vision, projector, language = (m.inputs for m in written.modules)
     # the 980 px position table (70 x 70), the resampler's 3584 // 128 heads, 64 queries per image
     assert (vision["image_size"], projector["heads"], language["image_tokens"]) == (980, 28, 64)
-    assert written.attention == ("eager", "flash_attention_2") and written.image_tokens == 64
+    assert written.attention == ("sdpa", "eager", "flash_attention_2") and written.image_tokens == 64
     # 448^2 pixels: a larger image is sliced (refused, E725)
     assert written.image_slice_pixels == 448 * 448
 
@@ -122,11 +122,21 @@ def test_lora_with_checkpointing_hooks_the_towers_patch_conv():
     assert not any(r.activations for p, r in _rows().items() if p.startswith("vision"))
 
 
-def test_sdpa_is_refused():
-    # under sdpa MiniCPMV runs the tower's own eager attention beside an sdpa language model
-    with pytest.raises(MemspecError) as info:
-        _rows(attention="sdpa")
-    assert [d.code for d in info.value.diagnostics] == ["E714"]
+def test_the_tower_runs_eager_unless_flash_attention_2():
+    trained = ["vision", "projector", "language"]
+    core, lang = "vision.layers[0:27].self_attn.core", "language.layers[0:28].self_attn.core"
+    scores = 16 * PATCHES * PATCHES  # [16 heads, 1024, 1024] per slice
+    sdpa, eager, flash = (_rows(trainable=trained, attention=a) for a in ("sdpa", "eager", "flash_attention_2"))
+    # under sdpa (and eager) the tower's own eager attention: q, k and v [16, 1024, 72] 3 XV, the fp32
+    # softmax output and its bf16 cast
+    assert sdpa[core].activations == eager[core].activations == 3 * XV + scores * (4 + 2)
+    # at the softmax, scores x fp32 on top
+    assert sdpa[core].transient_forward == scores * 4 + XV
+    # flash_attention_2 reaches the tower: q, k, v, the output, fp32 [16, 1024] log-sum-exp and the
+    # philox seed and offset
+    assert flash[core].activations == 4 * XV + 16 * PATCHES * 4 + 2 * 8 + 8
+    # the language model follows the experiment: sdpa without a mask is the flash kernel
+    assert sdpa[lang].activations == flash[lang].activations < eager[lang].activations
 
 
 def test_sliced_images_and_chunked_towers_are_refused():
