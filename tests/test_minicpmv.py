@@ -107,8 +107,11 @@ def test_the_batch_brings_its_position_ids():
 
 
 def test_lora_with_checkpointing_hooks_the_towers_patch_conv():
-    lora = {"r": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    # finetune.py's LoRA: the language model's attention projections, embed_tokens and the resampler saved
+    lora = {"r": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "modules_to_save": ["embed_tokens"]}
     rows = _rows(trainable=["projector"], lora=lora, gradient_checkpointing=["language"])
+    # the trained copy of embed_tokens: 151666 x 3584 in bf16
+    assert rows["language.embed_tokens.modules_to_save"].gradients == 151666 * HIDDEN * 2
     adapted = sorted(p for p, r in rows.items() if r.type == "lora_linear")
     layers = "language.layers[0:28].self_attn."
     # peft adapts the language model's attention projections (finetune.py's target, llm..layers.N.self_attn)
