@@ -1147,6 +1147,35 @@ def phi3_v_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     return language[:1] + vision + language[1:]
 
 
+def minicpmv_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """MiniCPM-V 2.6 (remote code MiniCPMV): the Qwen2 language model under llm. (Qwen2ForCausalLM,
+    q, k and v biased), the SigLIP tower of modeling_navit_siglip.py under vpm. (patch conv with bias,
+    a position table of (image_size / patch)^2 rows, the encoder layers and post_layernorm, no pooling
+    head), and resampler.py's Resampler: query [query_num, hidden], kv_proj without bias (vision hidden
+    to hidden), torch's nn.MultiheadAttention (in_proj_weight, in_proj_bias, out_proj), ln_q, ln_kv,
+    ln_post and the proj matrix. The 2-D sin-cos pos_embed is a non-persistent buffer, not stored."""
+    h, q = c["hidden_size"], c["query_num"]
+    out = llama_tensors(c, prefix="llm.model.", head="llm.lm_head.weight", dtype=dtype, qkv_bias=True)
+    out += siglip_tensors(c["vision_config"], "vpm.", dtype)
+    r = "resampler."
+    out += [
+        (r + "query", dtype, [q, h]),
+        (r + "kv_proj.weight", dtype, [h, c["vision_config"]["hidden_size"]]),
+        (r + "attn.in_proj_weight", dtype, [3 * h, h]),
+        (r + "attn.in_proj_bias", dtype, [3 * h]),
+        (r + "attn.out_proj.weight", dtype, [h, h]),
+        (r + "attn.out_proj.bias", dtype, [h]),
+        (r + "ln_q.weight", dtype, [h]),
+        (r + "ln_q.bias", dtype, [h]),
+        (r + "ln_kv.weight", dtype, [h]),
+        (r + "ln_kv.bias", dtype, [h]),
+        (r + "ln_post.weight", dtype, [h]),
+        (r + "ln_post.bias", dtype, [h]),
+        (r + "proj", dtype, [h, h]),
+    ]
+    return out
+
+
 def starcoder2_tensors(c: dict, dtype: str = "F32") -> list[tuple[str, str, list[int]]]:
     """Starcoder2ForCausalLM: LayerNorms with bias, biased q, k, v and o projections (grouped
     key-value heads), a biased c_fc / c_proj MLP, the head tied to embed_tokens (no lm_head
@@ -4198,6 +4227,84 @@ MINICPM_V_4_6_PROCESSOR = {
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
 }
+# openbmb/MiniCPM-V-2_6 (remote code MiniCPMV, model_type "minicpmv", version 2.6; 2024-08), config.json
+# and preprocessor_config.json as of the repo's main; bf16 weights in 4 shards. 8,099,175,152 parameters
+# (the published 8.1B): Qwen2-7B's layers with a 151,666-token vocabulary 7,612,763,648, the SigLIP
+# so400m tower at 980 px (4,900 positions) 417,792,240, the resampler 68,619,264.
+MINICPM_V_2_6 = {
+    "_name_or_path": "openbmb/MiniCPM-V-2_6",
+    "architectures": ["MiniCPMV"],
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration_minicpm.MiniCPMVConfig",
+        "AutoModel": "modeling_minicpmv.MiniCPMV",
+        "AutoModelForCausalLM": "modeling_minicpmv.MiniCPMV",
+    },
+    "batch_vision_input": True,
+    "bos_token_id": 151643,
+    "drop_vision_last_layer": False,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "image_size": 448,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "model_type": "minicpmv",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "patch_size": 14,
+    "query_num": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "slice_config": {"max_slice_nums": 9, "model_type": "minicpmv", "patch_size": 14, "scale_resolution": 448},
+    "slice_mode": True,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0",
+    "use_cache": True,
+    "use_image_id": True,
+    "use_sliding_window": False,
+    "version": 2.6,
+    "vision_batch_size": 16,
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 980,
+        "intermediate_size": 4304,
+        "model_type": "siglip",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+    },
+    "vocab_size": 151666,
+}
+MINICPM_V_2_6_PROCESSOR = {
+    "image_processor_type": "MiniCPMVImageProcessor",
+    "auto_map": {
+        "AutoProcessor": "processing_minicpmv.MiniCPMVProcessor",
+        "AutoImageProcessor": "image_processing_minicpmv.MiniCPMVImageProcessor",
+    },
+    "processor_class": "MiniCPMVProcessor",
+    "max_slice_nums": 9,
+    "scale_resolution": 448,
+    "patch_size": 14,
+    "use_image_id": True,
+    "image_feature_size": 64,
+    "im_start": "<image>",
+    "im_end": "</image>",
+    "slice_start": "<slice>",
+    "slice_end": "</slice>",
+    "unk": "<unk>",
+    "im_id_start": "<image_id>",
+    "im_id_end": "</image_id>",
+    "slice_mode": True,
+    "norm_mean": [0.5, 0.5, 0.5],
+    "norm_std": [0.5, 0.5, 0.5],
+    "version": 2.6,
+}
 # meta-llama/Llama-3.2-11B-Vision-Instruct (2024-09; bfloat16, five shards, transformers 4.45.0.dev0): the
 # released config.json (the keys that differ from the config classes' defaults are all written, values
 # as published) and preprocessor_config.json; 10,670,220,835 parameters (the model card's and the hub's
@@ -4423,6 +4530,11 @@ def write_qwen_vl() -> None:
     write_checkpoint(FIXTURES / "Qwen-VL-Chat", QWEN_VL_CHAT, qwen_vl_tensors(QWEN_VL_CHAT), shards=10)
 
 
+def write_minicpmv() -> None:
+    """openbmb/MiniCPM-V-2_6 alone (`python tests/hubfixtures.py minicpmv`)."""
+    write_checkpoint(FIXTURES / "MiniCPM-V-2_6", MINICPM_V_2_6, minicpmv_tensors(MINICPM_V_2_6), shards=4, processor=MINICPM_V_2_6_PROCESSOR)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -4503,6 +4615,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
     write_qwen_vl()
     write_phi3_v()
+    write_minicpmv()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4575,6 +4688,8 @@ if __name__ == "__main__":
         write_qwen()
     elif sys.argv[1:] == ["qwen_vl"]:
         write_qwen_vl()
+    elif sys.argv[1:] == ["minicpmv"]:
+        write_minicpmv()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

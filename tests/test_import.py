@@ -229,6 +229,16 @@ def _error(fn, *args, **kwargs) -> str:
         ("Phi-3-vision-128k-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
         # Phi-3.5-vision-instruct: the same layout and sizes, 4_146_621_440, the published 4.15B
         ("Phi-3.5-vision-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
+        # MiniCPM-V-2_6 (minicpmv, remote code): the tower is the patch conv 1152 x 3 x 14 x 14 + 1152
+        # = 678_528, the position table 4900 * 1152 = 5_644_800 (980 / 14 = 70 per side), 27 *
+        # 15_239_504 SigLIP layers, post-LN 2304 = 417_792_240; the resampler query 64 * 3584 = 229_376,
+        # kv_proj 3584 x 1152 = 4_128_768, in_proj 3 * 3584^2 + 3 * 3584 = 38_545_920, out_proj 3584^2
+        # + 3584 = 12_848_640, ln_q, ln_kv, ln_post 6 * 3584, proj 3584^2 = 12_845_056: 68_619_264 (the
+        # 70 x 70 sin-cos pos_embed is a non-persistent buffer); the Qwen2 language model 28 *
+        # 233_057_792 layers (q 3584^2 + 3584, k, v 512 x 3584 + 512, o 3584^2, MLP 3 * 3584 * 18944,
+        # two norms) + embed_tokens and lm_head 2 * 151666 * 3584 = 1_087_141_888 + norm 3584 =
+        # 7_612_763_648; 8,099,175,152 in all, the published 8.1B
+        ("MiniCPM-V-2_6", {"vision": 417_792_240, "projector": 68_619_264, "language": 7_612_763_648}),
         # Mixtral-8x7B: 32 * 1_451_270_144 layers (attention as Mistral's 41_943_040; router 8 x 4096
         # = 32_768; 8 experts x 3 x 4096 x 14336 = 1_409_286_144; norms 2 * 4096)
         # + 2 * 131_072_000 (vocab 32000) + norm 4096 = 46_702_792_704, the published 46.7B
