@@ -3253,6 +3253,81 @@ GLM_4_9B_CHAT = {
     "eos_token_id": [151329, 151336, 151338],
     "pad_token_id": 151329,
 }
+# THUDM/glm-4v-9b (remote code, model_type "chatglm" with a vision_config block; bf16 weights in 15
+# shards). NB reconstructed, not copied (no stored copy of the hub file was found): GLM-4-9B-chat's
+# language keys with the hub repo's seq_length 8192 and its boi / eoi ids, and the vision_config
+# block visual.py reads (EVA2-CLIP-E: 63 layers of 1792, 16 heads, MLP 15360, 1120 px, patch 14,
+# 6401 positions); auto_map left out. 13,906,320,896 parameters:
+# GLM-4-9B's language model 9,399,951,360, the EVA2-CLIP-E tower 4,291,915,264 and the projector
+# (conv, GLU, boi, eoi) 214,454,272, the published 13.9B.
+GLM_4V_9B = {
+    **{k: v for k, v in GLM_4_9B_CHAT.items() if k not in ("rope_ratio", "seq_length")},
+    "_name_or_path": "THUDM/glm-4v-9b",
+    "boi_token_id": 151339,
+    "eoi_token_id": 151340,
+    "seq_length": 8192,
+    "vision_config": {
+        "dropout_prob": 0.0,
+        "hidden_act": "gelu",
+        "in_channels": 3,
+        "num_hidden_layers": 63,
+        "hidden_size": 1792,
+        "patch_size": 14,
+        "num_heads": 16,
+        "intermediate_size": 15360,
+        "layer_norm_eps": 1e-06,
+        "num_positions": 6401,
+        "image_size": 1120,
+        "scaling_factor": 8,
+    },
+}
+
+
+def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """THUDM/glm-4v-9b: the ChatGLM language model (chatglm_tensors) and transformer.vision, the
+    EVA2-CLIP-E tower (patch_embedding.proj, cls_embedding, position_embedding, transformer.layers.N
+    with query_key_value, dense, fc1, fc2 and two LayerNorms, all with bias), the 2 x 2 conv, the GLU
+    linear_proj (linear_proj, norm1, dense_h_to_4h, gate_proj, dense_4h_to_h) and boi / eoi."""
+    v, h, inter = c["vision_config"], c["hidden_size"], c["ffn_hidden_size"]
+    w, m, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    pre = "transformer.vision."
+    out = [
+        (pre + "patch_embedding.cls_embedding", dtype, [1, w]),
+        (pre + "patch_embedding.proj.weight", dtype, [w, v["in_channels"], p, p]),
+        (pre + "patch_embedding.proj.bias", dtype, [w]),
+        (pre + "patch_embedding.position_embedding.weight", dtype, [v["num_positions"], w]),
+    ]
+    for i in range(v["num_hidden_layers"]):
+        q = f"{pre}transformer.layers.{i}."
+        out += [
+            (q + "input_layernorm.weight", dtype, [w]),
+            (q + "input_layernorm.bias", dtype, [w]),
+            (q + "attention.query_key_value.weight", dtype, [3 * w, w]),
+            (q + "attention.query_key_value.bias", dtype, [3 * w]),
+            (q + "attention.dense.weight", dtype, [w, w]),
+            (q + "attention.dense.bias", dtype, [w]),
+            (q + "mlp.fc1.weight", dtype, [m, w]),
+            (q + "mlp.fc1.bias", dtype, [m]),
+            (q + "mlp.fc2.weight", dtype, [w, m]),
+            (q + "mlp.fc2.bias", dtype, [w]),
+            (q + "post_attention_layernorm.weight", dtype, [w]),
+            (q + "post_attention_layernorm.bias", dtype, [w]),
+        ]
+    out += [
+        (pre + "linear_proj.linear_proj.weight", dtype, [h, h]),
+        (pre + "linear_proj.norm1.weight", dtype, [h]),
+        (pre + "linear_proj.norm1.bias", dtype, [h]),
+        (pre + "linear_proj.dense_h_to_4h.weight", dtype, [inter, h]),
+        (pre + "linear_proj.gate_proj.weight", dtype, [inter, h]),
+        (pre + "linear_proj.dense_4h_to_h.weight", dtype, [h, inter]),
+        (pre + "conv.weight", dtype, [h, w, 2, 2]),
+        (pre + "conv.bias", dtype, [h]),
+        (pre + "boi", dtype, [1, 1, h]),
+        (pre + "eoi", dtype, [1, 1, h]),
+    ]
+    return chatglm_tensors(c, dtype) + out
+
+
 # deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
 # deepseek-ai/deepseek-vl-1.3b-chat; one bfloat16 shard). NB reconstructed, not copied: the keys
 # memory depends on, with the values of the published model (SigLIP-L/16 at 384 px: 24 layers of
@@ -4535,6 +4610,11 @@ def write_minicpmv() -> None:
     write_checkpoint(FIXTURES / "MiniCPM-V-2_6", MINICPM_V_2_6, minicpmv_tensors(MINICPM_V_2_6), shards=4, processor=MINICPM_V_2_6_PROCESSOR)
 
 
+def write_glm4v_9b() -> None:
+    """THUDM/glm-4v-9b alone (`python tests/hubfixtures.py glm4v_9b`)."""
+    write_checkpoint(FIXTURES / "glm-4v-9b", GLM_4V_9B, glm4v_9b_tensors(GLM_4V_9B), shards=15)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -4616,6 +4696,7 @@ def write_all() -> None:
     write_qwen_vl()
     write_phi3_v()
     write_minicpmv()
+    write_glm4v_9b()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4690,6 +4771,8 @@ if __name__ == "__main__":
         write_qwen_vl()
     elif sys.argv[1:] == ["minicpmv"]:
         write_minicpmv()
+    elif sys.argv[1:] == ["glm4v_9b"]:
+        write_glm4v_9b()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

@@ -102,6 +102,15 @@ def _error(fn, *args, **kwargs) -> str:
         # ChatGLM3-6B: 28 * 203_960_832 layers (as GLM-4-9B's) + word_embeddings and output_layer
         # 2 * 266_338_304 (padded vocab 65024) + final_layernorm 4096 = 6_243_584_000, the published 6.24B
         ("chatglm3-6b", {"language": 6_243_584_000}),
+        # GLM-4V-9B (chatglm_vision, remote code): GLM-4-9B-chat's language model; the EVA2-CLIP-E tower
+        # proj 1792 * 3 * 14 * 14 + 1792 = 1_055_488 + cls_embedding 1792 + position_embedding 6401 *
+        # 1792 = 11_470_592 + 63 * 67_926_784 layers (query_key_value 5376 x 1792 + 5376 = 9_639_168,
+        # dense 1792^2 + 1792 = 3_213_056, fc1 15360 x 1792 + 15360 = 27_540_480, fc2 1792 x 15360 +
+        # 1792 = 27_526_912, two LayerNorms 2 * 3584) = 4_291_915_264; the projector conv 4096 x 1792
+        # x 2 x 2 + 4096 = 29_364_224, linear_proj 4096^2 = 16_777_216, norm1 8192, gate_proj,
+        # dense_h_to_4h, dense_4h_to_h 3 * 13696 * 4096 = 168_296_448, boi and eoi 2 * 4096:
+        # 214_454_272; 13_906_320_896 in all, the published 13.9B
+        ("glm-4v-9b", {"vision": 4_291_915_264, "projector": 214_454_272, "language": 9_399_951_360}),
         # Falcon-40B (falcon, new decoder architecture): 60 * 679_510_016 layers (query_key_value
         # (128 + 2 * 8) * 64 = 9216 x 8192, dense 8192^2, dense_h_to_4h and dense_4h_to_h
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table

@@ -244,9 +244,11 @@ class Families:
         """The family for a config.json's model_type; one listed as "model_type/vision_type"
         (LLaVA with a Pixtral tower: "llava/pixtral") wins for a config whose
         vision_config.model_type is vision_type. A config with a `visual` block and no
-        vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"."""
+        vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"; a
+        vision_config without a model_type (GLM-4V-9B's remote code, model_type "chatglm") has
+        vision_type "vision_config"."""
         vision = (config or {}).get("vision_config")
-        vision_type = vision.get("model_type") if isinstance(vision, Mapping) else None
+        vision_type = vision.get("model_type", "vision_config") if isinstance(vision, Mapping) else None
         if vision is None and isinstance((config or {}).get("visual"), Mapping):
             vision_type = "visual"
         family = None
