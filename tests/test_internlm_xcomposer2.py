@@ -39,11 +39,11 @@ def _rows(**setup) -> dict:
 def test_every_linear_of_the_layers_is_a_plora_linear():
     rows = _rows()
     for name, d_in, d_out in (
-        ("attention.wqkv_plora[0]", HIDDEN, 6144),  # (32 + 2 * 8) * 128
-        ("attention.wo_plora[0]", HIDDEN, HIDDEN),
-        ("feed_forward_plora[0].w1", HIDDEN, INTER),
-        ("feed_forward_plora[0].w3", HIDDEN, INTER),
-        ("feed_forward_plora[0].w2", INTER, HIDDEN),
+        ("attention.wqkv_plora", HIDDEN, 6144),  # (32 + 2 * 8) * 128
+        ("attention.wo_plora", HIDDEN, HIDDEN),
+        ("feed_forward_plora.w1", HIDDEN, INTER),
+        ("feed_forward_plora.w3", HIDDEN, INTER),
+        ("feed_forward_plora.w2", INTER, HIDDEN),
     ):
         p = f"{LAYERS}.{name}"
         assert rows[p + ".base"].parameters == d_out * d_in * 2
@@ -62,7 +62,7 @@ def test_every_linear_of_the_layers_is_a_plora_linear():
 
 def test_the_plora_transients():
     rows = _rows()
-    w1 = rows[LAYERS + ".feed_forward_plora[0].w1"]
+    w1 = rows[LAYERS + ".feed_forward_plora.w1"]
     # forward: res [2048, 14336] + part_x [1225, 4096] + the scaled branch output [1225, 14336], bf16
     assert w1.transient_forward == (TOKENS * INTER + IMAGE * HIDDEN + IMAGE * INTER) * 2
     # backward: two gradients of res (index_put_'s clone, the read's zero-filled one) + x's zero-filled gradient
@@ -81,7 +81,7 @@ def test_the_images_join_the_text_by_concatenation():
 
 def test_a_text_only_batch_runs_the_branch_on_position_zero():
     rows = _rows(images_per_sample=0)
-    p = LAYERS + ".feed_forward_plora[0].w1"
+    p = LAYERS + ".feed_forward_plora.w1"
     # x[:, :1] and res[:, :1] are slices: no indices; one row per sample through the branch
     assert rows[p].activations == 0
     assert rows[p + ".lora_dropout"].activations == HIDDEN
@@ -91,7 +91,7 @@ def test_a_text_only_batch_runs_the_branch_on_position_zero():
 def test_the_released_recipe_freezes_the_tower_and_trains_the_plora_weights():
     est = api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, attention="flash_attention_2", trainable=["projector", "language"])
     rows = {r.path: r for r in est.rows}
-    assert rows[LAYERS + ".feed_forward_plora[0].w1.Plora_A"].gradients == R * HIDDEN * 2
+    assert rows[LAYERS + ".feed_forward_plora.w1.Plora_A"].gradients == R * HIDDEN * 2
     assert all(r.gradients == 0 for r in est.rows if r.path.startswith("vision"))
 
 
