@@ -2618,7 +2618,6 @@ IDEFICS3_8B_PROCESSOR = {
 }
 IXC2_VL_7B = {
     "architectures": ["InternLMXComposer2ForCausalLM"],
-    "attn_implementation": "flash_attention_2",
     "auto_map": {
         "AutoConfig": "configuration_internlm_xcomposer2.InternLMXcomposer2Config",
         "AutoModel": "modeling_internlm_xcomposer2.InternLMXComposer2ForCausalLM",

@@ -32,7 +32,7 @@ def test_the_checked_in_spec_is_what_import_writes():
 
 
 def _rows(**setup) -> dict:
-    est = api.estimate(str(SPEC), **{"micro_batch": 1, "seq_len": TOKENS, "attention": "flash_attention_2", **setup})
+    est = api.estimate(str(SPEC), **{"micro_batch": 1, "seq_len": TOKENS, "attention": "eager", **setup})
     return {r.path: r for r in est.rows}
 
 
@@ -69,6 +69,24 @@ def test_the_plora_transients():
     assert w1.transient_backward == (2 * TOKENS * INTER + TOKENS * HIDDEN) * 2
 
 
+def test_the_older_internlm2_code_slices_its_rotary_cache_and_runs_eager():
+    rows = _rows()
+    # cos_cached[:s] and sin_cached[:s], expanded over the batch: the products save views of the
+    # layer's cache (its buffers, [32768, 128] bf16 each, + inv_freq [64] fp32), nothing new
+    assert rows[LAYERS + ".attention.rotary"].activations == 0
+    assert rows[LAYERS + ".attention"].buffers == 2 * 32768 * 128 * 2 + 64 * 4
+    # eager, grouped heads (32 / 8): repeat_kv copies k and v, so no view keeps the wqkv output
+    assert rows[LAYERS + ".attention"].activations == 0
+    # the [1, 1, 2048, 2048] additive mask the remote InternLM2Model always builds, bf16
+    assert rows["language"].transient_forward == TOKENS * TOKENS * 2
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flash_attention_2"])
+def test_only_eager_attention_is_modelled(attention):
+    with pytest.raises(MemspecError):
+        api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, attention=attention)
+
+
 def test_the_images_join_the_text_by_concatenation():
     rows = _rows()
     merge = rows["language.image_merge[0]"]
@@ -89,7 +107,7 @@ def test_a_text_only_batch_runs_the_branch_on_position_zero():
 
 
 def test_the_released_recipe_freezes_the_tower_and_trains_the_plora_weights():
-    est = api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, attention="flash_attention_2", trainable=["projector", "language"])
+    est = api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, attention="eager", trainable=["projector", "language"])
     rows = {r.path: r for r in est.rows}
     assert rows[LAYERS + ".feed_forward_plora.w1.Plora_A"].gradients == R * HIDDEN * 2
     assert all(r.gradients == 0 for r in est.rows if r.path.startswith("vision"))
