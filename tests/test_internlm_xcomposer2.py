@@ -106,11 +106,27 @@ def test_a_text_only_batch_runs_the_branch_on_position_zero():
     assert rows[p + ".Plora_A"].activations == HIDDEN * 2
 
 
-def test_the_released_recipe_freezes_the_tower_and_trains_the_plora_weights():
+def test_the_plora_weights_train_with_the_language_model_and_the_tower_can_freeze():
+    # finetune.py's default fix_vit True: the tower frozen, vision_proj and the language model trained
     est = api.estimate(str(SPEC), micro_batch=1, seq_len=TOKENS, attention="eager", trainable=["projector", "language"])
     rows = {r.path: r for r in est.rows}
     assert rows[LAYERS + ".feed_forward_plora.w1.Plora_A"].gradients == R * HIDDEN * 2
     assert all(r.gradients == 0 for r in est.rows if r.path.startswith("vision"))
+
+
+def test_the_released_finetune_sh_trains_the_tower_too():
+    # --fix_vit False --gradient_checkpointing True (the tower's encoder checkpointed as well)
+    est = api.estimate(
+        str(SPEC),
+        micro_batch=1,
+        seq_len=TOKENS,
+        attention="eager",
+        trainable=["vision", "projector", "language"],
+        gradient_checkpointing=["vision", "language"],
+    )
+    # every trained parameter but the tower's post_layernorm (2 x 1024, past hidden_states[-1]):
+    # 8_666_840_064 - 2048, bf16 gradients (each row counts one of its `count` instances)
+    assert sum((r.gradients or 0) * r.count for r in est.rows) == (8_666_840_064 - 2048) * 2
 
 
 @pytest.mark.parametrize(
