@@ -148,3 +148,15 @@ def test_setups_not_modelled_are_refused(override, code):
 def test_other_releases_are_refused(tmp_path, img_size):
     message = hf.refusal(FIXTURE, tmp_path / "copy", "", "img_size", img_size)
     assert "only InternLM-XComposer2-VL-7B is modelled" in message
+
+
+def test_checkpointed_layers_keep_what_internlm2_keeps_and_im_mask_is_a_step_buffer():
+    setup = {"micro_batch": 1, "seq_len": TOKENS, "attention": "eager", "gradient_checkpointing": ["language"]}
+    ixc2 = {r.path: r for r in api.estimate(str(SPEC), trainable=["projector", "language"], **setup).rows}
+    text = {r.path: r for r in api.estimate(str(ROOT / "specs" / "internlm2" / "internlm2_5-7b-chat.yaml"), **setup).rows}
+    # layer 0: its input, position_ids [1, 2048] int64, the [1, 1, 2048, 2048] bf16 mask; the others their input
+    for path in (LAYERS.replace("[0:32]", "[0]"), LAYERS.replace("[0:32]", "[1:32]")):
+        assert ixc2[path].activations == text[path].activations
+    assert ixc2[LAYERS.replace("[0:32]", "[0]")].activations == TOKENS * HIDDEN * 2 + TOKENS * 8 + TOKENS * TOKENS * 2
+    # im_mask [1, 2048] bool beside input_ids and labels (int64 each), resident for the step
+    assert ixc2["language"].buffers == 2 * TOKENS * 8 + TOKENS
