@@ -601,6 +601,36 @@ def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tu
     return out + [(prefix + "model.norm.weight", dtype, [h]), (prefix + "output.weight", dtype, [c["vocab_size"], h])]
 
 
+def ixc2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """InternLM-XComposer2-VL (remote code InternLMXComposer2ForCausalLM): InternLM2's tensors, each
+    wqkv / wo / w1 / w3 / w2 with its Partial LoRA pair Plora_A [256, d_in] and Plora_B [d_out, 256]
+    (modeling_internlm2.py: PLoRA(..., lora_r=256)); vit.vision_tower, CLIP ViT-L/14 whose position
+    embedding build_mlp.py resized to (img_size / 14)^2 + 1 rows before the checkpoint was saved;
+    vision_proj, mlp2x_gelu from 1024 to hidden (nn.Sequential indices 0 and 2)."""
+    h, inter, heads, nkv, r = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"], 256
+    d = h // heads
+    plora = {
+        "attention.wqkv": (h, (heads + 2 * nkv) * d),
+        "attention.wo": (heads * d, h),
+        "feed_forward.w1": (h, inter),
+        "feed_forward.w3": (h, inter),
+        "feed_forward.w2": (inter, h),
+    }
+    language = internlm2_tensors(c, "", dtype)
+    for i in range(c["num_hidden_layers"]):
+        for name, (d_in, d_out) in plora.items():
+            p = f"model.layers.{i}.{name}."
+            language += [(p + "Plora_A.weight", dtype, [r, d_in]), (p + "Plora_B.weight", dtype, [d_out, r])]
+    vision = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "patch_size": 14, "image_size": c["img_size"]}
+    projector = [
+        ("vision_proj.0.weight", dtype, [h, 1024]),
+        ("vision_proj.0.bias", dtype, [h]),
+        ("vision_proj.2.weight", dtype, [h, h]),
+        ("vision_proj.2.bias", dtype, [h]),
+    ]
+    return language + projector + clip_tensors(vision, "vit.vision_tower.vision_model.", dtype)
+
+
 def gpt_neox_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
     """GPTNeoXForCausalLM as the Pythia checkpoints store it: LayerNorms with bias, one
     query_key_value and dense with bias, a biased GELU MLP, the head as `embed_out`; each layer
@@ -2585,6 +2615,37 @@ IDEFICS3_8B_PROCESSOR = {
     "resample": 1,
     "rescale_factor": 0.00392156862745098,
     "size": {"longest_edge": 1456},
+}
+IXC2_VL_7B = {
+    "architectures": ["InternLMXComposer2ForCausalLM"],
+    "auto_map": {
+        "AutoConfig": "configuration_internlm_xcomposer2.InternLMXcomposer2Config",
+        "AutoModel": "modeling_internlm_xcomposer2.InternLMXComposer2ForCausalLM",
+        "AutoModelForCausalLM": "modeling_internlm_xcomposer2.InternLMXComposer2ForCausalLM",
+    },
+    "bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "img_size": 490,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_length": 4096,
+    "max_position_embeddings": 32768,
+    "model_type": "internlmxcomposer2",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pad_token_id": 2,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 1.0, "type": "dynamic"},
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.2",
+    "use_cache": False,
+    "vocab_size": 92544,
 }
 INTERNLM2_5_7B_CHAT = {
     "architectures": ["InternLM2ForCausalLM"],
@@ -4691,6 +4752,7 @@ def write_all() -> None:
     write_idefics2()
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
+    write_checkpoint(FIXTURES / "internlm-xcomposer2-vl-7b", IXC2_VL_7B, ixc2_tensors(IXC2_VL_7B), shards=2)
     write_qwen()
     write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
     write_qwen_vl()

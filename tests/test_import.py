@@ -205,6 +205,14 @@ def _error(fn, *args, **kwargs) -> str:
         # wo 4096^2, w1, w3, w2 3 * 4096 * 14336, attention_norm, ffn_norm 2 * 4096) + tok_embeddings
         # and output 2 * 92544 * 4096 = 758_120_448 + norm 4096 = 7_737_708_544, the published 7.74B
         ("internlm2_5-7b-chat", {"language": 7_737_708_544}),
+        # InternLM-XComposer2-VL-7B (internlm_xcomposer2, remote code): the language model is
+        # InternLM2.5-7B's 7_737_708_544 + 32 layers of Plora pairs, rank 256, [256, d_in] and
+        # [d_out, 256] on wqkv 256 * (4096 + 6144), wo 256 * (4096 + 4096), w1, w3, w2 3 * 256 * (4096
+        # + 14336): 32 * 18_874_368 = 603_979_776; the tower CLIP ViT-L/14 with 1226 positions: class
+        # 1024 + patch 1024 * 3 * 14 * 14 = 602_112 + position 1226 * 1024 = 1_255_424 + pre / post
+        # layernorm 2 * 2048 + 24 * 12_596_224 layers = 304_172_032; vision_proj 1024 * 4096 + 4096
+        # + 4096^2 + 4096 = 20_979_712: 8_666_840_064 in all, the published 8.6B (8.67B)
+        ("internlm-xcomposer2-vl-7b", {"vision": 304_172_032, "projector": 20_979_712, "language": 8_341_688_320}),
         # Qwen-7B (qwen, remote code): 32 * 202_395_648 layers (c_attn 3 * 4096 = 12288 x 4096
         # + 12288 = 50_343_936, attn.c_proj 4096^2, w1, w2 (22016 // 2 = 11008 rows each) and
         # mlp.c_proj 3 * 4096 * 11008, ln_1, ln_2 2 * 4096) + wte and lm_head 2 * 151936 * 4096
