@@ -71,6 +71,7 @@ Codes (stable; never reuse a retired one):
     E324 images_per_sample above 0 on a model without a vision tower (a text-only spec)
     E325 bf16-mixed / 16-mixed as torch.autocast on fp32 weights (no DeepSpeed stated) with a formula the spec instantiates that does not list autocast in `setups:`, or a setup it is not modelled with
     E327 videos_per_sample above 0 on a model that takes no video (its spec has no video_temporal_patch)
+    E326 a LoRA target that is a layer peft would wrap whole, not modelled (InternLM-XComposer2's Partial LoRA linears)
     E328 videos_per_sample without video_frames, or video_frames without videos
     E329 torch_compile: true (a compiled step's saved activations are not modelled until measured)
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import Diagnostic, MemspecError, UsageError
 from ..library.formula import Child, Formula, Library, bind, integer
-from .peft import bias_elements, check_bias_modelled, check_not_retargeted, lora_target, quantized, save_error, save_matches, saved_name, unmatched_saves
+from .peft import bias_elements, check_bias_modelled, check_not_retargeted, lora_target, quantized, save_error, save_matches, saved_name, peft_problems
 from .resolve import Module, Setup, Spec
 
 
@@ -175,7 +175,7 @@ def expand(spec: Spec, setup: Setup, library: Library, reuse: dict | None = None
                 )
             )
     if not problems:
-        problems.extend(unmatched_saves(setup, tuple(roots), ex.matched))
+        problems.extend(peft_problems(setup, tuple(roots), ex.matched))
     if problems:
         # NB: problems only with flags (--lora-modules-to-save) are the command line's: exit 2
         raise (UsageError if all(not d.file for d in problems) else MemspecError)(problems)

@@ -78,6 +78,47 @@ def check_bias_modelled(setup: Setup, formula: Formula, scope: Mapping[str, Any]
         )
 
 
+# Layer types that are nn.Linear subclasses with a forward of their own, which peft would wrap
+# as a plain linear (lora.Linear over the whole module, under all-linear its own linears too):
+# InternLM-XComposer2's Partial LoRA (PLoRA.forward(x, im_mask)). Not modelled.
+NOT_ADAPTABLE = ("plora_linear",)
+
+
+def peft_problems(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic]:
+    """What expand's instances `roots` show of the LoRA setup: a LoRA target that is a layer of a
+    NOT_ADAPTABLE type (E326), a modules_to_save name that matches nothing (E320)."""
+    if setup.lora is None:
+        return []
+    return _unadaptable(setup, roots)[:1] + unmatched_saves(setup, roots, matched)
+
+
+def _unadaptable(setup: Setup, roots: tuple) -> list[Diagnostic]:
+    """E326 for each LoRA target of a NOT_ADAPTABLE type. NB: a Partial LoRA child is
+    `<name>_plora` in the layer table, beside the plain `<name>` of the other families'
+    formulas; the checkpoint and peft call it `<name>`."""
+    out = []
+    for root in roots:
+        stack = list(root.children)
+        while stack:
+            inst = stack.pop()
+            stack.extend(inst.children)
+            plain = re.sub(r"_plora$", "", inst.path)
+            if inst.formula.layer_type in NOT_ADAPTABLE and (lora_target(setup.lora, root.path, inst.path) or lora_target(setup.lora, root.path, plain)):
+                out.append(
+                    Diagnostic(
+                        "E326",
+                        setup.file,
+                        0,
+                        0,
+                        "$.lora.target_modules",
+                        f"LoRA on '{inst.path}', a {inst.formula.layer_type}: peft would wrap the whole module as a plain linear "
+                        "and adapt its own linears too, which is not modelled",
+                        "train without LoRA (the model's own Partial LoRA trains with the language model), or target other modules",
+                    )
+                )
+    return sorted(out, key=lambda d: d.message)
+
+
 def unmatched_saves(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic]:
     """A modules_to_save name that matches nothing among `roots` (expand's instances): peft
     would silently train nothing extra, memspec says so (E320), with the names that exist."""
