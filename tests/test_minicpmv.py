@@ -4,8 +4,6 @@ No measured record: there is no MiniCPM-V 2.6 class in transformers to trace (se
 
 from __future__ import annotations
 
-import json
-import shutil
 
 import pytest
 
@@ -163,17 +161,9 @@ def test_sliced_images_and_chunked_towers_are_refused():
     ],
 )
 def test_variants_not_modelled_are_refused(tmp_path, change, words):
-    folder = tmp_path / "MiniCPM-V-2_6"
-    folder.mkdir()
-    config = json.loads((hf.FIXTURES / "MiniCPM-V-2_6" / "config.json").read_text())
-    config.update(change)
-    (folder / "config.json").write_text(json.dumps(config))
-    for name in ("preprocessor_config.json", "model.safetensors.index.json"):
-        shutil.copy(hf.FIXTURES / "MiniCPM-V-2_6" / name, folder / name)
-    for f in (hf.FIXTURES / "MiniCPM-V-2_6").glob("*.safetensors"):
-        hf.sparse_copy(f, folder / f.name)
+    folder = hf.edited_copy(hf.FIXTURES / "MiniCPM-V-2_6", tmp_path / "MiniCPM-V-2_6", lambda config: config.update(change))
     with pytest.raises(MemspecError) as info:
-        importer.import_spec(str(folder))
+        importer.import_spec(folder)
     assert "E713" in str(info.value) and words in str(info.value)
 
 

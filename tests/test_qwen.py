@@ -5,7 +5,6 @@ family's notes)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -126,16 +125,9 @@ def test_eager_has_no_counterpart():
     ],
 )
 def test_variants_not_modelled_are_refused(tmp_path, change, words):
-    folder = tmp_path / "Qwen-7B"
-    folder.mkdir()
-    config = json.loads((hf.FIXTURES / "Qwen-7B" / "config.json").read_text())
-    config.update(change)
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors.index.json").write_text((hf.FIXTURES / "Qwen-7B" / "model.safetensors.index.json").read_text())
-    for f in (hf.FIXTURES / "Qwen-7B").glob("*.safetensors"):
-        hf.sparse_copy(f, folder / f.name)
+    folder = hf.edited_copy(hf.FIXTURES / "Qwen-7B", tmp_path / "Qwen-7B", lambda config: config.update(change))
     with pytest.raises(MemspecError) as info:
-        importer.import_spec(str(folder))
+        importer.import_spec(folder)
     assert "E713" in str(info.value) and words in str(info.value)
 
 

@@ -4,7 +4,6 @@ No measured record: there is no Qwen-VL class in transformers to trace (see the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -176,16 +175,9 @@ def test_other_attention_is_refused():
     ],
 )
 def test_variants_not_modelled_are_refused(tmp_path, change, words):
-    folder = tmp_path / "Qwen-VL-Chat"
-    folder.mkdir()
-    config = json.loads((hf.FIXTURES / "Qwen-VL-Chat" / "config.json").read_text())
-    config.update(change)
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors.index.json").write_text((hf.FIXTURES / "Qwen-VL-Chat" / "model.safetensors.index.json").read_text())
-    for f in (hf.FIXTURES / "Qwen-VL-Chat").glob("*.safetensors"):
-        hf.sparse_copy(f, folder / f.name)
+    folder = hf.edited_copy(hf.FIXTURES / "Qwen-VL-Chat", tmp_path / "Qwen-VL-Chat", lambda config: config.update(change))
     with pytest.raises(MemspecError) as info:
-        importer.import_spec(str(folder))
+        importer.import_spec(folder)
     assert "E713" in str(info.value) and words in str(info.value)
 
 
