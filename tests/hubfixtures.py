@@ -1136,22 +1136,30 @@ def qwen_vl_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
             (b + "mlp.c_proj.weight", dtype, [w, mlp]),
             (b + "mlp.c_proj.bias", dtype, [w]),
         ]
-    a = vp + "attn_pool."
+    out += resampler_tensors(vp + "attn_pool.", vp, queries, out_dim, w, dtype, pos_embed=True)
+    return out
+
+
+def resampler_tensors(prefix: str, post: str, queries: int, dim: int, kv_in: int, dtype: str, pos_embed: bool = False) -> list[tuple[str, str, list[int]]]:
+    """The Resampler of Qwen-VL's visual.py and MiniCPM-V's resampler.py under `prefix`: the learned
+    query [queries, dim] (and Qwen-VL's stored sin-cos pos_embed), kv_proj without bias (kv_in to
+    dim), torch's nn.MultiheadAttention (in_proj_weight, in_proj_bias, out_proj), ln_q and ln_kv;
+    then ln_post and the proj matrix under `post`."""
+    out = [(prefix + "query", dtype, [queries, dim])]
+    out += [(prefix + "pos_embed", dtype, [queries, dim])] if pos_embed else []
     out += [
-        (a + "query", dtype, [queries, out_dim]),
-        (a + "pos_embed", dtype, [queries, out_dim]),
-        (a + "kv_proj.weight", dtype, [out_dim, w]),
-        (a + "attn.in_proj_weight", dtype, [3 * out_dim, out_dim]),
-        (a + "attn.in_proj_bias", dtype, [3 * out_dim]),
-        (a + "attn.out_proj.weight", dtype, [out_dim, out_dim]),
-        (a + "attn.out_proj.bias", dtype, [out_dim]),
-        (a + "ln_q.weight", dtype, [out_dim]),
-        (a + "ln_q.bias", dtype, [out_dim]),
-        (a + "ln_kv.weight", dtype, [out_dim]),
-        (a + "ln_kv.bias", dtype, [out_dim]),
-        (vp + "ln_post.weight", dtype, [out_dim]),
-        (vp + "ln_post.bias", dtype, [out_dim]),
-        (vp + "proj", dtype, [out_dim, out_dim]),
+        (prefix + "kv_proj.weight", dtype, [dim, kv_in]),
+        (prefix + "attn.in_proj_weight", dtype, [3 * dim, dim]),
+        (prefix + "attn.in_proj_bias", dtype, [3 * dim]),
+        (prefix + "attn.out_proj.weight", dtype, [dim, dim]),
+        (prefix + "attn.out_proj.bias", dtype, [dim]),
+        (prefix + "ln_q.weight", dtype, [dim]),
+        (prefix + "ln_q.bias", dtype, [dim]),
+        (prefix + "ln_kv.weight", dtype, [dim]),
+        (prefix + "ln_kv.bias", dtype, [dim]),
+        (post + "ln_post.weight", dtype, [dim]),
+        (post + "ln_post.bias", dtype, [dim]),
+        (post + "proj", dtype, [dim, dim]),
     ]
     return out
 
@@ -1187,22 +1195,7 @@ def minicpmv_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     h, q = c["hidden_size"], c["query_num"]
     out = llama_tensors(c, prefix="llm.model.", head="llm.lm_head.weight", dtype=dtype, qkv_bias=True)
     out += siglip_tensors(c["vision_config"], "vpm.", dtype)
-    r = "resampler."
-    out += [
-        (r + "query", dtype, [q, h]),
-        (r + "kv_proj.weight", dtype, [h, c["vision_config"]["hidden_size"]]),
-        (r + "attn.in_proj_weight", dtype, [3 * h, h]),
-        (r + "attn.in_proj_bias", dtype, [3 * h]),
-        (r + "attn.out_proj.weight", dtype, [h, h]),
-        (r + "attn.out_proj.bias", dtype, [h]),
-        (r + "ln_q.weight", dtype, [h]),
-        (r + "ln_q.bias", dtype, [h]),
-        (r + "ln_kv.weight", dtype, [h]),
-        (r + "ln_kv.bias", dtype, [h]),
-        (r + "ln_post.weight", dtype, [h]),
-        (r + "ln_post.bias", dtype, [h]),
-        (r + "proj", dtype, [h, h]),
-    ]
+    out += resampler_tensors("resampler.", "resampler.", q, h, c["vision_config"]["hidden_size"], dtype)
     return out
 
 
