@@ -48,7 +48,7 @@ def test_gate(comparisons, measure):
         limits["max_mape_pct"],
         limits["max_worst_pct"],
         limits["max_under_estimates"],
-        "reserved" if gated is not comparisons else measure,
+        "allocated" if measure == "allocated" else "reserved",
         limits.get("under_tolerance_pct", 0.0),
     )
     assert failures == [], render(gated)
