@@ -128,20 +128,28 @@ def layers(spec: Spec, setup: Setup, formulas: Library | None = None, reuse: dic
 
 
 def run(
-    spec: Spec, setup: Setup, formulas: Library | None = None, table: bool = True, nodes: tuple[Node, ...] | None = None, reuse: dict | None = None
+    spec: Spec,
+    setup: Setup,
+    formulas: Library | None = None,
+    table: bool = True,
+    nodes: tuple[Node, ...] | None = None,
+    reuse: dict | None = None,
+    verdict_budget: int | None = None,
 ) -> Report:
     """Stages expand -> evaluate -> simulate on resolved inputs; `table=False` skips the
     layer table (searches that only need the peak); `nodes`, the layers of an earlier run of
     `spec` whose setup differs from this one only where expand and evaluate do not read it
     (the data-parallel degree), are simulated again as they are (a search's); `reuse`, as
     `layers`' (a search's or a sweep's: a sequence length changes the language model's
-    layers, not the vision tower's)."""
+    layers, not the vision tower's); `verdict_budget`, a search's bytes for the device figure:
+    a probe past it may get a lower bound instead of the figure (`estimate.reserved_bound`,
+    see simulate)."""
     with _collector_paused():
         if nodes is None:
             nodes = layers(spec, setup, formulas, reuse)
             _reconcile(spec, nodes, setup)
         rows = layer_table(nodes) if table else ()
-        est = simulate(nodes, setup)
+        est = simulate(nodes, setup, verdict_budget)
     _, consts = gpu_catalog()
     device = est.reserved + device_overhead(setup)
     # NB: a quantized linear's packed codes are not elements: its weight's own count (_elements)

@@ -272,3 +272,27 @@ def test_a_search_takes_again_only_the_layers_made_from_the_same_inputs():
     assert len(made) == 3  # micro-batch 16, micro-batch 3, and the tower checkpointed
     # each change but dp and ZeRO's and the vision tower's checkpointing: 8 - 2
     assert len([key for key in reuse if key[:1] == ("root",) and key[3] == "language"]) == 6
+
+
+def test_a_probe_past_the_budget_gets_a_lower_bound_and_the_same_verdict():
+    """A search's probe (`verdict_budget`) leaves the replay out where the allocated peak with
+    the device's overhead already passes the budget, and the second replay within the GPU
+    where the first passes it: its device figure is then a lower bound of the estimate's, and
+    the verdict the same. LLaVA-1.5-7B finetune, 8 x H100, ZeRO-3, 5 % margin: micro-batch 16
+    fits (42.6 GiB), 41 is the largest that fits, 45's replay passes the GPU (its allocated
+    peak does not pass the budget), 61's allocated peak passes the budget."""
+    gpu = gpu_catalog()[0]["h100-80gb"]
+    spec, setup = load_inputs(EXPERIMENT, {"dp": 8, "zero": 3, "gpu": "h100-80gb"})
+    budget = parse_margin("5%").budget(gpu.memory)
+    for micro_batch in (16, 41, 42, 45, 61):
+        s = replace(setup, micro_batch=micro_batch)
+        full, probe = run(spec, s), run(spec, s, verdict_budget=budget)
+        assert probe.allocated == full.allocated
+        if probe.estimate.reserved_bound:
+            assert probe.device <= full.device and full.device > budget < probe.device
+        else:
+            assert (probe.reserved, probe.device, probe.estimate.oom) == (full.reserved, full.device, full.estimate.oom)
+    replayed = run(spec, replace(setup, micro_batch=45), verdict_budget=budget)
+    assert replayed.estimate.reserved_bound and replayed.reserved > replayed.allocated  # one replay, without the GPU's limit
+    past = run(spec, replace(setup, micro_batch=61), verdict_budget=budget)
+    assert past.estimate.reserved_bound and past.reserved == past.allocated  # no replay: its allocated peak

@@ -67,21 +67,36 @@ class _Probe:
         self.reuse = reuse  # the search's modules already expanded and evaluated (api.run)
         self.device: dict[int, int] = {}
         self.oom: set[int] = set()  # values whose replay ran out of the GPU's memory
+        self.bound: set[int] = set()  # values whose device figure is a lower bound past the budget
         self.runs = 0  # estimates made (the setup's own figure is given, not made)
 
     def know(self, x: int, report: Report) -> None:
         """Record the estimate at `x` (made here, or the setup as given, made before)."""
         self.device[x] = report.device
+        self.oom.discard(x)
+        self.bound.discard(x)
         if report.estimate.oom is not None:
             self.oom.add(x)
+        if report.estimate.reserved_bound:
+            self.bound.add(x)
+
+    def _run(self, x: int, verdict_only: bool) -> None:
+        budget = self.budget if verdict_only else None
+        self.know(x, run(self.spec, self.change(x), table=False, nodes=self.nodes, reuse=self.reuse, verdict_budget=budget))
+        self.runs += 1
 
     def fits(self, x: int) -> bool:
+        """NB: a probe past the budget may know only a lower bound of its device figure (its
+        allocated peak, or the replay's without the GPU's limit), enough for the verdict and
+        for the line through the probes; the answer's neighbour gets its figure (`answer`)."""
         if x not in self.device:
-            self.know(x, run(self.spec, self.change(x), table=False, nodes=self.nodes, reuse=self.reuse))
-            self.runs += 1
-        return self.device[x] <= self.budget and x not in self.oom
+            self._run(x, verdict_only=True)
+        return self.device[x] <= self.budget and x not in self.oom and x not in self.bound
 
     def answer(self, knob: str, value: int | None, next_value: int | None) -> Answer:
+        """The answer with the device figures `memspec estimate` gives at both values."""
+        if next_value is not None and next_value in self.bound:
+            self._run(next_value, verdict_only=False)
         return Answer(knob, value, self.device.get(value), next_value, self.device.get(next_value), self.runs)
 
 

@@ -77,12 +77,17 @@ class Estimate:
     not_modelled: tuple[str, ...]
     trainable_params: int  # elements, all ranks
     oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
+    reserved_bound: bool = False  # `reserved` is a lower bound: a probe's, the verdict known without the replay
     # device_map: each GPU's own estimate, by GPU index (this one is the GPU that needs the most)
     devices: tuple["Estimate", ...] = ()
     gpu: int | None = None  # device_map: the GPU this estimate is of
 
 
-def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
+def simulate(nodes: tuple[Node, ...], setup: Setup, verdict_budget: int | None = None) -> Estimate:
+    """`verdict_budget`: a search's probe, which needs only whether the device figure is
+    within that many bytes: where the step's allocated peak alone puts it over, or the replay
+    on a device without a limit passes the GPU, the replay (or its second run within the GPU)
+    is left out and `reserved` is a lower bound (`reserved_bound`)."""
     if setup.device_map is not None and setup.device_map.gpu < 0:
         return _per_gpu_estimates(nodes, setup)
     trainable = _trainable_elements(nodes, setup)
@@ -125,10 +130,17 @@ def simulate(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
     states += [round_up(b, ALLOCATOR_GRANULE) for b in once]
     first_step = walk.owner.first_step_allocations(once) if trainable else None
     untied = _untied_head(nodes, setup) if (p_div, setup.device_map, setup.pp) == (1, None, 1) else 0
-    reserved, oom = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied)
+    # NB: the allocator cannot hold less than is allocated, so where the allocated peak with the
+    # device's overhead passes a probe's budget the verdict needs no replay
+    bound = verdict_budget is not None and state.best.total + device_overhead(setup) > verdict_budget
+    if bound:
+        reserved, oom = state.best.total, None
+    else:
+        reserved, oom, bound = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied, verdict_budget is not None)
     return Estimate(
         peak=state.best,
-        reserved=reserved,
+        reserved=max(reserved, state.best.total),
+        reserved_bound=bound,
         oom=oom,
         # Step 1 has no optimizer states before step() creates them; its step() makes
         # them as it goes (see optimizer_step._first_step_optimizer).
@@ -412,9 +424,11 @@ def _replay(
     step_start: int,
     first_step: list | None = None,
     untied: int = 0,
-) -> tuple[int, OutOfMemory | None]:
-    """The caching allocator's reserved bytes over two training steps, and the allocation
-    that fails on `setup.gpu` if one does.
+    verdict_only: bool = False,
+) -> tuple[int, OutOfMemory | None, bool]:
+    """The caching allocator's reserved bytes over two training steps, the allocation that
+    fails on `setup.gpu` if one does, and whether the bytes are a lower bound (`verdict_only`:
+    a replay past the GPU is not run again within it).
 
     The replay runs what a job allocates in its order: the weights and buffers, with tied
     embeddings the output embedding's own weight made and dropped (`untied` bytes, see
@@ -435,15 +449,7 @@ def _replay(
     if setup.gpu is not None:
         capacity = setup.gpu.memory - device_overhead(setup)
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
-    placed = {e[0] for e in walk if e[0][0] == "workspace"}
-    loaded = [(("weight", i), size) for i, size in enumerate(resident) if size]
-    if untied:
-        loaded += [(("untied output embedding",), untied), (("untied output embedding",), None)]
-    # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has its
-    # workspaces from the start, as before any layer runs
-    threads = range(setup.target.gemm_threads)
-    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(_workspace_blocks(setup.target)) if ("workspace", t, i) not in placed]
-    loaded += state.events[:walk_start]
+    loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
     def run(allocator: Allocator) -> int:
@@ -468,20 +474,36 @@ def _replay(
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
     # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
-    # frees the cached segments with nothing allocated in them and retries), for the
-    # allocation that fails; a step that gets through only by that release is not counted on
-    # to fit: the replay's blocks are coarser than the step's tensors, so more of its cached
-    # segments are wholly free than the real step's (measured: LLaVA-1.5-7B pretrain at
-    # micro-batch 38 ran out of memory on an H100 that such a release would have served).
+    # frees the wholly free cached segments and retries), for the allocation that fails; a
+    # step that gets through only by that release is not counted on to fit: the replay's
+    # blocks are coarser than the step's tensors, so more of its segments are wholly free
+    # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
     peak = run(Allocator(setup.alloc_conf))
     if capacity is None or peak <= capacity:
-        return peak, None
+        return peak, None, False
+    if verdict_only:
+        return peak, None, True
     try:
         run(Allocator(setup.alloc_conf, capacity))
-        return peak, None
+        return peak, None, False
     except OutOfMemoryError as error:
         oom = error.oom
-        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom
+        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False
+
+
+def _loaded(setup: Setup, before_walk: list, walk: list, resident: list[int], untied: int) -> list:
+    """What the replay allocates before step 1 walks: the weights and buffers, the untied
+    output embedding made and dropped, the GEMM threads' workspaces that the walk does not
+    place, then the walk's own allocations made before it (`before_walk`)."""
+    placed = {e[0] for e in walk if e[0][0] == "workspace"}
+    loaded = [(("weight", i), size) for i, size in enumerate(resident) if size]
+    if untied:
+        loaded += [(("untied output embedding",), untied), (("untied output embedding",), None)]
+    # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has its
+    # workspaces from the start, as before any layer runs
+    threads = range(setup.target.gemm_threads)
+    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(_workspace_blocks(setup.target)) if ("workspace", t, i) not in placed]
+    return loaded + before_walk
 
 
 def device_overhead(setup: Setup) -> int:
