@@ -1,5 +1,6 @@
 """`memspec measure` end to end on tiny LLaVAs, against committed expected records (the
-finetune step with fp32 master weights and under autocast, the pretrain step)."""
+finetune step with fp32 master weights and under autocast, the pretrain step, the tower
+alone trained)."""
 
 import json
 from pathlib import Path
@@ -17,7 +18,7 @@ TINY = Path(__file__).parent / "measured" / "tiny"
 COMPARED = ("schema", "name", "experiment", "model_config_sha256", "source", "emulation", "steps", "allocated", "allocated_first_step", "reserved", "device")
 
 
-@pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain", "tiny-autocast"])
+@pytest.mark.parametrize("name", ["tiny-finetune", "tiny-pretrain", "tiny-autocast", "tiny-vision"])
 def test_cli_reproduces_the_committed_record(name, tmp_path):
     out = tmp_path / f"{name}.json"
     assert run([str(TINY / f"{name}.yaml"), "--steps", "3", "-o", str(out)]) == 0

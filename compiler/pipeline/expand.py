@@ -346,10 +346,11 @@ def _image_tokens_over_seq(root: Instance, setup: Setup) -> str | None:
 
 def _grad_out(inst: Instance) -> bool:
     """Whether an instance's output requires grad: its input did (residual paths carry it
-    through a composite) or its last child's output does."""
+    through a composite) or a child's output does (children past a tower's feature layer
+    reach no loss: a trained tower's output is its feature layer's, not its last child's)."""
     if not inst.children:
         return inst.grad_flows
-    return inst.grad_in or _grad_out(inst.children[-1])
+    return inst.grad_in or any(_grad_out(c) for c in reversed(inst.children))
 
 
 @dataclass
