@@ -173,7 +173,10 @@ def test_the_finetune_demo_targets_are_estimated():
     # peft_lora.py's default lm_head and its README's vision_expert_query_key_value reach the
     # language model only
     for targets in (["lm_head"], ["vision_expert_query_key_value"]):
-        assert api.estimate(str(SPEC), micro_batch=1, seq_len=SEQ, images_per_sample=1, trainable=["language"], lora={"r": 8, "target_modules": targets}).allocated > 0
+        assert (
+            api.estimate(str(SPEC), micro_batch=1, seq_len=SEQ, images_per_sample=1, trainable=["language"], lora={"r": 8, "target_modules": targets}).allocated
+            > 0
+        )
 
 
 @pytest.mark.parametrize(
