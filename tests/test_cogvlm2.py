@@ -137,6 +137,8 @@ def test_projector_terms_when_trained():
     assert rows["projector"].transient_forward == 2306 * HIDDEN * 2
     # the tower's query_key_value saves its input, 9217 positions of 1792
     assert rows["vision.layers[0:63].query_key_value"].activations == 9217 * 1792 * 2
+    # the batch's image, [3, 1344, 1344] bf16, a buffer of the step
+    assert rows["vision"].buffers == 3 * 1344 * 1344 * 2
 
 
 def test_the_loss_is_over_the_shifted_fp32_logits():
