@@ -73,8 +73,10 @@ def test_expert_attention_terms_when_trained():
     # mixed_raw_layer's k and v slices (kept by the kernel's q view) 4096 * 2 * 8 * 128 * 2, and k
     # and v copied out to all 32 heads 2 * X
     assert rows[ATTN + ".prep"].activations == SEQ * 2048 * 2 + 2 * X
-    # attention_fn's checks: the bool mask and two fp32 [1, 1, s, s] (ones, tril) 4096^2 * 9
-    assert rows[ATTN + ".prep"].transient_forward == SEQ * SEQ * 9
+    # attention_fn's checks: two fp32 [1, 1, s, s] (ones, tril) 4096^2 * 8, beside the bool
+    # (attention_mask == 0) the attention holds through the kernel, with the dense outputs' target X
+    assert rows[ATTN + ".prep"].transient_forward == SEQ * SEQ * 8
+    assert rows[ATTN].transient_forward == X + SEQ * SEQ
     # sdpa's flash kernel (is_causal, no mask): q X, its output X, lse 32 * 4096 * 4, philox 16 + 8
     assert rows[ATTN + ".core"].activations == 2 * X + 32 * SEQ * 4 + 24
     # the denses save their rows of the kernel's output, index copies: one X more than Llama's o_proj
