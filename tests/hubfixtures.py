@@ -3382,6 +3382,117 @@ def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     return chatglm_tensors(c, dtype) + out
 
 
+# THUDM/cogvlm2-llama3-chat-19B (remote code CogVLMForCausalLM, no model_type: CogVLMConfig declares
+# none; bf16 weights in 8 shards). The config.json as stored in a copy of the hub repo
+# (yongchenglai/llm-research model/model_cogvlm2/config.json), key for key; the tensor names and
+# shapes those of its model.safetensors.index.json (1221 tensors, total_size 39_006_214_656 B), the
+# shapes read from modeling_cogvlm.py and visual.py (the index lists names only; the shard grouping
+# here is write_checkpoint's, not the hub's). 19,503,105,280 parameters: the language model with its
+# visual experts 15,009,779,712, the EVA2-CLIP-E tower 4,296,961,536, the projector 196,364,032
+# (+ 32 x 64 bf16 rotary inv_freq buffers: 19,503,107,328 x 2 B = the index's total_size).
+COGVLM2_LLAMA3_CHAT_19B = {
+    "architectures": ["CogVLMForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_cogvlm.CogVLMConfig", "AutoModelForCausalLM": "modeling_cogvlm.CogVLMForCausalLM"},
+    "vision_config": {
+        "dropout_prob": 0.0,
+        "hidden_act": "gelu",
+        "in_channels": 3,
+        "num_hidden_layers": 63,
+        "hidden_size": 1792,
+        "patch_size": 14,
+        "num_heads": 16,
+        "intermediate_size": 15360,
+        "layer_norm_eps": 1e-06,
+        "num_positions": 9217,
+        "image_size": 1344,
+    },
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05,
+    "template_version": "chat",
+    "initializer_range": 0.02,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128009],
+    "pad_token_id": 128002,
+    "vocab_size": 128256,
+    "num_hidden_layers": 32,
+    "hidden_act": "silu",
+    "use_cache": True,
+}
+
+
+def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """THUDM/cogvlm2-llama3-chat-19B: model.embed_tokens, model.layers.N with both experts
+    (self_attn.{language,vision}_expert_query_key_value, the vision one with a bias,
+    {language,vision}_expert_dense, mlp.{language,vision}_mlp.{gate,up,down}_proj, two RMSNorms and
+    the rotary's inv_freq buffer), model.norm, lm_head, and model.vision: the EVA2-CLIP-E tower as
+    GLM-4V-9B's, the 2 x 2 conv (vision width to vision width), the GLU linear_proj from the vision
+    width, boi and eoi."""
+    v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    kv = c.get("num_multi_query_heads", 8)
+    qkv = h + 2 * (h // heads) * kv
+    w, m, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        q = f"model.layers.{i}."
+        out += [
+            (q + "input_layernorm.weight", dtype, [h]),
+            (q + "self_attn.rotary_emb.inv_freq", dtype, [h // heads // 2]),
+            (q + "self_attn.language_expert_query_key_value.weight", dtype, [qkv, h]),
+            (q + "self_attn.vision_expert_query_key_value.weight", dtype, [qkv, h]),
+            (q + "self_attn.vision_expert_query_key_value.bias", dtype, [qkv]),
+            (q + "self_attn.language_expert_dense.weight", dtype, [h, h]),
+            (q + "self_attn.vision_expert_dense.weight", dtype, [h, h]),
+            (q + "post_attention_layernorm.weight", dtype, [h]),
+        ]
+        for expert in ("language_mlp", "vision_mlp"):
+            out += [
+                (f"{q}mlp.{expert}.gate_proj.weight", dtype, [inter, h]),
+                (f"{q}mlp.{expert}.up_proj.weight", dtype, [inter, h]),
+                (f"{q}mlp.{expert}.down_proj.weight", dtype, [h, inter]),
+            ]
+    out += [("model.norm.weight", dtype, [h])]
+    pre = "model.vision."
+    out += [
+        (pre + "patch_embedding.cls_embedding", dtype, [1, w]),
+        (pre + "patch_embedding.proj.weight", dtype, [w, v["in_channels"], p, p]),
+        (pre + "patch_embedding.proj.bias", dtype, [w]),
+        (pre + "patch_embedding.position_embedding.weight", dtype, [v["num_positions"], w]),
+    ]
+    for i in range(v["num_hidden_layers"]):
+        q = f"{pre}transformer.layers.{i}."
+        out += [
+            (q + "input_layernorm.weight", dtype, [w]),
+            (q + "input_layernorm.bias", dtype, [w]),
+            (q + "attention.query_key_value.weight", dtype, [3 * w, w]),
+            (q + "attention.query_key_value.bias", dtype, [3 * w]),
+            (q + "attention.dense.weight", dtype, [w, w]),
+            (q + "attention.dense.bias", dtype, [w]),
+            (q + "mlp.fc1.weight", dtype, [m, w]),
+            (q + "mlp.fc1.bias", dtype, [m]),
+            (q + "mlp.fc2.weight", dtype, [w, m]),
+            (q + "mlp.fc2.bias", dtype, [w]),
+            (q + "post_attention_layernorm.weight", dtype, [w]),
+            (q + "post_attention_layernorm.bias", dtype, [w]),
+        ]
+    out += [
+        (pre + "linear_proj.linear_proj.weight", dtype, [h, w]),
+        (pre + "linear_proj.norm1.weight", dtype, [h]),
+        (pre + "linear_proj.norm1.bias", dtype, [h]),
+        (pre + "linear_proj.dense_h_to_4h.weight", dtype, [inter, h]),
+        (pre + "linear_proj.gate_proj.weight", dtype, [inter, h]),
+        (pre + "linear_proj.dense_4h_to_h.weight", dtype, [h, inter]),
+        (pre + "conv.weight", dtype, [w, w, 2, 2]),
+        (pre + "conv.bias", dtype, [w]),
+        (pre + "boi", dtype, [1, 1, h]),
+        (pre + "eoi", dtype, [1, 1, h]),
+        ("lm_head.weight", dtype, [c["vocab_size"], h]),
+    ]
+    return out
+
+
 # deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
 # deepseek-ai/deepseek-vl-1.3b-chat; one bfloat16 shard). NB reconstructed, not copied: the keys
 # memory depends on, with the values of the published model (SigLIP-L/16 at 384 px: 24 layers of
@@ -4669,6 +4780,12 @@ def write_glm4v_9b() -> None:
     write_checkpoint(FIXTURES / "glm-4v-9b", GLM_4V_9B, glm4v_9b_tensors(GLM_4V_9B), shards=15)
 
 
+def write_cogvlm2() -> None:
+    """THUDM/cogvlm2-llama3-chat-19B alone (`python tests/hubfixtures.py cogvlm2`)."""
+    c = COGVLM2_LLAMA3_CHAT_19B
+    write_checkpoint(FIXTURES / "cogvlm2-llama3-chat-19B", c, cogvlm2_tensors(c), shards=8)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -4752,6 +4869,7 @@ def write_all() -> None:
     write_phi3_v()
     write_minicpmv()
     write_glm4v_9b()
+    write_cogvlm2()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4828,6 +4946,8 @@ if __name__ == "__main__":
         write_minicpmv()
     elif sys.argv[1:] == ["glm4v_9b"]:
         write_glm4v_9b()
+    elif sys.argv[1:] == ["cogvlm2"]:
+        write_cogvlm2()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

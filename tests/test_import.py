@@ -111,6 +111,19 @@ def _error(fn, *args, **kwargs) -> str:
         # dense_h_to_4h, dense_4h_to_h 3 * 13696 * 4096 = 168_296_448, boi and eoi 2 * 4096:
         # 214_454_272; 13_906_320_896 in all, the published 13.9B
         ("glm-4v-9b", {"vision": 4_291_915_264, "projector": 214_454_272, "language": 9_399_951_360}),
+        # CogVLM2 (cogvlm2, remote code; config.json without model_type, found by its architecture):
+        # the language model embed_tokens and lm_head 2 * 128256 * 4096 = 1_050_673_152 + norm 4096 +
+        # 32 * 436_221_952 layers (language_expert_query_key_value (4096 + 2 * 8 * 128) = 6144 x 4096 =
+        # 25_165_824, vision_expert_query_key_value the same + 6144 bias = 25_171_968, language_ and
+        # vision_expert_dense 2 * 4096^2 = 33_554_432, language_ and vision_mlp 2 * 3 * 4096 * 14336 =
+        # 352_321_536, two RMSNorms 2 * 4096; rotary_emb.inv_freq left out, a buffer) = 15_009_779_712;
+        # the EVA2-CLIP-E tower at 1344 px as GLM-4V-9B's with position_embedding 9217 * 1792 =
+        # 16_516_864: 1_055_488 + 1792 + 16_516_864 + 63 * 67_926_784 = 4_296_961_536; the projector
+        # conv 1792 x 1792 x 2 x 2 + 1792 = 12_846_848, linear_proj 4096 x 1792 = 7_340_032, norm1
+        # 8192, gate_proj, dense_h_to_4h, dense_4h_to_h 3 * 14336 * 4096 = 176_160_768, boi and eoi
+        # 8192: 196_364_032; 19_503_105_280 in all (the index's total_size 39_006_214_656 B is these
+        # and the 32 x 64 inv_freq values in bf16), the published 19B
+        ("cogvlm2-llama3-chat-19B", {"vision": 4_296_961_536, "projector": 196_364_032, "language": 15_009_779_712}),
         # Falcon-40B (falcon, new decoder architecture): 60 * 679_510_016 layers (query_key_value
         # (128 + 2 * 8) * 64 = 9216 x 8192, dense 8192^2, dense_h_to_4h and dense_4h_to_h
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table

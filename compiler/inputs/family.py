@@ -246,7 +246,12 @@ class Families:
         vision_config.model_type is vision_type. A config with a `visual` block and no
         vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"; a
         vision_config without a model_type (GLM-4V-9B's remote code, model_type "chatglm") has
-        vision_type "vision_config"."""
+        vision_type "vision_config". A config without model_type goes by its first architecture."""
+        by_architecture = model_type is None and isinstance((config or {}).get("architectures"), list) and bool(config["architectures"])
+        if by_architecture:
+            # NB: CogVLM2's remote CogVLMConfig declares no model_type, so its config.json has
+            # none: such a config is looked up by its first architecture (CogVLMForCausalLM)
+            model_type = config["architectures"][0]
         vision = (config or {}).get("vision_config")
         vision_type = vision.get("model_type", "vision_config") if isinstance(vision, Mapping) else None
         if vision is None and isinstance((config or {}).get("visual"), Mapping):
@@ -259,6 +264,7 @@ class Families:
         if family is None:
             known = sorted(self.by_model_type)
             shown = f"'{model_type}'" if isinstance(model_type, str) else "missing"
+            shown = f"missing, and its architecture {shown}" if by_architecture else shown
             hint = did_you_mean(model_type, known) if isinstance(model_type, str) else None
             raise MemspecError(
                 Diagnostic(

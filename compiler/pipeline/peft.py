@@ -89,7 +89,63 @@ def peft_problems(setup: Setup, roots: tuple, matched: set) -> list[Diagnostic]:
     NOT_ADAPTABLE type (E326), a modules_to_save name that matches nothing (E320)."""
     if setup.lora is None:
         return []
-    return _unadaptable(setup, roots)[:1] + unmatched_saves(setup, roots, matched)
+    return _unadaptable(setup, roots)[:1] + _reached_elsewhere(setup, roots) + unmatched_saves(setup, roots, matched)
+
+
+# Root layer types whose recipes hand peft the whole model with bare target names (CogVLM2's
+# finetune demo: get_peft_model on CogVLMForCausalLM), and per other module's layer type the
+# checkpoint names of its adaptable layers there, with whether each is an nn.Linear (peft's
+# all-linear takes those, not the convs). peft's suffix rule reaches them from any target that
+# names them; memspec adapts lora.modules only, so such a target is refused (E335) while their
+# module is not in lora.modules.
+WHOLE_MODEL_TARGETS: Mapping[str, Mapping[str, tuple[tuple[str, bool], ...]]] = {
+    "cogvlm_causal_lm": {
+        "eva2clip_vision_tower": (
+            ("model.vision.transformer.layers.0.attention.query_key_value", True),
+            ("model.vision.transformer.layers.0.attention.dense", True),
+            ("model.vision.transformer.layers.0.mlp.fc1", True),
+            ("model.vision.transformer.layers.0.mlp.fc2", True),
+            ("model.vision.patch_embedding.proj", False),
+        ),
+        "glm4v9b_projector": (
+            ("model.vision.linear_proj.linear_proj", True),
+            ("model.vision.linear_proj.gate_proj", True),
+            ("model.vision.linear_proj.dense_h_to_4h", True),
+            ("model.vision.linear_proj.dense_4h_to_h", True),
+            ("model.vision.conv", False),
+        ),
+    },
+}
+
+
+def _reached_elsewhere(setup: Setup, roots: tuple) -> list[Diagnostic]:
+    """E335 for each LoRA target that peft would also match in a module outside lora.modules,
+    where the model's recipes wrap the whole model (WHOLE_MODEL_TARGETS)."""
+    lora, out = setup.lora, []
+    for root in roots:
+        table = WHOLE_MODEL_TARGETS.get(root.formula.layer_type)
+        if table is None or root.module not in lora.modules:
+            continue
+        for other in (r for r in roots if r.module not in lora.modules):
+            names = table.get(other.formula.layer_type, ())
+            targets = ("all-linear",) if lora.target_modules == "all-linear" else lora.target_modules
+            for t in targets:
+                hits = [n for n, linear in names if (linear if t == "all-linear" else n == t or n.endswith("." + t))]
+                if hits:
+                    out.append(
+                        Diagnostic(
+                            "E335",
+                            setup.file,
+                            0,
+                            0,
+                            "$.lora.target_modules",
+                            f"LoRA target '{t}' also matches {other.module}'s {', '.join(hits)} (peft matches target names over the whole model), "
+                            f"which lora.modules ({', '.join(sorted(lora.modules))}) leaves out: not modelled",
+                            f"add {other.module} to lora.modules (its adapters are then counted), or name only the language model's linears "
+                            "(vision_expert_query_key_value, language_expert_query_key_value, vision_expert_dense, language_expert_dense, up_proj, down_proj)",
+                        )
+                    )
+    return sorted(out, key=lambda d: d.message)
 
 
 def _unadaptable(setup: Setup, roots: tuple) -> list[Diagnostic]:

@@ -207,7 +207,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         trainable=frozenset(data["trainable"]) - (lora.modules if lora else frozenset()),
         precision=data["precision"],
         optimizer=optimizer,
-        gradient_checkpointing=frozenset(data["gradient_checkpointing"]),
+        gradient_checkpointing=frozenset(data["gradient_checkpointing"]) | self_checkpointed(spec),
         attention=data["attention"],
         dp=parallel["dp"],
         zero=parallel["zero"],
@@ -235,6 +235,17 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
         transformers=data["transformers"],
         device_map=device_map,
     )
+
+
+# Root layer types whose remote code checkpoints every decoder layer itself, whatever the setting:
+# CogVLM2's llm_forward calls torch.utils.checkpoint.checkpoint(..., use_reentrant=False) per
+# layer (and transformers' gradient_checkpointing_enable refuses the model). Their modules are
+# checkpointed in every estimate.
+SELF_CHECKPOINTED = ("cogvlm_causal_lm",)
+
+
+def self_checkpointed(spec: Spec) -> frozenset[str]:
+    return frozenset(m.name for m in spec.modules if m.type in SELF_CHECKPOINTED)
 
 
 class Resolution:
