@@ -23,15 +23,15 @@ __all__ = ["image_tokens_per_image", "load_config", "make_batch", "model_class",
 class YiVLProjector(torch.nn.Module):
     """Linear, LayerNorm, GELU, Linear, LayerNorm with the -hf checkpoint's module names."""
 
-    def __init__(self, d_in: int, hidden: int, act: str):
+    def __init__(self, d_in: int, hidden: int, act: str, **factory):
         super().__init__()
         from transformers.activations import ACT2FN
 
-        self.linear_1 = torch.nn.Linear(d_in, hidden)
-        self.linear_2 = torch.nn.LayerNorm(hidden)
+        self.linear_1 = torch.nn.Linear(d_in, hidden, **factory)
+        self.linear_2 = torch.nn.LayerNorm(hidden, **factory)
         self.act = ACT2FN[act]
-        self.linear_3 = torch.nn.Linear(hidden, hidden)
-        self.linear_4 = torch.nn.LayerNorm(hidden)
+        self.linear_3 = torch.nn.Linear(hidden, hidden, **factory)
+        self.linear_4 = torch.nn.LayerNorm(hidden, **factory)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
         return self.linear_4(self.linear_3(self.act(self.linear_2(self.linear_1(image_features)))))
@@ -48,9 +48,11 @@ class _YiVLBuilder:
 
         model = LlavaForConditionalGeneration._from_config(config, **kwargs)
         old = model.model.multi_modal_projector.linear_1.weight
-        with torch.device(old.device):
-            projector = YiVLProjector(config.vision_config.hidden_size, config.text_config.hidden_size, config.projector_hidden_act)
-        model.model.multi_modal_projector = projector.to(old.dtype)
+        # NB: built in place, in the dtype and on the device of the projector it replaces: a
+        # module's .to() cannot swap fake parameters
+        model.model.multi_modal_projector = YiVLProjector(
+            config.vision_config.hidden_size, config.text_config.hidden_size, config.projector_hidden_act, dtype=old.dtype, device=old.device
+        )
         return model
 
 
