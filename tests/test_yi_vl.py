@@ -67,19 +67,21 @@ def test_frozen_projector_saves_nothing():
 
 
 def test_tower_is_clip_with_exact_gelu():
-    """The LAION ViT-H/14's MLP runs GELU (hidden_act 'gelu'): one saved input per layer where
-    quick_gelu saves two (x and its sigmoid)."""
+    """The LAION ViT-H/14's MLP runs GELU (hidden_act 'gelu'): clip_gelu_encoder_layer, whose GELU
+    saves its input only where quick_gelu saves two tensors (x and its sigmoid)."""
     rows = _rows(trainable=["vision", "projector"])
-    layers = "vision.layers[0:31].mlp"
-    assert rows[layers + ".act_gelu[0]"].type == "gelu"
-    assert not any(r.type == "quick_gelu" for r in rows.values())
+    layers = "vision.gelu_layers[0:31]"
+    assert rows[layers].type == "clip_gelu_encoder_layer"
+    assert not any(r.type in ("quick_gelu", "clip_encoder_layer") for r in rows.values())
     # fc1's output, 1025 positions x 5120 x 2 B, in each of the 31 layers below the feature layer
-    assert rows[layers + ".act_gelu[0]"].activations == POSITIONS * INTER * 2 == 10_496_000
+    assert rows[layers + ".mlp.act"].type == "gelu"
+    assert rows[layers + ".mlp.act"].activations == POSITIONS * INTER * 2 == 10_496_000
     # the patch conv 1280 x 3 x 14 x 14 = 752_640 and the class and position table 1280 + 1025 * 1280
     assert rows["vision.patch_embedding"].parameters == 752_640 * 2
     assert rows["vision.embeddings"].parameters == (VISION + POSITIONS * VISION) * 2
     # layer 32 runs (hidden_states[-2] is its input) but reaches no loss: no gradient
-    assert rows["vision.unused_layers[0].mlp.fc1"].gradients == 0
+    assert rows["vision.unused_gelu_layers[0].mlp.fc1"].gradients == 0
+    assert rows["vision.unused_gelu_layers[0]"].count == 1
 
 
 def test_language_sees_the_image_positions():
