@@ -578,6 +578,27 @@ def pixtral_llava_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, 
     return tower + projector + llama_tensors(t, prefix="language_model.model.", head="language_model.lm_head.weight", dtype=dtype)
 
 
+def yi_vl_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
+    """Yi-VL in its transformers form (BUAADreamer/Yi-VL-6B-hf, -34B-hf: LlavaForConditionalGeneration):
+    LLaVA-1.5's layout, the projector's four modules multi_modal_projector.linear_1 .. linear_4 of
+    which linear_2 and linear_4 are LayerNorms ([hidden] weight and bias), the tower's CLIP
+    ViT-H/14 at 448 px (a 1025-row position table)."""
+    t, v = c["text_config"], c["vision_config"]
+    h, d = v["hidden_size"], t["hidden_size"]
+    projector = [
+        ("multi_modal_projector.linear_1.weight", dtype, [d, h]),
+        ("multi_modal_projector.linear_1.bias", dtype, [d]),
+        ("multi_modal_projector.linear_2.weight", dtype, [d]),
+        ("multi_modal_projector.linear_2.bias", dtype, [d]),
+        ("multi_modal_projector.linear_3.weight", dtype, [d, d]),
+        ("multi_modal_projector.linear_3.bias", dtype, [d]),
+        ("multi_modal_projector.linear_4.weight", dtype, [d]),
+        ("multi_modal_projector.linear_4.bias", dtype, [d]),
+    ]
+    language = llama_tensors(t, "language_model.model.", "language_model.lm_head.weight", dtype)
+    return language + projector + clip_tensors(v, "vision_tower.vision_model.", dtype)
+
+
 def internlm2_tensors(c: dict, prefix: str = "", dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """InternLM2 / InternLM2.5 (remote code InternLM2ForCausalLM): model.tok_embeddings, per layer
     attention.wqkv ([(heads + 2 kv heads) x head_dim, hidden]) and attention.wo, feed_forward.w1 / w3 / w2,
@@ -3190,6 +3211,74 @@ BAICHUAN2_7B_BASE = {
     "vocab_size": 125696,
     "z_loss_weight": 0,
 }
+# BUAADreamer/Yi-VL-6B-hf and -34B-hf, the transformers conversions of 01-ai/Yi-VL-6B and -34B that
+# LLaMA-Factory lists (template yi_vl). NB reconstructed, not copied (no stored copy of either hub
+# file was found): the layout of llava-hf's config.json with LLaMA-Factory's is_yi_vl_derived_model
+# marker; the text_config from Yi-6B's and Yi-34B's config.json (GQA 32 / 4 and 56 / 8 heads, vocab
+# 64000, rope_theta 5e6), the vision_config from the vit/clip-vit-H-14-laion2B-s32B-b79K-yi-vl-*-448
+# folders' CLIPVisionConfig (LAION ViT-H/14: hidden 1280, 32 layers, 16 heads, exact GELU, at 448 px),
+# vision_feature_layer -2 from the original config's mm_vision_select_layer. The vocabulary as
+# llava-hf's conversion script makes it (convert_llava_weights_to_hf.py: <image> and <pad> added
+# to the tokenizer, the tables padded to a multiple of 64): Yi's 64000 rows become 64064, <image>
+# 64000 and <pad> 64001 (the original's 64000 rows would leave <image> outside the table); fp16 weights.
+YI_VL_VISION = {
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "image_size": 448,
+    "intermediate_size": 5120,
+    "layer_norm_eps": 1e-05,
+    "model_type": "clip_vision_model",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 32,
+    "patch_size": 14,
+    "projection_dim": 1024,
+}
+
+
+def yi_vl_config(text: dict) -> dict:
+    return {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "ignore_index": -100,
+        "image_token_index": 64000,
+        "is_yi_vl_derived_model": True,
+        "model_type": "llava",
+        "pad_token_id": 64001,
+        "projector_hidden_act": "gelu",
+        "text_config": {
+            "architectures": ["LlamaForCausalLM"],
+            "attention_bias": False,
+            "hidden_act": "silu",
+            "max_position_embeddings": 4096,
+            "model_type": "llama",
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 5000000.0,
+            "torch_dtype": "float16",
+            "vocab_size": 64064,
+            **text,
+        },
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "vision_config": YI_VL_VISION,
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "vocab_size": 64064,
+    }
+
+
+YI_VL_6B_HF = yi_vl_config({"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 4})
+YI_VL_34B_HF = yi_vl_config({"hidden_size": 7168, "intermediate_size": 20480, "num_attention_heads": 56, "num_hidden_layers": 60, "num_key_value_heads": 8})
+# the vit folders' CLIPImageProcessor: 448 px, no crop beyond the resize (Yi-VL pads to a square first)
+YI_VL_PROCESSOR = {
+    "crop_size": {"height": 448, "width": 448},
+    "do_center_crop": True,
+    "do_normalize": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+    "size": {"shortest_edge": 448},
+}
 # Qwen/Qwen-VL-Chat (remote code, model_type "qwen" with a `visual` block), config.json as of the
 # repo's main (2023-08; Qwen/Qwen-VL's is the same); bf16 weights in 10 shards. 9,656,935,168
 # parameters: Qwen-7B's 7,721,324,544 and the visual tower's 1,935,610,624, the published 9.6B.
@@ -4786,6 +4875,12 @@ def write_cogvlm2() -> None:
     write_checkpoint(FIXTURES / "cogvlm2-llama3-chat-19B", c, cogvlm2_tensors(c), shards=8)
 
 
+def write_yi_vl() -> None:
+    """BUAADreamer/Yi-VL-6B-hf and -34B-hf alone (`python tests/hubfixtures.py yi_vl`)."""
+    write_checkpoint(FIXTURES / "Yi-VL-6B-hf", YI_VL_6B_HF, yi_vl_tensors(YI_VL_6B_HF), shards=2, processor=YI_VL_PROCESSOR)
+    write_checkpoint(FIXTURES / "Yi-VL-34B-hf", YI_VL_34B_HF, yi_vl_tensors(YI_VL_34B_HF), shards=8, processor=YI_VL_PROCESSOR)
+
+
 def write_all() -> None:
     llava_dir = ROOT / "specs" / "llava" / "hf" / "llava-1.5-7b"
     llava = json.loads((llava_dir / "config.json").read_text())
@@ -4870,6 +4965,7 @@ def write_all() -> None:
     write_minicpmv()
     write_glm4v_9b()
     write_cogvlm2()
+    write_yi_vl()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
         config = json.loads((hf / "config.json").read_text())
@@ -4948,6 +5044,8 @@ if __name__ == "__main__":
         write_glm4v_9b()
     elif sys.argv[1:] == ["cogvlm2"]:
         write_cogvlm2()
+    elif sys.argv[1:] == ["yi_vl"]:
+        write_yi_vl()
     else:
         write_all()
     sys.stdout.write(f"wrote {FIXTURES}\n")

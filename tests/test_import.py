@@ -256,6 +256,21 @@ def _error(fn, *args, **kwargs) -> str:
         # 32 * 113_252_352 layers (qkv_proj 9216 x 3072, o_proj 3072^2, gate_up_proj 16384 x 3072,
         # down_proj 3072 x 8192, two norms 2 * 3072) + embed_tokens and lm_head 2 * 32064 * 3072
         # = 197_001_216 + norm 3072 = 3_821_079_552; 4_146_621_440 in all, the published 4.15B
+        # Yi-VL-6B-hf (yi_vl, reconstructed config): the LAION CLIP ViT-H/14 at 448 px, patch 1280 * 3 * 14
+        # * 14 = 752_640 (no bias) + class 1280 + positions (448 / 14)^2 + 1 = 1025 rows * 1280 =
+        # 1_312_000 + pre-LN 2560 + 32 * 19_677_440 layers (q, k, v, out 4 * (1280^2 + 1280) =
+        # 6_558_720, fc1 5120 x 1280 + 5120, fc2 1280 x 5120 + 1280 = 13_113_600, two LayerNorms 5120)
+        # + post-LN 2560 = 631_749_120; the projector linear_1 4096 x 1280 + 4096 = 5_246_976, LayerNorm
+        # linear_2 2 * 4096, linear_3 4096^2 + 4096 = 16_781_312, LayerNorm linear_4 2 * 4096:
+        # 22_044_672; Yi-6B: 32 * 173_023_232 layers (q, o 2 * 4096^2, k, v 2 * 512 x 4096 (GQA 32 / 4),
+        # MLP 3 * 4096 * 11008 = 135_266_304, norms 2 * 4096) + embed_tokens and lm_head
+        # 2 * 64064 * 4096 = 524_812_288 + norm 4096 = 6_061_559_808; 6_715_353_600 in all
+        ("Yi-VL-6B-hf", {"vision": 631_749_120, "projector": 22_044_672, "language": 6_061_559_808}),
+        # Yi-VL-34B-hf: the same tower; the projector 7168 x 1280 + 7168 = 9_182_208, 2 * 7168, 7168^2 +
+        # 7168 = 51_387_392, 2 * 7168: 60_598_272; Yi-34B: 60 * 557_856_768 layers (q, o 2 * 7168^2, k, v
+        # 2 * 1024 x 7168 (GQA 56 / 8), MLP 3 * 7168 * 20480 = 440_401_920, norms 2 * 7168) +
+        # 2 * 64064 * 7168 = 918_421_504 + norm 7168 = 34_389_834_752; 35_082_182_144 in all
+        ("Yi-VL-34B-hf", {"vision": 631_749_120, "projector": 60_598_272, "language": 34_389_834_752}),
         ("Phi-3-vision-128k-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),
         # Phi-3.5-vision-instruct: the same layout and sizes, 4_146_621_440, the published 4.15B
         ("Phi-3.5-vision-instruct", {"vision": 303_507_456, "projector": 22_034_432, "language": 3_821_079_552}),

@@ -130,6 +130,9 @@ ALLOWED = {
     "t5/flan-t5-large.yaml": "",
     "t5/flan-t5-xl.yaml": "",
     "t5/t5-base.yaml": "",
+    # Yi-VL (the -hf conversions): LLaVA's table; the projector's LayerNorms run on no row of a text-only batch
+    "yi_vl/yi-vl-6b-hf.yaml": "pack offload fused",
+    "yi_vl/yi-vl-34b-hf.yaml": "pack offload fused",
 }
 
 

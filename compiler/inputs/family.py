@@ -246,7 +246,11 @@ class Families:
         vision_config.model_type is vision_type. A config with a `visual` block and no
         vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"; a
         vision_config without a model_type (GLM-4V-9B's remote code, model_type "chatglm") has
-        vision_type "vision_config". A config without model_type goes by its first architecture."""
+        vision_type "vision_config". A LLaVA conversion marked is_yi_vl_derived_model (Yi-VL's
+        -hf checkpoints, whose projector has LayerNorms) has vision_type "yi_vl". A config of
+        the original LLaVA repository's (mm_vision_tower and no vision_config: Yi-VL's own
+        01-ai checkpoints) is refused, E713: its tower's config is not in config.json. A config
+        without model_type goes by its first architecture."""
         by_architecture = model_type is None and isinstance((config or {}).get("architectures"), list) and bool(config["architectures"])
         if by_architecture:
             # NB: CogVLM2's remote CogVLMConfig declares no model_type, so its config.json has
@@ -256,6 +260,10 @@ class Families:
         vision_type = vision.get("model_type", "vision_config") if isinstance(vision, Mapping) else None
         if vision is None and isinstance((config or {}).get("visual"), Mapping):
             vision_type = "visual"
+        if (config or {}).get("is_yi_vl_derived_model") is True:
+            vision_type = "yi_vl"
+        if vision is None and isinstance((config or {}).get("mm_vision_tower"), str):
+            raise _original_llava(config, where)
         family = None
         if isinstance(model_type, str) and isinstance(vision_type, str):
             family = self.by_model_type.get(f"{model_type}/{vision_type}")
@@ -278,6 +286,22 @@ class Families:
                 )
             )
         return family
+
+
+def _original_llava(config: Mapping[str, Any], where: str) -> MemspecError:
+    """E713 for a config.json in the original LLaVA repository's form (LlavaLlamaForCausalLM)."""
+    shown = ", ".join(f"{k} {config[k]!r}" for k in ("model_type", "mm_vision_tower", "mm_projector_type") if k in config)
+    return MemspecError(
+        Diagnostic(
+            "E713",
+            "",
+            0,
+            0,
+            "",
+            f"{where}: a config.json of the original LLaVA code ({shown}, no vision_config): the vision tower's config is not in it, and the checkpoint's names (model.mm_projector.*) are not transformers' LlavaForConditionalGeneration's",
+            "import the transformers conversion instead (Yi-VL: BUAADreamer/Yi-VL-6B-hf or -34B-hf; LLaVA-1.5: llava-hf/llava-1.5-7b-hf), or estimate a LLaVA launch script (README, From your launch script)",
+        )
+    )
 
 
 # --------------------------------------------------------------------------- loading

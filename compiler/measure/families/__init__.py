@@ -19,8 +19,11 @@ IGNORE_INDEX = -100  # transformers ForCausalLMLoss ignore_index
 
 def family_for(config_path: Path) -> ModuleType:
     """The builder module named after the config's model_type, or `<model_type>_<vision type>`
-    where one exists for its vision_config.model_type (llava_pixtral)."""
+    where one exists for its vision_config.model_type (llava_pixtral); a LLaVA conversion marked
+    is_yi_vl_derived_model has Yi-VL's (yi_vl: its projector has LayerNorms)."""
     config = json.loads(Path(config_path).read_text())
+    if config.get("is_yi_vl_derived_model") is True:
+        return importlib.import_module(f"{__name__}.yi_vl")
     # NB: a module name cannot hold a hyphen (BLIP-2's model_type is "blip-2")
     model_type = config.get("model_type", "").replace("-", "_")
     vision_type = (config.get("vision_config") or {}).get("model_type")
