@@ -15,6 +15,7 @@ import hubfixtures as hf
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.inputs import importer
+from compiler.pipeline import render
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "cogvlm2" / "cogvlm2-llama3-chat-19b.yaml"
@@ -61,6 +62,8 @@ def test_the_language_model_is_checkpointed_whatever_the_setting():
     # 4096^2 * 2 = 33_554_432 and the position ids 4096 * 8 (both shared by every layer); the others X
     assert rows["language.layers[0]"].activations == X + SEQ * SEQ * 2 + SEQ * 8
     assert rows["language.layers[1:32]"].activations == X
+    # the output says why, where the setting said off
+    assert "checkpointing language (language by the model's own code, whatever the setting)" in render.setup_line(est)
 
 
 def test_expert_attention_terms_when_trained():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from .evaluate import Node, Row, image_tokens_per_sample
-from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text
+from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text, self_checkpointed
 from .simulate import CATEGORIES, Estimate, Point
 
 
@@ -116,6 +116,9 @@ def setup_line(r: Report) -> str:
         seq = f"source {s.seq_len}, target {s.target_len}"  # an encoder-decoder model's two sequences
     opt = s.optimizer.label
     ckpt = ",".join(sorted(s.gradient_checkpointing)) or "off"
+    forced = self_checkpointed(r.spec)
+    if forced:
+        ckpt += f" ({','.join(sorted(forced))} by the model's own code, whatever the setting)"
     return (
         f"micro-batch {s.micro_batch} x {s.images_per_sample} image(s){_videos(s)} | {seq} | {precision_label(s)} | {opt} | "
         f"attention {s.attention} | checkpointing {ckpt} | "
