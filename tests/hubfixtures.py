@@ -3426,14 +3426,12 @@ GLM_4V_9B = {
 }
 
 
-def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
-    """THUDM/glm-4v-9b: the ChatGLM language model (chatglm_tensors) and transformer.vision, the
-    EVA2-CLIP-E tower (patch_embedding.proj, cls_embedding, position_embedding, transformer.layers.N
-    with query_key_value, dense, fc1, fc2 and two LayerNorms, all with bias), the 2 x 2 conv, the GLU
-    linear_proj (linear_proj, norm1, dense_h_to_4h, gate_proj, dense_4h_to_h) and boi / eoi."""
-    v, h, inter = c["vision_config"], c["hidden_size"], c["ffn_hidden_size"]
+def eva2clip_tensors(v: dict, pre: str, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """An EVA2-CLIP-E tower under `pre` (GLM-4V-9B's transformer.vision., CogVLM2's
+    model.vision.), from its vision_config `v`: patch_embedding.proj, cls_embedding,
+    position_embedding, transformer.layers.N with query_key_value, dense, fc1, fc2 and two
+    LayerNorms, all with bias."""
     w, m, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
-    pre = "transformer.vision."
     out = [
         (pre + "patch_embedding.cls_embedding", dtype, [1, w]),
         (pre + "patch_embedding.proj.weight", dtype, [w, v["in_channels"], p, p]),
@@ -3456,6 +3454,18 @@ def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
             (q + "post_attention_layernorm.weight", dtype, [w]),
             (q + "post_attention_layernorm.bias", dtype, [w]),
         ]
+    return out
+
+
+def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """THUDM/glm-4v-9b: the ChatGLM language model (chatglm_tensors) and transformer.vision, the
+    EVA2-CLIP-E tower (patch_embedding.proj, cls_embedding, position_embedding, transformer.layers.N
+    with query_key_value, dense, fc1, fc2 and two LayerNorms, all with bias), the 2 x 2 conv, the GLU
+    linear_proj (linear_proj, norm1, dense_h_to_4h, gate_proj, dense_4h_to_h) and boi / eoi."""
+    v, h, inter = c["vision_config"], c["hidden_size"], c["ffn_hidden_size"]
+    w = v["hidden_size"]
+    pre = "transformer.vision."
+    out = eva2clip_tensors(v, pre, dtype)
     out += [
         (pre + "linear_proj.linear_proj.weight", dtype, [h, h]),
         (pre + "linear_proj.norm1.weight", dtype, [h]),
@@ -3522,7 +3532,7 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     kv = c.get("num_multi_query_heads", 8)
     qkv = h + 2 * (h // heads) * kv
-    w, m, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    w = v["hidden_size"]
     out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
     for i in range(c["num_hidden_layers"]):
         q = f"model.layers.{i}."
@@ -3544,28 +3554,7 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
             ]
     out += [("model.norm.weight", dtype, [h])]
     pre = "model.vision."
-    out += [
-        (pre + "patch_embedding.cls_embedding", dtype, [1, w]),
-        (pre + "patch_embedding.proj.weight", dtype, [w, v["in_channels"], p, p]),
-        (pre + "patch_embedding.proj.bias", dtype, [w]),
-        (pre + "patch_embedding.position_embedding.weight", dtype, [v["num_positions"], w]),
-    ]
-    for i in range(v["num_hidden_layers"]):
-        q = f"{pre}transformer.layers.{i}."
-        out += [
-            (q + "input_layernorm.weight", dtype, [w]),
-            (q + "input_layernorm.bias", dtype, [w]),
-            (q + "attention.query_key_value.weight", dtype, [3 * w, w]),
-            (q + "attention.query_key_value.bias", dtype, [3 * w]),
-            (q + "attention.dense.weight", dtype, [w, w]),
-            (q + "attention.dense.bias", dtype, [w]),
-            (q + "mlp.fc1.weight", dtype, [m, w]),
-            (q + "mlp.fc1.bias", dtype, [m]),
-            (q + "mlp.fc2.weight", dtype, [w, m]),
-            (q + "mlp.fc2.bias", dtype, [w]),
-            (q + "post_attention_layernorm.weight", dtype, [w]),
-            (q + "post_attention_layernorm.bias", dtype, [w]),
-        ]
+    out += eva2clip_tensors(v, pre, dtype)
     out += [
         (pre + "linear_proj.linear_proj.weight", dtype, [h, w]),
         (pre + "linear_proj.norm1.weight", dtype, [h]),
