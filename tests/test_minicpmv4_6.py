@@ -141,6 +141,13 @@ def test_builder_counts_and_batch_equal_the_spec():
     assert tuple(batch["pixel_values"].shape) == (1, 3, 14, 2 * 28 * 36 * 14)
     assert batch["target_sizes"].tolist() == [[28, 36]] * 2
     assert (batch["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [63] * 2
+    # 1344 x 896, sliced: the 560 x 392 source image (40 x 28 patches) then 3 x 2 slices of 32 x 32
+    sliced = minicpmv4_6.make_batch(
+        config, {"experiment": "t", "micro_batch": 1, "seq_len": 2048, "images_per_sample": 1, "image_size": [1344, 896]}, torch.bfloat16
+    )
+    assert tuple(sliced["pixel_values"].shape) == (1, 3, 14, 7264 * 14)
+    assert sliced["target_sizes"].tolist() == [[40, 28]] + [[32, 32]] * 6
+    assert (sliced["input_ids"] == config.image_token_id).sum(dim=1).tolist() == [70 + 6 * 64]
 
 
 @pytest.mark.parametrize(
