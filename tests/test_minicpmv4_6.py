@@ -92,6 +92,19 @@ def test_slicing_grows_the_estimate_in_the_image_terms():
     assert sliced.allocated > flat.allocated
 
 
+def test_eager_scores_are_each_pieces_own():
+    """Eager runs one call per piece: the scores are the source image's 1,120^2 and six slices'
+    1,024^2 per head, not the image's 7,264^2."""
+    est = api.estimate(
+        str(SPEC), micro_batch=1, seq_len=2048, images_per_sample=1, attention="eager", trainable=["vision", "projector", "language"], image_size=[1344, 896]
+    )
+    core = {r.path: r for r in est.rows}["vision.layers[0:7].self_attn.core"]
+    x = 7264 * 1152 * 2  # q, k and v [7264, 1152] bf16 each
+    scores = 16 * (1120**2 + 6 * 1024**2)  # 120_733_696
+    # q, k, v, the fp32 softmax output and its bf16 cast
+    assert core.activations == 3 * x + scores * (4 + 2)
+
+
 def test_slicing_equals_transformers():
     """The expression functions' statement of the slicing (minicpmv_slicing: the measuring builder's
     pieces, the family's positions) is MiniCPMV4_6ImageProcessor's own: get_sliced_grid, find_best_resize
