@@ -54,7 +54,7 @@ Codes (stable; never reuse a retired one):
     E717 anyres tiling (LLaVA-NeXT): grid pinpoints missing or not [height, width] pairs, or no image size
     E714 attention implementation the model's spec does not list (transformers refuses it)
     E724 image size the processor refuses (Qwen2-VL's smart_resize: aspect ratio above 200)
-    E725 image size the processor slices into a thumbnail and slices (MiniCPM-V above scale_resolution squared): not modelled
+    E725 more image slices in a micro-batch than the vision tower runs at once (MiniCPM-V 2.6's vision_batch_size chunks): not modelled
 
     estimating (the experiment against the spec's formulas):
     E723 seq_len shorter than the image tokens at the experiment's image size (dynamic tiles, native resolution)

@@ -1,9 +1,13 @@
 """MiniCPM-V 2.6 (the minicpmv family): the import of the remote-code checkpoint, the terms its
-tower, resampler, splice and language model hold, with the arithmetic, and what it refuses.
+tower, resampler, splice and language model hold, with the arithmetic, the processor's slicing of
+a large image (the expression functions slice_count, slice_source and slice_cells against a
+restatement of MiniCPMVImageProcessor.slice_image), and what it refuses.
 No measured record: there is no MiniCPM-V 2.6 class in transformers to trace (see the family's notes)."""
 
 from __future__ import annotations
 
+
+import math
 
 import pytest
 
@@ -11,6 +15,8 @@ import hubfixtures as hf
 from compiler import api
 from compiler.errors import MemspecError
 from compiler.inputs import importer
+from compiler.library.expr_python import FUNCTIONS, minicpmv_slicing
+from compiler.pipeline.vocabulary import VisionChunk
 
 SPEC = hf.ROOT / "specs" / "minicpmv" / "minicpm-v-2_6.yaml"
 SEQ, HIDDEN, VISION = 2048, 3584, 1152
@@ -37,8 +43,8 @@ def test_the_checked_in_spec_is_what_import_writes():
     # the 980 px position table (70 x 70), the resampler's 3584 // 128 heads, 64 queries per image
     assert (vision["image_size"], projector["heads"], language["image_tokens"]) == (980, 28, 64)
     assert written.attention == ("sdpa", "eager", "flash_attention_2") and written.image_tokens == 64
-    # 448^2 pixels: a larger image is sliced (refused, E725)
-    assert written.image_slice_pixels == 448 * 448
+    # the processor's slicing (scale_resolution 448, max_slice_nums 9) and the tower's chunk of 16 slices
+    assert written.vision_chunk == VisionChunk(scale=448, max_slices=9, slices=16)
 
 
 def test_the_tower_reads_one_row_of_patches_per_slice():
@@ -140,15 +146,92 @@ def test_the_tower_runs_eager_unless_flash_attention_2():
     assert sdpa[lang].activations == flash[lang].activations < eager[lang].activations
 
 
-def test_sliced_images_and_chunked_towers_are_refused():
-    # 449 x 448 pixels > 448^2: the processor slices it
+def _grid_26(height: int, width: int, scale: int = 448, max_slices: int = 9):
+    """MiniCPMVImageProcessor.get_sliced_grid (openbmb/MiniCPM-V-2_6 image_processing_minicpmv.py),
+    restated in its own order: [columns, rows] for m = 1 .. n of each candidate count, the first of
+    the least error kept; as (rows, columns), or None."""
+    log_ratio = math.log(width / height)
+    multiple = min(math.ceil(width * height / (scale * scale)), max_slices)
+    if multiple <= 1:
+        return None
+    grids = [[m, n // m] for n in (multiple - 1, multiple, multiple + 1) if n != 1 and n <= max_slices for m in range(1, n + 1) if n % m == 0]
+    best, least = [1, 1], float("inf")
+    for grid in grids:
+        error = abs(log_ratio - math.log(grid[0] / grid[1]))
+        if error < least:
+            best, least = grid, error
+    return best[1], best[0]
+
+
+@pytest.mark.parametrize(
+    ("size", "source", "grid", "piece"),
+    [
+        # 448 x 448: ceil(448^2 / 448^2) = 1, not sliced; resized to itself, 32 x 32 patches
+        ((448, 448), (448, 448), None, None),
+        # 1344 x 896 (h x w): ceil(6.0) = 6 slices of 5, 6, 7; log(896 / 1344) = log(2 / 3) is 3 rows x 2
+        # columns exactly; the source int(448 / sqrt(2 / 3)) = 548 x int(548 x 2 / 3) = 365, rounded to 14:
+        # 546 x 364 (39 x 26 = 1,014 patches); a slice 1344 / 3 x 896 / 2 = 448 x 448 (1,024 patches)
+        ((1344, 896), (546, 364), (3, 2), (448, 448)),
+        # 1024 x 768: ceil(3.92) = 4; log(0.75) is nearest log(1) (2 x 2); the source int(448 / sqrt(0.75)) =
+        # 517 x int(517 x 0.75) = 387 -> 518 x 392 (37 x 28 = 1,036 patches); a slice 512 x 384, resized alike
+        ((1024, 768), (518, 392), (2, 2), (518, 392)),
+        # 2000 x 500: ceil(4.98) = 5; log(1 / 4) is 4 rows x 1 column exactly; the source 896 x 224
+        # (64 x 16 = 1,024 patches); a slice 500 x 500 -> 448 x 448
+        ((2000, 500), (896, 224), (4, 1), (448, 448)),
+    ],
+)
+def test_the_processors_slicing(size, source, grid, piece):
+    h, w = size
+    assert minicpmv_slicing(h, w, 448, 14, 9) == (source, grid or (0, 0), piece)
+    assert _grid_26(h, w) == grid
+    assert FUNCTIONS["slice_count"](h, w, 448, 9) == (grid[0] * grid[1] if grid else 0)
+    assert FUNCTIONS["slice_source"](h, w, 448, 14) == source[0] // 14 * (source[1] // 14)
+    assert FUNCTIONS["slice_cells"](h, w, 448, 14, 9) == (piece[0] // 14 * (piece[1] // 14) if piece else 0)
+
+
+def test_the_grid_search_is_the_26_processors_order():
+    """The function breaks an exact tie towards more rows (MiniCPM-V 4.6's rule); 2.6 keeps the first
+    of its [columns, rows] order: the same grid at every size here (ties occur within one slice count
+    only, where its first is the one of most rows), square images included."""
+    sizes = [(h, w) for h in range(100, 4001, 37) for w in range(100, 4001, 41)] + [(s, s) for s in range(449, 3000, 7)]
+    for h, w in sizes:
+        for max_slices in (2, 4, 9):
+            expected = _grid_26(h, w, 448, max_slices)
+            assert FUNCTIONS["slice_count"](h, w, 448, max_slices) == (expected[0] * expected[1] if expected else 0), (h, w, max_slices)
+    with pytest.raises(ValueError, match="slice_count"):
+        FUNCTIONS["slice_count"](448, 448, 448, 65)
+
+
+def test_a_sliced_image_is_its_source_image_and_slices():
+    flat, sliced = _rows(attention="sdpa"), _rows(attention="sdpa", image_size=(1344, 896))
+    # 1 + 3 x 2 slices, padded to the longest, 1,024 patches (the source image's 1,014 padded):
+    # the fp32 pixels [7, 3, 14, 14 x 1024] and every row of the tower 7 x as large
+    assert sliced["vision"].buffers == 7 * PATCHES * 588 * 4 == 7 * flat["vision"].buffers
+    assert sliced["projector.kv_proj"].activations == 7 * XV
+    # padded: the eager tower's additive mask [7, 1, 1024, 1024] bf16 alive through it, beside the
+    # 16-bit copy of the pixels
+    assert sliced["vision"].transient_forward == 7 * PATCHES * 588 * 2 + 7 * PATCHES * PATCHES * 2
+    # 2000 x 500: the source image and its 4 slices have 1,024 patches each, nothing padded, no mask
+    assert _rows(attention="sdpa", image_size=(2000, 500))["vision"].transient_forward == 5 * PATCHES * 588 * 2
+    # the language model: 64 features per piece, 7 x 64 = 448 image positions scattered
+    assert sliced["language.image_merge[0]"].activations == 448 * HIDDEN * 8
+    est = api.estimate(str(SPEC), micro_batch=1, seq_len=SEQ, images_per_sample=1, trainable=TRAIN, image_size=[1344, 896])
+    assert api.image_tokens_per_sample(est.nodes) == 448
+    base = api.estimate(str(SPEC), micro_batch=1, seq_len=SEQ, images_per_sample=1, trainable=TRAIN)
+    assert est.allocated > base.allocated
+
+
+def test_more_slices_than_the_tower_runs_at_once_are_refused():
+    # 2 x 7 = 14 slices of 1344 x 896 fit vision_batch_size 16; 3 x 7 = 21 do not (E725)
+    _rows(micro_batch=2, image_size=(1344, 896))
     with pytest.raises(MemspecError) as info:
-        _rows(image_size=(449, 448))
-    assert [d.code for d in info.value.diagnostics] == ["E725"]
-    # 17 slices > vision_batch_size 16: the tower runs in chunks (the seq expression gives -1)
+        _rows(micro_batch=3, image_size=(1344, 896))
+    (d,) = info.value.diagnostics
+    assert d.code == "E725" and "at most 16 slices at once" in d.message and "21" in d.message and "its source image and 6 slices" in d.message
+    # 17 unsliced 448 x 448 images: 17 slices
     with pytest.raises(MemspecError) as info:
         api.estimate(str(SPEC), micro_batch=17, seq_len=SEQ, images_per_sample=1, trainable=TRAIN, attention="flash_attention_2")
-    assert "E404" in [d.code for d in info.value.diagnostics]
+    assert [d.code for d in info.value.diagnostics] == ["E725"]
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,18 @@ class AnyresMapping:
     image_size: tuple[Expr, Expr]
 
 
+VISION_CHUNK_KEYS = ("scale", "max_slices", "slices")
+
+
+@dataclass(frozen=True)
+class VisionChunkMapping:
+    """The spec's vision_chunk (scale, max_slices, slices), expressions over the family's config names."""
+
+    scale: Expr
+    max_slices: Expr
+    slices: Expr
+
+
 @dataclass(frozen=True)
 class ImageResizeMapping:
     """The processor's smart_resize bounds, expressions over the family's config names."""
@@ -109,7 +121,7 @@ class Family:
     anyres: AnyresMapping | None = None
     image_resize: ImageResizeMapping | None = None
     video_temporal_patch: Expr | None = None  # frames per temporal patch of a video input
-    image_slice_pixels: Expr | None = None  # the processor slices an image above this area
+    vision_chunk: VisionChunkMapping | None = None  # the tower's slices at once (MiniCPM-V 2.6's vision_batch_size)
     encoder_decoder: bool = False  # an encoder over seq_len and a decoder over the experiment's target_len
 
     def pinpoints(self, config: Mapping[str, Any], processor: Mapping[str, Any] | None, where: str) -> list[list[int]]:
@@ -378,7 +390,11 @@ def _compile_family(doc: Document, problems: list[Diagnostic]) -> Family:
         video_temporal_patch=(
             compile_expr(data["video_temporal_patch"], doc, "$.video_temporal_patch", names, problems) if "video_temporal_patch" in data else None
         ),
-        image_slice_pixels=(compile_expr(data["image_slice_pixels"], doc, "$.image_slice_pixels", names, problems) if "image_slice_pixels" in data else None),
+        vision_chunk=(
+            VisionChunkMapping(*(compile_expr(data["vision_chunk"][k], doc, child_path("$.vision_chunk", k), names, problems) for k in VISION_CHUNK_KEYS))
+            if "vision_chunk" in data
+            else None
+        ),
         attention=(
             compile_expr(data["attention"], doc, "$.attention", names, problems)
             if isinstance(data.get("attention"), str)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import Diagnostic, MemspecError
-from .family import Families, Family, Values, load_families
+from .family import VISION_CHUNK_KEYS, Families, Family, Values, load_families
 from .hub import FLOAT_DTYPES, QUANTIZED_SUFFIXES, Checkpoint, Tensor, open_checkpoint
 from ..pipeline.load import load_yaml_text
 from ..paths import families_dir
@@ -277,10 +277,9 @@ def _spec_data(
             else {}
         ),
         **({"video_temporal_patch": _integer(family.video_temporal_patch(scope), "video_temporal_patch", family, ckpt)} if family.video_temporal_patch else {}),
-        # NB: 0 where the processor slices nothing (MiniCPM-V with slice_mode off)
         **(
-            {"image_slice_pixels": n}
-            if family.image_slice_pixels and (n := _integer(family.image_slice_pixels(scope), "image_slice_pixels", family, ckpt))
+            {"vision_chunk": {k: _integer(getattr(family.vision_chunk, k)(scope), f"vision_chunk.{k}", family, ckpt) for k in VISION_CHUNK_KEYS}}
+            if family.vision_chunk
             else {}
         ),
         **({"attention": list(attention)} if (attention := family.attention_for(scope)) else {}),
@@ -389,8 +388,10 @@ def _yaml(draft: Mapping[str, Any], ckpt: Checkpoint, family: Family, values: Va
         r = data["image_resize"]
         lines.append(_commented("image_resize:", "the processor's smart_resize: the bounds from preprocessor_config.json, factor patch x merge"))
         lines += [f"  {k}: {r[k]}" for k in ("factor", "min_pixels", "max_pixels")]
-    if "image_slice_pixels" in data:
-        lines.append(_commented(f"image_slice_pixels: {data['image_slice_pixels']}", "the processor slices a larger image (not modelled: refused)"))
+    if "vision_chunk" in data:
+        c = data["vision_chunk"]
+        lines.append(_commented("vision_chunk:", "the tower runs at most `slices` slices at once (vision_batch_size); more are refused (E725)"))
+        lines += [f"  {k}: {c[k]}" for k in VISION_CHUNK_KEYS]
     if "video_temporal_patch" in data:
         lines.append(
             _commented(

@@ -156,6 +156,91 @@ def _hd_cols(height: int, width: int, tile: int, max_crops: int) -> int:
     return _hd_grid(height, width, tile, max_crops)[1]
 
 
+# MiniCPMVImageProcessor's max_slice_nums is at most this: 9 is released (MiniCPM-V 2.6, 4.6)
+MAX_SLICES = 64
+
+
+def _ensure_divide(length: float, unit: int) -> int:
+    """MiniCPM-V's ensure_divide: length rounded (Python's round, half to even) to a multiple of unit, at least unit."""
+    return max(round(length / unit) * unit, unit)
+
+
+def _best_resize(height: float, width: float, scale: int, unit: int) -> tuple[int, int]:
+    """MiniCPM-V's find_best_resize where it resizes (always, as the processors call it: an
+    unsliced image with allow_upscale, a sliced one has more than scale^2 pixels, a slice with
+    allow_upscale): the area brought to about scale^2 at the aspect ratio, height
+    int(scale / sqrt(w / h)), width int(height * w / h), each rounded to a multiple of unit."""
+    aspect = width / height
+    new_h = int(scale / math.sqrt(aspect))
+    return _ensure_divide(new_h, unit), _ensure_divide(int(new_h * aspect), unit)
+
+
+def _slice_grid(height: int, width: int, scale: int, max_slices: int) -> tuple[int, int] | None:
+    """(rows, columns) of the slices MiniCPM-V's processor cuts an image into, None for an image it
+    does not slice: get_sliced_grid's multiple = min(ceil(w h / scale^2), max_slices), then of the
+    grids of multiple - 1, multiple and multiple + 1 slices (not 1, at most max_slices) the one
+    whose log(columns / rows) is nearest log(w / h), in float arithmetic. On an exact tie the grid
+    of more rows wins: MiniCPMV4_6ImageProcessor's rule, and MiniCPMVImageProcessor's (2.6) within
+    one slice count, its grids ordered by columns with the first kept; the two differ only on a
+    tie between grids of different slice counts, which needs (c1 c2) / (r1 r2) = (w / h)^2 with
+    c1 r1 and c2 r2 one or two apart, whose product is never a square: no such exact tie exists."""
+    if height < 1 or width < 1 or scale < 1 or not 1 <= max_slices <= MAX_SLICES:
+        raise ValueError(f"slice_count / slice_cells({height}, {width}, {scale}, {max_slices}): sizes >= 1 and 1 <= max <= {MAX_SLICES}")
+    log_ratio = math.log(width / height)
+    multiple = min(math.ceil(width * height / (scale * scale)), max_slices)
+    if multiple <= 1:
+        return None
+    best, best_error = (1, 1), float("inf")
+    for slices in (multiple - 1, multiple, multiple + 1):
+        if slices == 1 or slices > max_slices:
+            continue
+        for rows in range(1, slices + 1):
+            if slices % rows:
+                continue
+            error = abs(log_ratio - math.log(slices // rows / rows))
+            if error < best_error or (error == best_error and rows > best[0]):
+                best, best_error = (rows, slices // rows), error
+    return best
+
+
+def minicpmv_slicing(height: int, width: int, scale: int, unit: int, max_slices: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]:
+    """What MiniCPM-V's processor makes of one height x width image (MiniCPMVImageProcessor.
+    slice_image for 2.6, MiniCPMV4_6ImageProcessor._preprocess for 4.6): the source image's
+    resized (height, width), the grid (rows, columns) or None, and one slice's (height, width)
+    or None; every side a multiple of unit (the patch, 14, in 2.6; patch x 4, 56, in 4.6). The
+    slices: get_refine_size rounds the image to whole grid cells (ensure_divide by the grid),
+    resizes one cell (find_best_resize with allow_upscale) and the image to the grid of them."""
+    if unit < 1:
+        raise ValueError(f"slice_source / slice_cells: unit {unit} must be >= 1")
+    grid = _slice_grid(height, width, scale, max_slices)
+    source = _best_resize(height, width, scale, unit)
+    if grid is None:
+        return source, (0, 0), None
+    rows, cols = grid
+    cell_h, cell_w = _ensure_divide(height, rows) / rows, _ensure_divide(width, cols) / cols
+    return source, grid, _best_resize(cell_h, cell_w, scale, unit)
+
+
+def _slice_count(height: int, width: int, scale: int, max_slices: int) -> int:
+    """The slices MiniCPM-V's processor cuts an image into besides its source image (_slice_grid); 0 unsliced."""
+    grid = _slice_grid(height, width, scale, max_slices)
+    return 0 if grid is None else grid[0] * grid[1]
+
+
+def _slice_source(height: int, width: int, scale: int, unit: int) -> int:
+    """unit x unit cells of MiniCPM-V's resized source image (the thumbnail of a sliced image)."""
+    if unit < 1 or height < 1 or width < 1 or scale < 1:
+        raise ValueError(f"slice_source({height}, {width}, {scale}, {unit}): sizes >= 1")
+    h, w = _best_resize(height, width, scale, unit)
+    return (h // unit) * (w // unit)
+
+
+def _slice_cells(height: int, width: int, scale: int, unit: int, max_slices: int) -> int:
+    """unit x unit cells of one of MiniCPM-V's slices (minicpmv_slicing); 0 unsliced."""
+    _, _, piece = minicpmv_slicing(height, width, scale, unit, max_slices)
+    return 0 if piece is None else (piece[0] // unit) * (piece[1] // unit)
+
+
 FUNCTIONS: Mapping[str, Callable[..., int]] = {
     "min": min,
     "max": max,
@@ -167,6 +252,9 @@ FUNCTIONS: Mapping[str, Callable[..., int]] = {
     "covering_tiles": _covering_tiles,
     "hd_rows": _hd_rows,
     "hd_cols": _hd_cols,
+    "slice_count": _slice_count,
+    "slice_source": _slice_source,
+    "slice_cells": _slice_cells,
 }
 
 # A power whose result would need more bits than this is refused (E404): 2 ** 4096 is far past

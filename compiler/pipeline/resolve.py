@@ -16,12 +16,12 @@ vocabulary.py's (with gpus.py and zero_config.py), re-exported here; `device_map
 from __future__ import annotations
 
 import os
-from math import isqrt
 from dataclasses import replace
 from typing import Any, Mapping
 
 from .. import checked
 from ..errors import Diagnostic, MemspecError, UsageError, did_you_mean
+from ..library.expr_python import FUNCTIONS
 from ..library.formula import compile_expr
 from .load import Document, child_path
 from .validate import checked_document
@@ -33,7 +33,7 @@ from ..memory.optimizers import TYPE_IMPLS, Optimizer
 # The vocabulary, re-exported: callers take it from resolve (the GPU catalog of gpus.py and
 # DeepSpeed's buffers of zero_config.py with it).
 from .vocabulary import FIXED_DTYPE_BYTES, FP32_BYTES, PRECISIONS, PRECISION_NAMES, PRECISION_MODES, MIXED_PRECISIONS, ATTENTION, LOSSES, DEFAULTS  # noqa: F401
-from .vocabulary import EXPERIMENT_NAMES, SGD_DEFAULT_MOMENTUM, Module, Anyres, ImageResize, Spec, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS  # noqa: F401
+from .vocabulary import EXPERIMENT_NAMES, SGD_DEFAULT_MOMENTUM, Module, Anyres, ImageResize, Spec, VisionChunk, Fsdp, FSDP_REDUCE_BYTES, FSDP_DEFAULTS  # noqa: F401
 from .vocabulary import fsdp_setup, LORA_DEFAULTS, Lora, QUANTIZATION_DEFAULTS, Quantization, Setup, vision_items, precision_mode, derive_bytes  # noqa: F401
 from .vocabulary import TRANSFORMERS, TRANSFORMERS_RELEASE, OLDER_TRANSFORMERS, UNMODELLED_TRANSFORMERS, release_code, release_text, DeviceMap  # noqa: F401
 from .vocabulary import DEVICE_MAP_STRATEGIES  # noqa: F401
@@ -91,7 +91,7 @@ def resolve_spec(doc: Document) -> Spec:
         context_length=data.get("context_length"),
         lora_trainable=tuple(data.get("lora_trainable") or ()),
         video_temporal_patch=data.get("video_temporal_patch"),
-        image_slice_pixels=data.get("image_slice_pixels"),
+        vision_chunk=VisionChunk(**data["vision_chunk"]) if data.get("vision_chunk") else None,
         attention=tuple(data.get("attention") or ()),
         encoder_decoder=bool(data.get("encoder_decoder")),
         doc=doc,
@@ -128,6 +128,26 @@ def _check_target(data: dict, spec: Spec, complain) -> None:
             "E333",
             f"{spec.model} is no encoder-decoder model: target_len {data['target_len']} would size a decoder it does not have",
             "leave target_len out: seq_len is the whole sequence of a decoder-only model (prompt and answer together)",
+        )
+
+
+def _check_vision_chunk(data: Mapping[str, Any], spec: Spec, image_size: tuple[int, int] | None, complain) -> None:
+    """E725: more slices in the micro-batch than the tower runs at once (MiniCPM-V 2.6's
+    get_vllm_embedding then runs it in chunks of vision_batch_size, which is not modelled)."""
+    chunk = spec.vision_chunk
+    if chunk is None or not data["images_per_sample"] or "micro_batch" not in data:
+        return
+    h, w = image_size or (chunk.scale, chunk.scale)
+    pieces = 1 + FUNCTIONS["slice_count"](h, w, chunk.scale, chunk.max_slices)
+    slices = data["micro_batch"] * data["images_per_sample"] * pieces
+    if slices > chunk.slices:
+        per_image = f"its source image and {pieces - 1} slices" if pieces > 1 else "one slice, unsliced"
+        complain(
+            "image_size" if data.get("image_size") else "micro_batch",
+            "E725",
+            f"{spec.model}'s tower runs at most {chunk.slices} slices at once (vision_batch_size) and the micro-batch has {slices} "
+            f"({data['micro_batch']} x {data['images_per_sample']} image(s) of {h} x {w}, each {per_image}): the chunked tower is not modelled",
+            f"give at most {chunk.slices} slices a micro-batch: a smaller micro_batch or image_size",
         )
 
 
@@ -419,14 +439,7 @@ class Resolution:
                 f"{spec.model}'s processor refuses an image of {image_size[0]} x {image_size[1]}: its aspect ratio is above {ImageResize.MAX_ASPECT} (smart_resize)",
                 "give the image size the batches really have",
             )
-        if spec.image_slice_pixels is not None and image_size is not None and image_size[0] * image_size[1] > spec.image_slice_pixels:
-            complain(
-                "image_size",
-                "E725",
-                f"{spec.model}'s processor slices an image of {image_size[0]} x {image_size[1]} ({image_size[0] * image_size[1]:,} pixels, "
-                f"above {spec.image_slice_pixels:,}) into a thumbnail and slices, which the estimate does not model",
-                f"give an image of at most {spec.image_slice_pixels:,} pixels (e.g. --image-size {isqrt(spec.image_slice_pixels)}x{isqrt(spec.image_slice_pixels)})",
-            )
+        _check_vision_chunk(data, spec, image_size, complain)
         if spec.anyres is not None and image_size is None and data["images_per_sample"] > 0:
             complain(
                 "image_size",

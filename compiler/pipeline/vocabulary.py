@@ -227,6 +227,17 @@ class ImageResize:
 
 
 @dataclass(frozen=True)
+class VisionChunk:
+    """MiniCPM-V 2.6's tower runs at most `slices` slices at a time (get_vllm_embedding's chunks of
+    vision_batch_size); an image's slices are its source image and the grid the processor cuts it
+    into (scale_resolution `scale`, max_slice_nums `max_slices`: the expression function slice_count)."""
+
+    scale: int
+    max_slices: int
+    slices: int
+
+
+@dataclass(frozen=True)
 class Spec:
     model: str
     file: str
@@ -244,7 +255,7 @@ class Spec:
     lora_trainable: tuple[str, ...] = ()
     # A video's frames per temporal patch (Qwen2-VL's temporal_patch_size); None: no video input.
     video_temporal_patch: int | None = None
-    image_slice_pixels: int | None = None  # the processor slices a larger image (refused, E725)
+    vision_chunk: VisionChunk | None = None  # the tower runs at most so many slices at once (MiniCPM-V 2.6; more refused, E725)
     encoder_decoder: bool = False  # an encoder over seq_len, a decoder over target_len (T5)
     # The attention implementations transformers accepts for the model, its default first;
     # () when the spec does not say (all three, sdpa the default).

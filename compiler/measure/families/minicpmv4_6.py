@@ -4,26 +4,27 @@ Contract: as `qwen2_vl.py` (`load_config`, `model_class`, `module_groups`, `make
 `HOST_VALUES`, `checkpoint_module`, `host_patches`).
 
 The batch is what MiniCPMV4_6Processor produces for `images_per_sample` images per sample at
-the experiment's `image_size` (default 448 x 448), each image one slice (an image of at most
-scale_resolution^2 pixels, which the processor does not cut): MiniCPMV4_6ImageProcessor's
-find_best_resize with allow_upscale (the area scaled to scale_resolution^2 at the image's
-aspect ratio, each side rounded to a multiple of patch x 4), `pixel_values` [1, 3, 14, patches x
-14] (every slice of the micro-batch packed into one NaViT row, MiniCPMV4_6ImageProcessor.
-reshape_by_patch), `target_sizes` [slices, 2] int32 (h / 14, w / 14), `input_ids` of exactly
-seq_len positions with each image's patches / 16 image tokens first in every sample, labels
-with those at -100.
+the experiment's `image_size` (default 448 x 448): each image its source image (find_best_resize,
+the area scaled to scale_resolution^2 at the image's aspect ratio, each side rounded to a
+multiple of patch x 4) and, above scale_resolution^2 pixels with slice_mode on, the grid of
+slices get_sliced_grid and get_refine_size make (the expression functions' statement of them,
+`compiler.library.expr_python.minicpmv_slicing`); `pixel_values` [1, 3, 14, patches x 14] (every
+slice of the micro-batch packed into one NaViT row, MiniCPMV4_6ImageProcessor.reshape_by_patch),
+`target_sizes` [slices, 2] int32 (h / 14, w / 14), `input_ids` of exactly seq_len positions with
+each image's patches / 16 image tokens first in every sample (the <image> and <slice> markers
+are text the batch leaves out), labels with those at -100.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from ...library.expr_python import minicpmv_slicing
 from ..experiment import ExperimentError
 from . import image_first_tokens, without_cache
 
@@ -105,26 +106,18 @@ def host_patches() -> Iterator[list[str]]:
         model_class.get_placeholder_mask = original_mask
 
 
-def _ensure_divide(length: float, divisor: int) -> int:
-    return max(round(length / divisor) * divisor, divisor)
-
-
-def slice_size(config, image_size: list[int] | None) -> tuple[int, int]:
-    """(height, width) in pixels of an image the processor does not slice, as
-    MiniCPMV4_6ImageProcessor.find_best_resize makes it with allow_upscale (image_processing_minicpmv4_6.py)."""
+def slice_sizes(config, image_size: list[int] | None) -> list[tuple[int, int]]:
+    """(height, width) in pixels of each piece the processor makes of one image: its source image,
+    then its slices, as MiniCPMV4_6ImageProcessor._preprocess cuts it (image_processing_minicpmv4_6.py)."""
     pre = config.preprocessor
     scale = pre.get("scale_resolution", DEFAULT_SCALE_RESOLUTION)
-    patch = config.vision_config.patch_size
+    max_slices = pre.get("max_slice_nums", DEFAULT_MAX_SLICE_NUMS) if pre.get("slice_mode", True) else 0
     h, w = image_size or (scale, scale)
-    if pre.get("slice_mode", True) and min(math.ceil(h * w / (scale * scale)), pre.get("max_slice_nums", DEFAULT_MAX_SLICE_NUMS)) > 1:
-        raise ExperimentError(
-            f"image_size {h} x {w}: more than {scale} x {scale} pixels, which the processor slices "
-            "(a thumbnail and a grid of slices); the measuring builder makes unsliced images only"
-        )
-    aspect = w / h
-    h = int(scale / math.sqrt(aspect))
-    w = int(h * aspect)
-    return _ensure_divide(h, patch * MERGE_FACTOR), _ensure_divide(w, patch * MERGE_FACTOR)
+    unit = config.vision_config.patch_size * MERGE_FACTOR
+    source, grid, piece = minicpmv_slicing(h, w, scale, unit, max(max_slices, 1))
+    if piece is None or max_slices == 0:
+        return [source]
+    return [source] + [piece] * (grid[0] * grid[1])
 
 
 def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -133,12 +126,12 @@ def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]
         raise ExperimentError(f"experiment {exp['experiment']!r}: MiniCPM-V video input is not measured")
     b, images = exp["micro_batch"], exp["images_per_sample"]
     patch = config.vision_config.patch_size
-    h, w = slice_size(config, exp.get("image_size"))
-    gh, gw = h // patch, w // patch
-    per_image = gh * gw // (MERGE_FACTOR * MERGE_FACTOR)
+    grids = [(h // patch, w // patch) for h, w in slice_sizes(config, exp.get("image_size"))]
+    patches = sum(gh * gw for gh, gw in grids)
+    per_image = patches // (MERGE_FACTOR * MERGE_FACTOR)
     input_ids, labels = image_first_tokens(exp, images * per_image, config.image_token_id)
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": None}
     if images:
-        batch["pixel_values"] = torch.zeros(1, config.vision_config.num_channels, patch, b * images * gh * gw * patch, dtype=dtype)
-        batch["target_sizes"] = torch.tensor([[gh, gw]] * (b * images), dtype=torch.int32)
+        batch["pixel_values"] = torch.zeros(1, config.vision_config.num_channels, patch, b * images * patches * patch, dtype=dtype)
+        batch["target_sizes"] = torch.tensor([list(g) for g in grids] * (b * images), dtype=torch.int32)
     return batch
