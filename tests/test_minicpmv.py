@@ -263,3 +263,20 @@ def test_setups_not_modelled_for_minicpmv_are_refused(override, code):
     with pytest.raises(MemspecError) as info:
         _rows(**override)
     assert code in [d.code for d in info.value.diagnostics]
+
+
+def test_fit_stops_the_micro_batch_at_the_slices_the_tower_runs_at_once():
+    """A 1344 x 896 image is its source and a 3 x 2 grid: 7 pieces, so vision_batch_size 16
+    holds two samples' slices (14) and not three (21, refused E725). fit's micro-batch search
+    ends there and says why, where it stopped with E404 on the spec's -1 sequence past it."""
+    from compiler.commands.fit import fit
+    from compiler.pipeline import render
+    from compiler.pipeline.resolve import gpu_catalog, parse_margin
+
+    spec, setup = api.load_inputs(
+        str(SPEC),
+        {"micro_batch": 1, "image_size": [1344, 896], "seq_len": 2048, "trainable": ["projector"], "lora": {"r": 16}, "gradient_checkpointing": ["language"]},
+    )
+    f = fit(spec, setup, gpu_catalog()[0]["h100-80gb"], margin=parse_margin("4%"))
+    assert f.micro_batch_bound == 2 and f.micro_batch.value == 2 and f.micro_batch.next_value is None
+    assert "the most samples whose image slices the tower runs at once" in render.fit_text(f)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ..api import Node, Report, image_tokens_per_sample, run
-from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog
+from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog, vision_chunk_micro_batch
 from .levers import Lever, levers, within
 
 # Search bounds: beyond these the question is not one of a single GPU type.
@@ -49,6 +49,7 @@ class FitReport:
     seq_len: Answer
     dp: Answer | None  # only when ZeRO shards something
     context_length: int | None = None  # the sequence search's bound, when the spec gives one
+    micro_batch_bound: int | None = None  # the micro-batch search's, when the model's tower bounds it (E725)
     levers: tuple[Lever, ...] = ()  # when the setup as given does not fit
     levers_at: int | None = None  # the micro-batch the levers were tried at
 
@@ -194,7 +195,9 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
     # NB: each search knows the setup as given already (the base estimate's device figure)
     probe_b.know(setup.micro_batch, base)
     probe_s.know(setup.seq_len, base)
-    micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, MAX_MICRO_BATCH, setup.micro_batch))
+    # NB: no more samples than the model's tower runs at once (MiniCPM-V 2.6's vision_batch_size)
+    most = vision_chunk_micro_batch(spec, setup.images_per_sample, setup.image_size)
+    micro = probe_b.answer("micro_batch", *largest_fitting(probe_b, 1, min(MAX_MICRO_BATCH, most or MAX_MICRO_BATCH), setup.micro_batch))
     # NB: no longer sequence than the positions the model was trained for (max_position_embeddings)
     max_seq = min(MAX_SEQ, spec.context_length) if spec.context_length else MAX_SEQ
     seq = probe_s.answer("seq_len", *largest_fitting(probe_s, min_seq, max(max_seq, min_seq), setup.seq_len))
@@ -210,4 +213,4 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
         # NB: a margin from the catalog is the kind of step's: each lever's own
         own = margin.source.startswith("specs/gpus.yaml")
         found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve, reuse)
-    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, found, at)
+    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, most, found, at)

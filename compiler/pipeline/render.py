@@ -491,7 +491,13 @@ def fit_text(f) -> str:
         f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), {margin_line(f.margin, f.gpu.memory)}",
         f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over two steps)",
         "",
-        _answer_line(f"largest micro-batch at seq {s.seq_len}", f.micro_batch),
+        _answer_line(
+            f"largest micro-batch at seq {s.seq_len}",
+            f.micro_batch,
+            "the most samples whose image slices the tower runs at once (vision_batch_size; more is not modelled, E725)"
+            if f.micro_batch_bound and f.micro_batch.value == f.micro_batch_bound
+            else "the search bound",
+        ),
         _answer_line(
             f"longest sequence at micro-batch {s.micro_batch}",
             f.seq_len,
@@ -545,6 +551,7 @@ def fit_json(f) -> str:
         "seq_len": answer(f.seq_len),
         "dp": answer(f.dp),
         "context_length": f.context_length,
+        "micro_batch_bound": f.micro_batch_bound,
         "levers_at": None if f.levers_at is None else {"micro_batch": f.levers_at, "seq_len": f.base.setup.seq_len},
         "levers": [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers],
     }

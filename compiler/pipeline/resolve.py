@@ -131,6 +131,16 @@ def _check_target(data: dict, spec: Spec, complain) -> None:
         )
 
 
+def vision_chunk_micro_batch(spec: Spec, images_per_sample: int, image_size: tuple[int, int] | None) -> int | None:
+    """The largest micro-batch whose slices the tower runs at once (MiniCPM-V 2.6's
+    vision_batch_size: more is refused, E725), or None where nothing bounds it."""
+    chunk = spec.vision_chunk
+    if chunk is None or not images_per_sample:
+        return None
+    h, w = image_size or (chunk.scale, chunk.scale)
+    return chunk.slices // (images_per_sample * (1 + FUNCTIONS["slice_count"](h, w, chunk.scale, chunk.max_slices)))
+
+
 def _check_vision_chunk(data: Mapping[str, Any], spec: Spec, image_size: tuple[int, int] | None, complain) -> None:
     """E725: more slices in the micro-batch than the tower runs at once (MiniCPM-V 2.6's
     get_vllm_embedding then runs it in chunks of vision_batch_size, which is not modelled)."""
