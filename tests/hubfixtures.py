@@ -3457,6 +3457,24 @@ def eva2clip_tensors(v: dict, pre: str, dtype: str) -> list[tuple[str, str, list
     return out
 
 
+def glu_projector_tensors(pre: str, w: int, conv: int, h: int, inter: int, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """The projector after an EVA2-CLIP-E tower of width `w` (GLM-4V-9B's, CogVLM2's): the 2 x 2
+    conv to `conv` channels, the GLU linear_proj from them to the language width `h`
+    (linear_proj, norm1, dense_h_to_4h, gate_proj, dense_4h_to_h of `inter`), boi and eoi."""
+    return [
+        (pre + "linear_proj.linear_proj.weight", dtype, [h, conv]),
+        (pre + "linear_proj.norm1.weight", dtype, [h]),
+        (pre + "linear_proj.norm1.bias", dtype, [h]),
+        (pre + "linear_proj.dense_h_to_4h.weight", dtype, [inter, h]),
+        (pre + "linear_proj.gate_proj.weight", dtype, [inter, h]),
+        (pre + "linear_proj.dense_4h_to_h.weight", dtype, [h, inter]),
+        (pre + "conv.weight", dtype, [conv, w, 2, 2]),
+        (pre + "conv.bias", dtype, [conv]),
+        (pre + "boi", dtype, [1, 1, h]),
+        (pre + "eoi", dtype, [1, 1, h]),
+    ]
+
+
 def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
     """THUDM/glm-4v-9b: the ChatGLM language model (chatglm_tensors) and transformer.vision, the
     EVA2-CLIP-E tower (patch_embedding.proj, cls_embedding, position_embedding, transformer.layers.N
@@ -3466,18 +3484,7 @@ def glm4v_9b_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[
     w = v["hidden_size"]
     pre = "transformer.vision."
     out = eva2clip_tensors(v, pre, dtype)
-    out += [
-        (pre + "linear_proj.linear_proj.weight", dtype, [h, h]),
-        (pre + "linear_proj.norm1.weight", dtype, [h]),
-        (pre + "linear_proj.norm1.bias", dtype, [h]),
-        (pre + "linear_proj.dense_h_to_4h.weight", dtype, [inter, h]),
-        (pre + "linear_proj.gate_proj.weight", dtype, [inter, h]),
-        (pre + "linear_proj.dense_4h_to_h.weight", dtype, [h, inter]),
-        (pre + "conv.weight", dtype, [h, w, 2, 2]),
-        (pre + "conv.bias", dtype, [h]),
-        (pre + "boi", dtype, [1, 1, h]),
-        (pre + "eoi", dtype, [1, 1, h]),
-    ]
+    out += glu_projector_tensors(pre, w, h, h, inter, dtype)
     return chatglm_tensors(c, dtype) + out
 
 
@@ -3555,20 +3562,8 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     out += [("model.norm.weight", dtype, [h])]
     pre = "model.vision."
     out += eva2clip_tensors(v, pre, dtype)
-    out += [
-        (pre + "linear_proj.linear_proj.weight", dtype, [h, w]),
-        (pre + "linear_proj.norm1.weight", dtype, [h]),
-        (pre + "linear_proj.norm1.bias", dtype, [h]),
-        (pre + "linear_proj.dense_h_to_4h.weight", dtype, [inter, h]),
-        (pre + "linear_proj.gate_proj.weight", dtype, [inter, h]),
-        (pre + "linear_proj.dense_4h_to_h.weight", dtype, [h, inter]),
-        (pre + "conv.weight", dtype, [w, w, 2, 2]),
-        (pre + "conv.bias", dtype, [w]),
-        (pre + "boi", dtype, [1, 1, h]),
-        (pre + "eoi", dtype, [1, 1, h]),
-        ("lm_head.weight", dtype, [c["vocab_size"], h]),
-    ]
-    return out
+    out += glu_projector_tensors(pre, w, w, h, inter, dtype)
+    return out + [("lm_head.weight", dtype, [c["vocab_size"], h])]
 
 
 # deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
