@@ -652,6 +652,21 @@ def ixc2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]
     return language + projector + clip_tensors(vision, "vit.vision_tower.vision_model.", dtype)
 
 
+def ixc2_4khd_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """InternLM-XComposer2-4KHD: XComposer2-VL's language model and Plora pairs (ixc2_tensors),
+    vit.vision_tower at CLIP ViT-L/14-336's own 577 positions, vision_proj from the 2 x 2 merged
+    4096 features to hidden, and the separators plora_glb_GN [1, 1, 4096], plora_sub_GN [1, 1, 1, 4096]
+    (modeling_internlm_xcomposer2.py, build_mlp.py)."""
+    h = c["hidden_size"]
+    tensors = [t for t in ixc2_tensors(c, dtype) if not t[0].startswith("vision_proj.0.")]
+    return tensors + [
+        ("vision_proj.0.weight", dtype, [h, 4096]),
+        ("vision_proj.0.bias", dtype, [h]),
+        ("plora_glb_GN", dtype, [1, 1, 4096]),
+        ("plora_sub_GN", dtype, [1, 1, 1, 4096]),
+    ]
+
+
 def gpt_neox_tensors(c: dict, dtype: str = "F16") -> list[tuple[str, str, list[int]]]:
     """GPTNeoXForCausalLM as the Pythia checkpoints store it: LayerNorms with bias, one
     query_key_value and dense with bias, a biased GELU MLP, the head as `embed_out`; each layer
@@ -2661,6 +2676,10 @@ IXC2_VL_7B = {
     "use_cache": False,
     "vocab_size": 92544,
 }
+# reconstructed: no copy of internlm/internlm-xcomposer2-4khd-7b's config.json was found; the
+# same InternLMXcomposer2Config as XComposer2-VL-7B's with img_size 336 (the remote code's tower
+# is CLIP ViT-L/14-336 at its own size; finetune/README.md: img_size is not used by the 4khd model)
+IXC2_4KHD_7B = {**IXC2_VL_7B, "img_size": 336}
 INTERNLM2_5_7B_CHAT = {
     "architectures": ["InternLM2ForCausalLM"],
     "attn_implementation": "eager",
@@ -4942,6 +4961,7 @@ def write_all() -> None:
     write_checkpoint(FIXTURES / "tiny-llama-bnb-4bit", TINY_BNB, bnb_4bit_tensors(TINY_BNB))
     write_checkpoint(FIXTURES / "internlm2_5-7b-chat", INTERNLM2_5_7B_CHAT, internlm2_tensors(INTERNLM2_5_7B_CHAT), shards=8)
     write_checkpoint(FIXTURES / "internlm-xcomposer2-vl-7b", IXC2_VL_7B, ixc2_tensors(IXC2_VL_7B), shards=2)
+    write_checkpoint(FIXTURES / "internlm-xcomposer2-4khd-7b", IXC2_4KHD_7B, ixc2_4khd_tensors(IXC2_4KHD_7B), shards=2)
     write_qwen()
     write_checkpoint(FIXTURES / "Baichuan2-7B-Base", BAICHUAN2_7B_BASE, baichuan_tensors(BAICHUAN2_7B_BASE))
     write_qwen_vl()

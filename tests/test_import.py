@@ -226,6 +226,12 @@ def _error(fn, *args, **kwargs) -> str:
         # layernorm 2 * 2048 + 24 * 12_596_224 layers = 304_172_032; vision_proj 1024 * 4096 + 4096
         # + 4096^2 + 4096 = 20_979_712: 8_666_840_064 in all, the published 8.6B (8.67B)
         ("internlm-xcomposer2-vl-7b", {"vision": 304_172_032, "projector": 20_979_712, "language": 8_341_688_320}),
+        # InternLM-XComposer2-4KHD-7B (internlm_xcomposer2_4khd, remote code, reconstructed config):
+        # XComposer2-VL's language model 8_341_688_320 (Plora pairs included); the tower CLIP
+        # ViT-L/14-336 at its own 577 positions: 304_172_032 - (1226 - 577) * 1024 = 303_507_456 (Phi-3-vision's);
+        # vision_proj from the 2 x 2 merged 4 * 1024: 4096 * 4096 + 4096 + 4096^2 + 4096 = 33_562_624
+        # + plora_glb_GN, plora_sub_GN 2 * 4096 = 33_570_816: 8_678_766_592 in all (the published 8.7B)
+        ("internlm-xcomposer2-4khd-7b", {"vision": 303_507_456, "projector": 33_570_816, "language": 8_341_688_320}),
         # Qwen-7B (qwen, remote code): 32 * 202_395_648 layers (c_attn 3 * 4096 = 12288 x 4096
         # + 12288 = 50_343_936, attn.c_proj 4096^2, w1, w2 (22016 // 2 = 11008 rows each) and
         # mlp.c_proj 3 * 4096 * 11008, ln_1, ln_2 2 * 4096) + wte and lm_head 2 * 151936 * 4096

@@ -144,7 +144,7 @@ def test_setups_not_modelled_are_refused(override, code):
     assert code in [d.code for d in info.value.diagnostics]
 
 
-@pytest.mark.parametrize("img_size", [224, 336, 560])  # internlm-xcomposer2-7b, -4khd-7b, xcomposer2d5
+@pytest.mark.parametrize("img_size", [224, 560])  # internlm-xcomposer2-7b, xcomposer2d5 (336, -4khd-7b: tests/test_internlm_xcomposer2_4khd.py)
 def test_other_releases_are_refused(tmp_path, img_size):
     message = hf.refusal(FIXTURE, tmp_path / "copy", "", "img_size", img_size)
     assert "only InternLM-XComposer2-VL-7B is modelled" in message

@@ -115,6 +115,7 @@ ALLOWED = {
     "qwen_vl/qwen-vl-chat.yaml": "",  # the remote-code Qwen-VL: estimates for plain steps only
     "minicpmv/minicpm-v-2_6.yaml": "",  # the remote-code MiniCPM-V 2.6: estimates for plain steps only
     "internlm_xcomposer2/internlm-xcomposer2-vl-7b.yaml": "",  # the remote-code PLoRA layers: plain steps only
+    "internlm_xcomposer2_4khd/internlm-xcomposer2-4khd-7b.yaml": "",  # the same PLoRA layers, phi3v_hd_projector: plain steps only
     "qwen2/qwen2.5-0.5b.yaml": "pack offload fused tp sp pp",
     "qwen2/qwen2.5-7b.yaml": "pack offload fused tp sp pp",
     "qwen2_moe/qwen1.5-moe-a2.7b-router-aux.yaml": "pack offload fused",

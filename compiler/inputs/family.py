@@ -259,7 +259,9 @@ class Families:
         vision_config (Qwen-VL's remote code, model_type "qwen") has vision_type "visual"; a
         vision_config without a model_type (GLM-4V-9B's remote code, model_type "chatglm") has
         vision_type "vision_config". A LLaVA conversion marked is_yi_vl_derived_model (Yi-VL's
-        -hf checkpoints, whose projector has LayerNorms) has vision_type "yi_vl". A config of
+        -hf checkpoints, whose projector has LayerNorms) has vision_type "yi_vl". An
+        InternLM-XComposer2 config (model_type "internlmxcomposer2") with img_size 336 has
+        vision_type "hd336" (InternLM-XComposer2-4KHD's 336 px HD crops). A config of
         the original LLaVA repository's (mm_vision_tower and no vision_config: Yi-VL's own
         01-ai checkpoints) is refused, E713: its tower's config is not in config.json. A config
         without model_type goes by its first architecture."""
@@ -274,6 +276,8 @@ class Families:
             vision_type = "visual"
         if (config or {}).get("is_yi_vl_derived_model") is True:
             vision_type = "yi_vl"
+        if model_type == "internlmxcomposer2" and (config or {}).get("img_size") == 336:
+            vision_type = "hd336"
         if vision is None and isinstance((config or {}).get("mm_vision_tower"), str):
             raise _original_llava(config, where)
         family = None
