@@ -272,6 +272,8 @@ class Families:
         vision_type = vision.get("model_type", "vision_config") if isinstance(vision, Mapping) else None
         if vision is None and isinstance((config or {}).get("visual"), Mapping):
             vision_type = "visual"
+        if model_type == "CogVLMForCausalLM" and (config or {}).get("vocab_size") == 32000:
+            vision_type = "cogvlm"  # CogVLM (v1): Vicuna's vocabulary, its own remote code (CogVLM2's is Llama-3's 128256)
         if (config or {}).get("is_yi_vl_derived_model") is True:
             vision_type = "yi_vl"
         if vision is None and isinstance((config or {}).get("mm_vision_tower"), str):

@@ -270,12 +270,13 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
 # Root layer types whose remote code checkpoints every decoder layer itself, whatever the setting:
 # CogVLM2's llm_forward calls torch.utils.checkpoint.checkpoint(..., use_reentrant=False) per
 # layer (and transformers' gradient_checkpointing_enable refuses the model). Their modules are
-# checkpointed in every estimate.
+# checkpointed in every estimate. CogVLM's (v1) llm_forward, the same layer type, does not: its
+# spec says self_checkpointed false.
 SELF_CHECKPOINTED = ("cogvlm_causal_lm",)
 
 
 def self_checkpointed(spec: Spec) -> frozenset[str]:
-    return frozenset(m.name for m in spec.modules if m.type in SELF_CHECKPOINTED)
+    return frozenset(m.name for m in spec.modules if m.type in SELF_CHECKPOINTED and str(m.inputs.get("self_checkpointed", True)).lower() != "false")
 
 
 class Resolution:
