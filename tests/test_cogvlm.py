@@ -152,6 +152,9 @@ def test_the_loss_is_over_the_shifted_fp32_logits():
         ({"tp": 2}, "E318"),  # remote code: plain steps only
         ({"lora": {"r": 8, "target_modules": ["query_key_value"]}}, "E335"),  # the tower's too
         ({"lora": {"r": 8, "target_modules": "all-linear"}}, "E335"),
+        # supports_gradient_checkpointing False: transformers' gradient_checkpointing_enable refuses
+        ({"gradient_checkpointing": ["language"]}, "E336"),
+        ({"gradient_checkpointing": ["vision"]}, "E336"),
     ],
 )
 def test_setups_not_modelled_are_refused(override, code):
