@@ -262,7 +262,8 @@ class Families:
         -hf checkpoints, whose projector has LayerNorms) has vision_type "yi_vl". A config of
         the original LLaVA repository's (mm_vision_tower and no vision_config: Yi-VL's own
         01-ai checkpoints) is refused, E713: its tower's config is not in config.json. A config
-        without model_type goes by its first architecture."""
+        without model_type goes by its first architecture; CogVLMForCausalLM with Vicuna's
+        vocab_size 32000 (CogVLM v1) has vision_type "cogvlm"."""
         by_architecture = model_type is None and isinstance((config or {}).get("architectures"), list) and bool(config["architectures"])
         if by_architecture:
             # NB: CogVLM2's remote CogVLMConfig declares no model_type, so its config.json has
