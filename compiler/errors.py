@@ -41,6 +41,7 @@ Codes (stable; never reuse a retired one):
     E333 target_len on a model that is no encoder-decoder (a decoder-only spec has no target sequence)
     E334 LoRA on a linear peft moves to the stacked routed experts for the model type (DeepSeek-V2's gate_proj, up_proj, down_proj): not modelled
     E335 a LoRA target peft would also match in a module outside lora.modules, where the recipes wrap the whole model (CogVLM2's tower and projector)
+    E336 gradient_checkpointing on a model whose remote code neither checkpoints nor lets transformers checkpoint it (CogVLM v1: supports_gradient_checkpointing False)
     E601 the measuring side (torch, transformers) is not installed
 
     memspec import (a hub id or a model folder; each message names the repo and revision):

@@ -3585,6 +3585,82 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
     return out + [("lm_head.weight", dtype, [c["vocab_size"], h])]
 
 
+# THUDM/cogvlm-chat-hf (CogVLM v1, remote code CogVLMForCausalLM, no model_type). NB reconstructed,
+# not copied (no copy of the hub config.json was found): CogVLMConfig's defaults (Vicuna-7B-v1.5:
+# hidden 4096, intermediate 11008, 32 layers, 32 heads, vocab 32000, max_position_embeddings 2048,
+# rms_norm_eps 1e-05 as Vicuna's (the class default 1e-06; memory does not read it); bos 1, eos 2, pad 0) and the vision_config its
+# configuration code writes (EVA2-CLIP-E at 490 px: 63 layers of 1792, 16 heads, MLP 15360,
+# num_positions 1226). The tensor names and shapes read from modeling_cogvlm.py and visual.py
+# (copies and ports: no index of the hub repo was found); 8 bf16 shards as published, the grouping
+# write_checkpoint's. 17,639,685,376 parameters: the language model with its visual experts
+# 13,214,420,992, the tower 4,282,641,664, the projector 142,622,720 (the published 17B: 10B
+# vision, 7B language).
+COGVLM_CHAT_HF = {
+    "architectures": ["CogVLMForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_cogvlm.CogVLMConfig", "AutoModelForCausalLM": "modeling_cogvlm.CogVLMForCausalLM"},
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 2048,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "template_version": "chat",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vision_config": {
+        "dropout_prob": 0.0,
+        "hidden_act": "gelu",
+        "in_channels": 3,
+        "num_hidden_layers": 63,
+        "hidden_size": 1792,
+        "patch_size": 14,
+        "num_heads": 16,
+        "intermediate_size": 15360,
+        "layer_norm_eps": 1e-06,
+        "num_positions": 1226,
+        "image_size": 490,
+    },
+    "vocab_size": 32000,
+}
+
+
+def cogvlm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """THUDM/cogvlm-chat-hf: as cogvlm2_tensors with v1's differences: MHA (query_key_value 3 x
+    hidden, the vision one without a bias) and no conv (the GLU's linear_proj reads the tower's
+    width directly)."""
+    v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    w = v["hidden_size"]
+    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
+    for i in range(c["num_hidden_layers"]):
+        q = f"model.layers.{i}."
+        out += [
+            (q + "input_layernorm.weight", dtype, [h]),
+            (q + "self_attn.rotary_emb.inv_freq", dtype, [h // heads // 2]),
+            (q + "self_attn.language_expert_query_key_value.weight", dtype, [3 * h, h]),
+            (q + "self_attn.vision_expert_query_key_value.weight", dtype, [3 * h, h]),
+            (q + "self_attn.language_expert_dense.weight", dtype, [h, h]),
+            (q + "self_attn.vision_expert_dense.weight", dtype, [h, h]),
+            (q + "post_attention_layernorm.weight", dtype, [h]),
+        ]
+        for expert in ("language_mlp", "vision_mlp"):
+            out += [
+                (f"{q}mlp.{expert}.gate_proj.weight", dtype, [inter, h]),
+                (f"{q}mlp.{expert}.up_proj.weight", dtype, [inter, h]),
+                (f"{q}mlp.{expert}.down_proj.weight", dtype, [h, inter]),
+            ]
+    out += [("model.norm.weight", dtype, [h])]
+    pre = "model.vision."
+    out += eva2clip_tensors(v, pre, dtype)
+    out += [t for t in glu_projector_tensors(pre, w, w, h, inter, dtype) if not t[0].startswith(pre + "conv.")]
+    return out + [("lm_head.weight", dtype, [c["vocab_size"], h])]
+
+
 # deepseek-community/deepseek-vl-1.3b-chat (2025-07, the transformers conversion of
 # deepseek-ai/deepseek-vl-1.3b-chat; one bfloat16 shard). NB reconstructed, not copied: the keys
 # memory depends on, with the values of the published model (SigLIP-L/16 at 384 px: 24 layers of
@@ -4878,6 +4954,12 @@ def write_cogvlm2() -> None:
     write_checkpoint(FIXTURES / "cogvlm2-llama3-chat-19B", c, cogvlm2_tensors(c), shards=8)
 
 
+def write_cogvlm() -> None:
+    """THUDM/cogvlm-chat-hf alone (`python tests/hubfixtures.py cogvlm`)."""
+    c = COGVLM_CHAT_HF
+    write_checkpoint(FIXTURES / "cogvlm-chat-hf", c, cogvlm_tensors(c), shards=8)
+
+
 def write_yi_vl() -> None:
     """BUAADreamer/Yi-VL-6B-hf and -34B-hf alone (`python tests/hubfixtures.py yi_vl`)."""
     write_checkpoint(FIXTURES / "Yi-VL-6B-hf", YI_VL_6B_HF, yi_vl_tensors(YI_VL_6B_HF), shards=2, processor=YI_VL_PROCESSOR)
@@ -4969,6 +5051,7 @@ def write_all() -> None:
     write_minicpmv()
     write_glm4v_9b()
     write_cogvlm2()
+    write_cogvlm()
     write_yi_vl()
     for name, folder in (("llava-v1.6-mistral-7b-hf", "llava-v1.6-mistral-7b"), ("llava-v1.6-vicuna-7b-hf", "llava-v1.6-vicuna-7b")):
         hf = ROOT / "specs" / "llava_next" / "hf" / folder
@@ -5048,6 +5131,8 @@ if __name__ == "__main__":
         write_glm4v_9b()
     elif sys.argv[1:] == ["cogvlm2"]:
         write_cogvlm2()
+    elif sys.argv[1:] == ["cogvlm"]:
+        write_cogvlm()
     elif sys.argv[1:] == ["yi_vl"]:
         write_yi_vl()
     else:

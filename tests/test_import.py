@@ -124,6 +124,19 @@ def _error(fn, *args, **kwargs) -> str:
         # 8192: 196_364_032; 19_503_105_280 in all (the index's total_size 39_006_214_656 B is these
         # and the 32 x 64 inv_freq values in bf16), the published 19B
         ("cogvlm2-llama3-chat-19B", {"vision": 4_296_961_536, "projector": 196_364_032, "language": 15_009_779_712}),
+        # CogVLM v1 (cogvlm, remote code; no model_type, its architecture with Vicuna's vocab_size 32000):
+        # the language model embed_tokens and lm_head 2 * 32000 * 4096 = 262_144_000 + norm 4096 + 32 *
+        # 404_758_528 layers (language_ and vision_expert_query_key_value 2 * 12288 x 4096 =
+        # 100_663_296, no bias; language_ and vision_expert_dense 2 * 4096^2 = 33_554_432; language_
+        # and vision_mlp 2 * 3 * 4096 * 11008 = 270_532_608; two RMSNorms 2 * 4096) = 13_214_420_992
+        # (Vicuna-7B's 6_738_415_616 and the visual experts 32 * 202_375_168); the EVA2-CLIP-E tower
+        # at 490 px: proj 1_055_488 + cls_embedding 1792 + position_embedding 1226 * 1792 = 2_196_992 +
+        # 63 * 67_926_784 = 4_282_641_664; the projector, no conv: linear_proj 4096 x 1792 =
+        # 7_340_032, norm1 8192, gate_proj, dense_h_to_4h, dense_4h_to_h 3 * 11008 * 4096 =
+        # 135_266_304, boi and eoi 8192: 142_622_720; 17_639_685_376 in all, the published 17B
+        # (10B vision: tower, projector and the experts 4_282_641_664 + 142_622_720 + 6_476_005_376;
+        # 7B language)
+        ("cogvlm-chat-hf", {"vision": 4_282_641_664, "projector": 142_622_720, "language": 13_214_420_992}),
         # Falcon-40B (falcon, new decoder architecture): 60 * 679_510_016 layers (query_key_value
         # (128 + 2 * 8) * 64 = 9216 x 8192, dense 8192^2, dense_h_to_4h and dense_4h_to_h
         # 2 * 8192 * 32768, ln_attn and ln_mlp 4 * 8192; no biases) + the tied 65024 x 8192 table

@@ -42,6 +42,7 @@ ALLOWED = {
     "chatglm/glm-4-9b-chat.yaml": "",
     "chatglm_vision/glm-4v-9b.yaml": "",  # GLM-4V-9B's remote code: plain steps only
     "cogvlm2/cogvlm2-llama3-chat-19b.yaml": "",  # CogVLM2's remote code: plain steps only
+    "cogvlm/cogvlm-chat-hf.yaml": "",  # CogVLM v1's remote code: plain steps only
     "baichuan/baichuan2-7b-base.yaml": "",  # the remote-code Baichuan2: estimates for plain steps only
     "deepseek_vl/deepseek-vl-1.3b-chat.yaml": "pack offload fused",
     "deepseek_v2/deepseek-v2-lite.yaml": "",  # multi-head latent attention and DeepSeek's MoE: plain steps only

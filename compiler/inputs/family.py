@@ -264,7 +264,8 @@ class Families:
         vision_type "hd336" (InternLM-XComposer2-4KHD's 336 px HD crops). A config of
         the original LLaVA repository's (mm_vision_tower and no vision_config: Yi-VL's own
         01-ai checkpoints) is refused, E713: its tower's config is not in config.json. A config
-        without model_type goes by its first architecture."""
+        without model_type goes by its first architecture; CogVLMForCausalLM with Vicuna's
+        vocab_size 32000 (CogVLM v1) has vision_type "cogvlm"."""
         by_architecture = model_type is None and isinstance((config or {}).get("architectures"), list) and bool(config["architectures"])
         if by_architecture:
             # NB: CogVLM2's remote CogVLMConfig declares no model_type, so its config.json has
@@ -274,6 +275,8 @@ class Families:
         vision_type = vision.get("model_type", "vision_config") if isinstance(vision, Mapping) else None
         if vision is None and isinstance((config or {}).get("visual"), Mapping):
             vision_type = "visual"
+        if model_type == "CogVLMForCausalLM" and (config or {}).get("vocab_size") == 32000:
+            vision_type = "cogvlm"  # CogVLM (v1): Vicuna's vocabulary, its own remote code (CogVLM2's is Llama-3's 128256)
         if (config or {}).get("is_yi_vl_derived_model") is True:
             vision_type = "yi_vl"
         if model_type == "internlmxcomposer2" and (config or {}).get("img_size") == 336:

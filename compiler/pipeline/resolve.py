@@ -270,12 +270,24 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
 # Root layer types whose remote code checkpoints every decoder layer itself, whatever the setting:
 # CogVLM2's llm_forward calls torch.utils.checkpoint.checkpoint(..., use_reentrant=False) per
 # layer (and transformers' gradient_checkpointing_enable refuses the model). Their modules are
-# checkpointed in every estimate.
+# checkpointed in every estimate. CogVLM's (v1) llm_forward, the same layer type, does not: its
+# spec says self_checkpointed false.
 SELF_CHECKPOINTED = ("cogvlm_causal_lm",)
 
 
 def self_checkpointed(spec: Spec) -> frozenset[str]:
-    return frozenset(m.name for m in spec.modules if m.type in SELF_CHECKPOINTED)
+    return frozenset(m.name for m in spec.modules if m.type in SELF_CHECKPOINTED and not _off(m.inputs.get("self_checkpointed", True)))
+
+
+def _off(value: Any) -> bool:
+    return str(value).lower() == "false"
+
+
+def never_checkpointed(spec: Spec) -> bool:
+    """CogVLM (v1): the remote code checkpoints nothing itself and declares
+    supports_gradient_checkpointing False, so transformers' gradient_checkpointing_enable refuses
+    the whole model (E336 for any gradient_checkpointing)."""
+    return any(m.type in SELF_CHECKPOINTED and _off(m.inputs.get("self_checkpointed", True)) for m in spec.modules)
 
 
 class Resolution:
@@ -389,6 +401,13 @@ class Resolution:
                     complain(
                         key, "E304", f"unknown module '{name}'", did_you_mean(name, module_names) or f"modules of {spec.model}: {', '.join(module_names)}", i
                     )
+        if data.get("gradient_checkpointing") and never_checkpointed(spec):
+            complain(
+                "gradient_checkpointing",
+                "E336",
+                f"{spec.model} cannot be checkpointed: its remote code checkpoints no layer and declares supports_gradient_checkpointing False, so transformers' gradient_checkpointing_enable refuses the model",
+                "leave gradient_checkpointing unset (the model's own step keeps every activation)",
+            )
         optimizer = _optimizer(data["optimizer"], complain)
         data["transformers"] = _transformers(data.get("versions") or {}, complain)
         try:
