@@ -3548,17 +3548,12 @@ COGVLM2_LLAMA3_CHAT_19B = {
 }
 
 
-def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
-    """THUDM/cogvlm2-llama3-chat-19B: model.embed_tokens, model.layers.N with both experts
-    (self_attn.{language,vision}_expert_query_key_value, the vision one with a bias,
-    {language,vision}_expert_dense, mlp.{language,vision}_mlp.{gate,up,down}_proj, two RMSNorms and
-    the rotary's inv_freq buffer), model.norm, lm_head, and model.vision: the EVA2-CLIP-E tower as
-    GLM-4V-9B's, the 2 x 2 conv (vision width to vision width), the GLU linear_proj from the vision
-    width, boi and eoi."""
-    v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
-    kv = c.get("num_multi_query_heads", 8)
-    qkv = h + 2 * (h // heads) * kv
-    w = v["hidden_size"]
+def visual_expert_tensors(c: dict, qkv: int, vision_bias: bool, dtype: str) -> list[tuple[str, str, list[int]]]:
+    """CogVLM's and CogVLM2's language model: model.embed_tokens, model.layers.N with both
+    experts (self_attn.{language,vision}_expert_query_key_value of `qkv` rows, the vision one
+    with a bias where `vision_bias`, {language,vision}_expert_dense, mlp.{language,vision}_mlp.
+    {gate,up,down}_proj, two RMSNorms and the rotary's inv_freq buffer) and model.norm."""
+    h, inter, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
     for i in range(c["num_hidden_layers"]):
         q = f"model.layers.{i}."
@@ -3567,7 +3562,7 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
             (q + "self_attn.rotary_emb.inv_freq", dtype, [h // heads // 2]),
             (q + "self_attn.language_expert_query_key_value.weight", dtype, [qkv, h]),
             (q + "self_attn.vision_expert_query_key_value.weight", dtype, [qkv, h]),
-            (q + "self_attn.vision_expert_query_key_value.bias", dtype, [qkv]),
+            *([(q + "self_attn.vision_expert_query_key_value.bias", dtype, [qkv])] if vision_bias else []),
             (q + "self_attn.language_expert_dense.weight", dtype, [h, h]),
             (q + "self_attn.vision_expert_dense.weight", dtype, [h, h]),
             (q + "post_attention_layernorm.weight", dtype, [h]),
@@ -3578,7 +3573,20 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
                 (f"{q}mlp.{expert}.up_proj.weight", dtype, [inter, h]),
                 (f"{q}mlp.{expert}.down_proj.weight", dtype, [h, inter]),
             ]
-    out += [("model.norm.weight", dtype, [h])]
+    return out + [("model.norm.weight", dtype, [h])]
+
+
+def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[int]]]:
+    """THUDM/cogvlm2-llama3-chat-19B: model.embed_tokens, model.layers.N with both experts
+    (self_attn.{language,vision}_expert_query_key_value, the vision one with a bias,
+    {language,vision}_expert_dense, mlp.{language,vision}_mlp.{gate,up,down}_proj, two RMSNorms and
+    the rotary's inv_freq buffer), model.norm, lm_head, and model.vision: the EVA2-CLIP-E tower as
+    GLM-4V-9B's, the 2 x 2 conv (vision width to vision width), the GLU linear_proj from the vision
+    width, boi and eoi."""
+    v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    kv = c.get("num_multi_query_heads", 8)
+    w = v["hidden_size"]
+    out = visual_expert_tensors(c, h + 2 * (h // heads) * kv, True, dtype)
     pre = "model.vision."
     out += eva2clip_tensors(v, pre, dtype)
     out += glu_projector_tensors(pre, w, w, h, inter, dtype)
@@ -3634,27 +3642,9 @@ def cogvlm_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[in
     """THUDM/cogvlm-chat-hf: as cogvlm2_tensors with v1's differences: MHA (query_key_value 3 x
     hidden, the vision one without a bias) and no conv (the GLU's linear_proj reads the tower's
     width directly)."""
-    v, h, inter, heads = c["vision_config"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    v, h, inter = c["vision_config"], c["hidden_size"], c["intermediate_size"]
     w = v["hidden_size"]
-    out = [("model.embed_tokens.weight", dtype, [c["vocab_size"], h])]
-    for i in range(c["num_hidden_layers"]):
-        q = f"model.layers.{i}."
-        out += [
-            (q + "input_layernorm.weight", dtype, [h]),
-            (q + "self_attn.rotary_emb.inv_freq", dtype, [h // heads // 2]),
-            (q + "self_attn.language_expert_query_key_value.weight", dtype, [3 * h, h]),
-            (q + "self_attn.vision_expert_query_key_value.weight", dtype, [3 * h, h]),
-            (q + "self_attn.language_expert_dense.weight", dtype, [h, h]),
-            (q + "self_attn.vision_expert_dense.weight", dtype, [h, h]),
-            (q + "post_attention_layernorm.weight", dtype, [h]),
-        ]
-        for expert in ("language_mlp", "vision_mlp"):
-            out += [
-                (f"{q}mlp.{expert}.gate_proj.weight", dtype, [inter, h]),
-                (f"{q}mlp.{expert}.up_proj.weight", dtype, [inter, h]),
-                (f"{q}mlp.{expert}.down_proj.weight", dtype, [h, inter]),
-            ]
-    out += [("model.norm.weight", dtype, [h])]
+    out = visual_expert_tensors(c, 3 * h, False, dtype)
     pre = "model.vision."
     out += eva2clip_tensors(v, pre, dtype)
     out += [t for t in glu_projector_tensors(pre, w, w, h, inter, dtype) if not t[0].startswith(pre + "conv.")]
