@@ -131,14 +131,20 @@ def _check_target(data: dict, spec: Spec, complain) -> None:
         )
 
 
+def _image_pieces(chunk: VisionChunk, image_size: tuple[int, int] | None) -> tuple[int, int, int]:
+    """(h, w, pieces): the image the processor cuts (the spec's scale without a size) and the
+    source image plus its slices, each a piece the tower reads."""
+    h, w = image_size or (chunk.scale, chunk.scale)
+    return h, w, 1 + FUNCTIONS["slice_count"](h, w, chunk.scale, chunk.max_slices)
+
+
 def vision_chunk_micro_batch(spec: Spec, images_per_sample: int, image_size: tuple[int, int] | None) -> int | None:
     """The largest micro-batch whose slices the tower runs at once (MiniCPM-V 2.6's
     vision_batch_size: more is refused, E725), or None where nothing bounds it."""
     chunk = spec.vision_chunk
     if chunk is None or not images_per_sample:
         return None
-    h, w = image_size or (chunk.scale, chunk.scale)
-    return chunk.slices // (images_per_sample * (1 + FUNCTIONS["slice_count"](h, w, chunk.scale, chunk.max_slices)))
+    return chunk.slices // (images_per_sample * _image_pieces(chunk, image_size)[2])
 
 
 def _check_vision_chunk(data: Mapping[str, Any], spec: Spec, image_size: tuple[int, int] | None, complain) -> None:
@@ -147,8 +153,7 @@ def _check_vision_chunk(data: Mapping[str, Any], spec: Spec, image_size: tuple[i
     chunk = spec.vision_chunk
     if chunk is None or not data["images_per_sample"] or "micro_batch" not in data:
         return
-    h, w = image_size or (chunk.scale, chunk.scale)
-    pieces = 1 + FUNCTIONS["slice_count"](h, w, chunk.scale, chunk.max_slices)
+    h, w, pieces = _image_pieces(chunk, image_size)
     slices = data["micro_batch"] * data["images_per_sample"] * pieces
     if slices > chunk.slices:
         per_image = f"its source image and {pieces - 1} slices" if pieces > 1 else "one slice, unsliced"
