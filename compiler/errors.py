@@ -32,6 +32,7 @@ Codes (stable; never reuse a retired one):
     E402 expression that does not parse                       E403 expression outside the allowed arithmetic
     E404 expression that cannot be evaluated or is not an integer
     E405 let: name that shadows an input or context name      E407 a formula example's expectation is off
+    E406 a composite child repeated more than 1,024 times (a layer count no published model has)
     E501 seq_len shorter than the image tokens it must hold   E502 formulas' and spec's parameter counts differ
     E503 unknown GPU                                          E505 DeepSpeed 'auto' sizes without the spec's hidden_size
     E506 a memory size (--gpu 24GiB, --margin 2GiB) that cannot be read: no unit, an unknown one, not whole bytes, or a GPU too small for the CUDA context

@@ -116,3 +116,15 @@ def test_golden_case_evaluates_identically(monkeypatch):
     data = load_yaml("tests/cases/llava-1.5-7b-finetune/case.yaml").data
     estimate(data["file"], **(data.get("overrides") or {}))
     assert len(calls) > 500
+
+
+def test_a_child_repeats_at_most_max_copies():
+    """1,024 copies of a layer expand; one more is refused (E406) before any is made: a
+    mistyped num_hidden_layers of 1,051,941 once took minutes and gigabytes."""
+    from compiler.library.formula import MAX_COPIES, compile_expr, copies
+
+    e = compile_expr("n_layers", load_yaml(str(ROOT / "formulas" / "linear.yaml")), "$", frozenset({"n_layers"}), [])
+    assert MAX_COPIES == 1024 and copies(e, 1024, "layers") == 1024
+    with pytest.raises(MemspecError) as exc:
+        copies(e, 1025, "layers")
+    assert exc.value.diagnostics[0].code == "E406" and "1,025 copies of 'layers'" in exc.value.diagnostics[0].message

@@ -4,8 +4,9 @@ Each folder under tests/invalid/ is one case: the bad input file(s), `args` (one
 command-line arguments, paths relative to the folder), `expected.txt` (the exact stderr) and
 `exit_code`. The command runs in-process with the folder as the working directory.
 
-NB: an absolute path in a message (a "looked for ..." help) depends on where the checkout
-lives, so the case folder's absolute path is written `<case>` in `expected.txt`.
+NB: an absolute path in a message (a "looked for ..." help, a bundled formula file) depends on
+where the checkout lives, so the case folder's absolute path is written `<case>` in
+`expected.txt`, and the checkout's `<repo>`.
 
 `pytest --regen-invalid` rewrites every `expected.txt` from the current output (the exit code
 is still asserted); read the diff as a user would before committing it.
@@ -25,7 +26,7 @@ CASES = sorted(p for p in INVALID.iterdir() if (p / "args").is_file())
 
 
 def _normalized(text: str, case: Path) -> str:
-    return text.replace(str(case.resolve()), "<case>")
+    return text.replace(str(case.resolve()), "<case>").replace(str(INVALID.parent.parent.resolve()), "<repo>")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -725,6 +725,22 @@ def _check_value(decl: Input, value: Any) -> str | None:
     return None
 
 
+# The most copies of one child a layer table holds: the deepest published transformer has 1,000
+# layers (DeepNet, Wang et al. 2022), the deepest released checkpoint 126 (Llama-3.1-405B); a
+# larger count is a mistyped size, which would take minutes and gigabytes to expand.
+MAX_COPIES = 1024
+
+
+def copies(expr: Expr, value: Any, child: str) -> int:
+    """A composite child's count: an integer, at most MAX_COPIES."""
+    count = integer(expr, value)
+    if count > MAX_COPIES:
+        message = f"'{expr.source}' gave {count:,} copies of '{child}', more than the {MAX_COPIES:,} memspec expands"
+        help = "no published model has that many layers: check the input that sets the count (on import, config.json's num_hidden_layers)"
+        raise MemspecError(expr.diag("E406", message, help))
+    return count
+
+
 def integer(expr: Expr, value: Any) -> int:
     """A factor's value, which must be an integer number of bytes."""
     if isinstance(value, bool) or not isinstance(value, int):

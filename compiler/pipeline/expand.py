@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import Diagnostic, MemspecError, UsageError
-from ..library.formula import Child, Formula, Library, bind, integer
+from ..library.formula import Child, Formula, Library, bind, copies, integer
 from .peft import bias_elements, check_bias_modelled, check_not_retargeted, lora_target, quantized, save_error, save_matches, saved_name, peft_problems
 from .resolve import Module, Setup, Spec
 
@@ -381,7 +381,7 @@ def _child_values(memo: dict, child: Child, c_formula: Formula, scope: Mapping[s
     key = ("child", child.path, c_formula.layer_type, scope_key, previous, upstream)
     hit = memo.get(key)
     if hit is None:
-        count = integer(child.count, child.count(scope)) if child.count is not None else 1
+        count = copies(child.count, child.count(scope), child.name) if child.count is not None else 1
         if child.when is not None and not child.when(scope):
             count = 0
         c_batch = integer(child.context["batch"], child.context["batch"](scope)) if "batch" in child.context else scope["batch"]
