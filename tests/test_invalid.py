@@ -6,7 +6,8 @@ command-line arguments, paths relative to the folder), `expected.txt` (the exact
 
 NB: an absolute path in a message (a "looked for ..." help, a bundled formula file) depends on
 where the checkout lives, so the case folder's absolute path is written `<case>` in
-`expected.txt`, and the checkout's `<repo>`.
+`expected.txt`, and the folder the bundled formulas are read from (the checkout, or the
+installed package's data) `<bundled>`.
 
 `pytest --regen-invalid` rewrites every `expected.txt` from the current output (the exit code
 is still asserted); read the diff as a user would before committing it.
@@ -20,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
+from compiler.paths import formulas_dir
 
 INVALID = Path(__file__).parent / "invalid"
 CASES = sorted(p for p in INVALID.iterdir() if (p / "args").is_file())
 
 
 def _normalized(text: str, case: Path) -> str:
-    return text.replace(str(case.resolve()), "<case>").replace(str(INVALID.parent.parent.resolve()), "<repo>")
+    return text.replace(str(case.resolve()), "<case>").replace(str(formulas_dir().parent), "<bundled>")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
