@@ -1,8 +1,10 @@
 """Property-based fuzzing of what users hand memspec: experiments, DeepSpeed configs, launch
 scripts, formula expressions and safetensors headers. Whatever the input, the answer is an
 estimate (exit 0) or a diagnostic (exit 1, or 2 for the command line), never a traceback
-(exit 3), never a write outside the asked path. The examples are derandomized, so every
-machine runs the same ones, and bounded, so the file takes well under a minute.
+(exit 3), never a write outside the asked path. The examples are derandomized and hypothesis
+is pinned, so every machine runs the same ones for the same selection of tests (hypothesis
+also draws constants from the modules loaded: the whole suite runs examples this file alone
+does not), and bounded, so the file takes well under a minute.
 """
 
 from __future__ import annotations
