@@ -3605,7 +3605,7 @@ def cogvlm2_tensors(c: dict, dtype: str = "BF16") -> list[tuple[str, str, list[i
 # vision, 7B language).
 COGVLM_CHAT_HF = {
     "architectures": ["CogVLMForCausalLM"],
-    "auto_map": {"AutoConfig": "configuration_cogvlm.CogVLMConfig", "AutoModelForCausalLM": "modeling_cogvlm.CogVLMForCausalLM"},
+    "auto_map": dict(COGVLM2_LLAMA3_CHAT_19B["auto_map"]),
     "bos_token_id": 1,
     "eos_token_id": 2,
     "hidden_act": "silu",
@@ -3621,19 +3621,8 @@ COGVLM_CHAT_HF = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "use_cache": True,
-    "vision_config": {
-        "dropout_prob": 0.0,
-        "hidden_act": "gelu",
-        "in_channels": 3,
-        "num_hidden_layers": 63,
-        "hidden_size": 1792,
-        "patch_size": 14,
-        "num_heads": 16,
-        "intermediate_size": 15360,
-        "layer_norm_eps": 1e-06,
-        "num_positions": 1226,
-        "image_size": 490,
-    },
+    # CogVLM2's EVA2-CLIP-E at 490 px: 35 x 35 patches and the class token
+    "vision_config": {**COGVLM2_LLAMA3_CHAT_19B["vision_config"], "num_positions": 1226, "image_size": 490},
     "vocab_size": 32000,
 }
 
