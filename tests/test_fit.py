@@ -117,27 +117,27 @@ def _fit_json(capsys, *argv: str) -> dict:
 def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     """No --margin: the catalog's margin for the kind of step (specs/gpus.yaml
     device.margin_pct), the worst under-estimate measured on a GPU for such steps, named in the
-    text and the JSON: 4 % for the tiny experiment, which checkpoints its language model,
-    5 % without checkpointing."""
+    text and the JSON: 6 % for the tiny experiment, which checkpoints its language model,
+    8 % without checkpointing."""
     data = _fit_json(capsys, TINY, "--gpu", "h100-80gb")
-    # 4 % of 85,520,809,984 B = 3,420,832,399.36 B, rounded up: 3,420,832,400 B kept free
+    # 6 % of 85,520,809,984 B = 5,131,248,599.04 B, rounded up: 5,131,248,600 B kept free
     assert data["margin"] == {
-        "percent": 4,
-        "bytes": 3_420_832_400,
+        "percent": 6,
+        "bytes": 5_131_248_600,
         "source": "specs/gpus.yaml device.margin_pct.checkpointed",
         "summary": "the worst under-estimate measured on a GPU for a checkpointed step",
     }
-    assert data["budget"] == H100 - 3_420_832_400 == 82_099_977_584
+    assert data["budget"] == H100 - 5_131_248_600 == 80_389_561_384
     assert data["fits_as_given"] is True and data["levers"] == [] and data["levers_at"] is None  # nothing to change
-    # 5 % of 85,520,809,984 B = 4,276,040,499.2 B, rounded up: 4,276,040,500 B
+    # 8 % of 85,520,809,984 B = 6,841,664,798.72 B, rounded up: 6,841,664,799 B
     plain = _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--gradient-checkpointing", "none")
-    assert plain["margin"]["percent"] == 5 and plain["margin"]["source"] == "specs/gpus.yaml device.margin_pct"
-    assert plain["budget"] == H100 - 4_276_040_500 == 81_244_769_484
+    assert plain["margin"]["percent"] == 8 and plain["margin"]["source"] == "specs/gpus.yaml device.margin_pct"
+    assert plain["budget"] == H100 - 6_841_664_799 == 78_679_145_185
     from compiler.cli import main
 
     assert main(["fit", TINY, "--gpu", "h100-80gb"]) == 0
     assert (
-        "budget    76.46 GiB for the device figure (nvidia-smi), margin 4 % = 3.19 GiB kept free "
+        "budget    74.87 GiB for the device figure (nvidia-smi), margin 6 % = 4.78 GiB kept free "
         "(specs/gpus.yaml device.margin_pct.checkpointed: the worst under-estimate measured on a GPU for a checkpointed step)"
     ) in capsys.readouterr().out
 
@@ -218,32 +218,31 @@ def test_a_smaller_micro_batch_fits_the_levers_keep_the_one_given(capsys):
 
 
 @pytest.mark.parametrize(
-    "experiment, ran, ran_out",
+    "experiment, key, ran, ran_out, answer",
     [
         # tests/measured/gpu/llava-1.5-7b-pretrain_unsharded_b3{6,7,8}.json: 36 and 37 ran, 38 ran out of memory
-        ("specs/experiments/llava-1.5-7b-pretrain.yaml", 37, 38),
+        ("specs/experiments/llava-1.5-7b-pretrain.yaml", "h100-80gb", 37, 38, 34),
         # tests/measured/gpu/llava-1.5-7b-lora_unsharded_b{29,30,31}.json: all three ran
-        ("specs/experiments/llava-1.5-7b-lora.yaml", 31, None),
+        ("specs/experiments/llava-1.5-7b-lora.yaml", "h100-80gb", 31, None, 28),
         # tests/measured/gpu/qwen2.5-0.5b-full-h200_b{16,17,18}.json, on an H200: 16 ran, 17 ran out
-        ("specs/experiments/qwen2.5-0.5b-full-h200.yaml", 16, 17),
+        ("specs/experiments/qwen2.5-0.5b-full-h200.yaml", "h200-141gb", 16, 17, 15),
+        # tests/measured/gpu/llava-1.5-7b-lora-h200_b{56,59,60}.json, on an H200: all three ran
+        # (59 and 60 only by the allocator emptying its cache), 63 ran out (docs/measuring.md)
+        ("specs/experiments/llava-1.5-7b-lora.yaml", "h200-141gb", 60, 63, 55),
     ],
 )
-def test_fit_on_the_measured_boundary_answers_a_micro_batch_that_ran(experiment, ran, ran_out):
-    """fit's largest micro-batch on one GPU (no sharding; the H100 the runs had, or the H200
-    the experiment names), with the catalog's margin for a checkpointed step, against the runs:
-    never one that ran out of memory, never above the largest that ran. How short it falls is
-    the estimate's over-estimate there plus the margin (4 %: pretrain 35 of 37, LoRA 29 of
-    31, Qwen2.5-0.5B 15 of 16; without a margin the last answers 16, the edge itself)."""
-    key = "h200-141gb" if "h200" in experiment else "h100-80gb"
+def test_fit_on_the_measured_boundary_answers_a_micro_batch_that_ran(experiment, key, ran, ran_out, answer):
+    """fit's largest micro-batch on one GPU (no sharding; the card the runs had), with the
+    catalog's margin for a checkpointed step, against the runs: never one that ran out of
+    memory, never above the largest that ran. How short it falls is the estimate's error there
+    plus the margin (6 %: pretrain 34 of 37, LoRA 28 of 31 on the H100 and 55 of 60 on the
+    H200, where the 4 % margin answered 56, which ran with its device figure 4.26 % above the
+    estimate; Qwen2.5-0.5B 15 of 16; without a margin the last answers 16, the edge itself)."""
     gpu = gpu_catalog()[0][key]
     spec, setup = load_inputs(experiment, {"dp": 1, "zero": 0, "gpu": key})
-    answer = fit(spec, setup, gpu).micro_batch.value
-    assert answer is not None and answer <= ran and (ran_out is None or answer < ran_out)
-    assert (experiment, answer) in {
-        ("specs/experiments/llava-1.5-7b-pretrain.yaml", 35),
-        ("specs/experiments/llava-1.5-7b-lora.yaml", 29),
-        ("specs/experiments/qwen2.5-0.5b-full-h200.yaml", 15),
-    }
+    got = fit(spec, setup, gpu).micro_batch.value
+    assert got is not None and got <= ran and (ran_out is None or got < ran_out)
+    assert got == answer
 
 
 def test_a_search_takes_again_only_the_layers_made_from_the_same_inputs():

@@ -103,6 +103,7 @@ def test_a_record_replayed_before_the_gpu_rules_is_summarised_apart():
     assert older_replay({"emulation": ["cublas-workspace-per-thread"]})
     assert not older_replay({"emulation": ["cublas-workspace-per-thread", SEGMENTS_DESCENDING]})
     assert not older_replay({"emulation": [], "source": "gpu"})  # a GPU's own record
+    assert not older_replay({"emulation": ["flash_attention_2-measured-as-sdpa-flash"], "source": "gpu"})  # its kernel named
     measured = {"allocated": 1000, "reserved": 1000}
     new = Comparison("new", "new", "cpu-trace", measured, {"allocated": 1000, "reserved": 990})  # -1 %
     old = Comparison("old", "old", "cpu-trace", measured, {"allocated": 1000, "reserved": 950}, older_replay=True)  # -5 %

@@ -29,7 +29,9 @@ from ..memory.allocator import Allocator, AllocatorConfig, OutOfMemoryError
 # stream use), a segment cudaMalloc'd or cudaFree'd by the allocator itself.
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
 SEGMENT_ALLOC, SEGMENT_FREE = "segment_alloc", "segment_free"
-# the request that failed after the allocator emptied its cache (`size`: the bytes asked for)
+# the request that failed after the allocator emptied its cache (`size`: the bytes asked for;
+# torch's entry has no `addr` but `device_free`, the bytes CUDA still reported free, kept in
+# the address's place: torch/cuda/memory.py, _snapshot's TraceEntry)
 OOM = "oom"
 KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM)
 
@@ -39,7 +41,7 @@ def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
     traces = snapshot.get("device_traces") or []
     if index >= len(traces):
         return []
-    return [(e["action"], int(e["addr"]), int(e["size"])) for e in traces[index] if e.get("action") in KEPT]
+    return [(e["action"], int(e["device_free"] if e["action"] == OOM else e["addr"]), int(e["size"])) for e in traces[index] if e.get("action") in KEPT]
 
 
 def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:

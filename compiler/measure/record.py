@@ -26,7 +26,7 @@ from .experiment import to_record
 def older_replay(record: dict) -> bool:
     """A traced record whose reserved was replayed before the rules of the GPU allocator
     histories (its `emulation` lacks them); a GPU's own record never is."""
-    return bool(record.get("emulation")) and SEGMENTS_DESCENDING not in record["emulation"]
+    return record.get("source") != SOURCE_GPU and bool(record.get("emulation")) and SEGMENTS_DESCENDING not in record["emulation"]
 
 
 SCHEMA_ID = "memspec/measured/v1"
