@@ -118,7 +118,7 @@ def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     """No --margin: the catalog's margin for the kind of step (specs/gpus.yaml
     device.margin_pct), the worst under-estimate measured on a GPU for such steps, named in the
     text and the JSON: 6 % for the tiny experiment, which checkpoints its language model,
-    8 % without checkpointing."""
+    5 % without checkpointing."""
     data = _fit_json(capsys, TINY, "--gpu", "h100-80gb")
     # 6 % of 85,520,809,984 B = 5,131,248,599.04 B, rounded up: 5,131,248,600 B kept free
     assert data["margin"] == {
@@ -129,10 +129,10 @@ def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     }
     assert data["budget"] == H100 - 5_131_248_600 == 80_389_561_384
     assert data["fits_as_given"] is True and data["levers"] == [] and data["levers_at"] is None  # nothing to change
-    # 8 % of 85,520,809,984 B = 6,841,664,798.72 B, rounded up: 6,841,664,799 B
+    # 5 % of 85,520,809,984 B = 4,276,040,499.2 B, rounded up: 4,276,040,500 B
     plain = _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--gradient-checkpointing", "none")
-    assert plain["margin"]["percent"] == 8 and plain["margin"]["source"] == "specs/gpus.yaml device.margin_pct"
-    assert plain["budget"] == H100 - 6_841_664_799 == 78_679_145_185
+    assert plain["margin"]["percent"] == 5 and plain["margin"]["source"] == "specs/gpus.yaml device.margin_pct"
+    assert plain["budget"] == H100 - 4_276_040_500 == 81_244_769_484
     from compiler.cli import main
 
     assert main(["fit", TINY, "--gpu", "h100-80gb"]) == 0
