@@ -125,3 +125,41 @@ def test_the_4b_checkpoint_imports(tmp_path):
     expected = {"vision": 306_242_560, "projector": 27_271_680 + 3 * 27_277_824, "language": 36 * 100_930_816 + 151936 * 2560 + 2560}
     assert imported.header_parameters == importer.formula_counts(imported.spec) == expected
     assert sum(expected.values()) == 4_437_815_808
+
+
+def test_a_video_batch_is_what_the_real_rope_index_reads():
+    """The measuring harness's video batch (specs/matrices/qwen3-vl-video.yaml: 8 frames of
+    448 x 448, 4 temporal patches of 196 tokens, seq 2048) through transformers' own
+    Qwen3-VL get_rope_index on real tensors, as a CUDA step runs it: one run of video tokens
+    per temporal patch, each between vision_start and vision_end, gets every one of the 2,048
+    tokens a position. As one run of 784 tokens (Qwen2-VL's layout) it got 1,460 (the first
+    patch's 196 and the text) and failed, as on the H200."""
+    pytest.importorskip("torch", reason="measuring needs torch")
+    pytest.importorskip("transformers", reason="measuring needs transformers")
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    from compiler.measure.experiment import expand_matrix, model_config_path
+    from compiler.measure.families import qwen2_vl, qwen3_vl
+
+    name, exp = expand_matrix(ROOT / "specs" / "matrices" / "qwen3-vl-video.yaml")[0]
+    config = qwen3_vl.load_config(model_config_path(Path(exp["model"])))
+    batch = qwen3_vl.make_batch(config, exp, torch.bfloat16)
+    ids, types = batch["input_ids"], batch["mm_token_type_ids"]
+    assert ids.shape == (1, 2048) and int((ids == config.video_token_id).sum()) == 4 * 196
+    assert int((ids == config.vision_start_token_id).sum()) == int((ids == config.vision_end_token_id).sum()) == 4
+    assert int((batch["labels"] != -100).sum()) == 2048 - 4 * 198  # the marks are ignored as the video is
+    assert torch.equal(types == qwen2_vl.VIDEO_TOKEN_TYPE, ids == config.video_token_id)  # the marks are text
+    rope = SimpleNamespace(config=config)  # the model's methods read only its config
+    rope.get_vision_position_ids = lambda *args, **kwargs: Qwen3VLModel.get_vision_position_ids(rope, *args, **kwargs)
+
+    def positions(b):
+        return Qwen3VLModel.get_rope_index(rope, b["input_ids"], b["mm_token_type_ids"], video_grid_thw=b["video_grid_thw"].clone())
+
+    position_ids, _ = positions(batch)
+    assert position_ids.shape == (3, 1, 2048)
+    one_run = qwen2_vl.make_batch(config, exp, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="1460"):
+        positions(one_run)

@@ -121,4 +121,38 @@ def host_patches() -> Iterator[list[str]]:
 
 
 image_grid = qwen2_vl.image_grid
-make_batch = qwen2_vl.make_batch
+
+
+def make_batch(config, exp: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Qwen2-VL's batch (`qwen2_vl.make_batch`), with each temporal patch of a video its own run
+    of video tokens between `<|vision_start|>` and `<|vision_end|>`, as Qwen3VLProcessor writes a
+    video (a timestamp and the two marks per frame): Qwen3-VL's get_rope_index splits each
+    video_grid_thw row into one row per temporal patch and reads one run of video tokens per row,
+    so a video as one run gets position ids for its first temporal patch only (1,460 of 2,048
+    tokens for 4 patches of 196: a CUDA step fails there; the trace's shape-only rope index does
+    not read the runs). The marks are text positions (labels ignored), taken from the text after
+    the video: every tensor keeps its shape."""
+    from ..experiment import ExperimentError
+    from . import IGNORE_INDEX
+
+    batch = qwen2_vl.make_batch(config, exp, dtype)
+    grid = batch.get("video_grid_thw")
+    if grid is None:
+        return batch
+    grid_t, gh, gw = (int(x) for x in grid[0])
+    per_patch = gh * gw // config.vision_config.spatial_merge_size**2
+    runs = (exp.get("videos_per_sample") or 0) * grid_t
+    types = batch["mm_token_type_ids"]
+    first = int((types[0] == qwen2_vl.VIDEO_TOKEN_TYPE).nonzero()[0])
+    end = first + runs * (per_patch + 2)
+    if end > types.shape[1]:
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: seq_len {types.shape[1]} is shorter than the image tokens, "
+            f"{runs} x {per_patch} video tokens and a vision_start / vision_end pair around each run ({end})"
+        )
+    run = [config.vision_start_token_id] + [config.video_token_id] * per_patch + [config.vision_end_token_id]
+    ids = torch.tensor(run * runs, dtype=torch.long)
+    batch["input_ids"][:, first:end] = ids
+    batch["labels"][:, first:end] = IGNORE_INDEX
+    types[:, first:end] = torch.where(ids == config.video_token_id, qwen2_vl.VIDEO_TOKEN_TYPE, 0)
+    return batch
