@@ -237,7 +237,7 @@ def test_fit_on_the_measured_boundary_answers_a_micro_batch_that_ran(experiment,
     memory, never above the largest that ran. How short it falls is the estimate's error there
     plus the margin (6 %: pretrain 34 of 37, LoRA 28 of 31 on the H100 and 55 of 60 on the
     H200, where the 4 % margin answered 56, which ran with its device figure 4.26 % above the
-    estimate; Qwen2.5-0.5B 15 of 16; without a margin the last answers 16, the edge itself)."""
+    estimate of then; Qwen2.5-0.5B 15 of 16; without a margin the last answers 16, the edge itself)."""
     gpu = gpu_catalog()[0][key]
     spec, setup = load_inputs(experiment, {"dp": 1, "zero": 0, "gpu": key})
     got = fit(spec, setup, gpu).micro_batch.value

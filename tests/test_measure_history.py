@@ -97,6 +97,11 @@ def test_main_prints_one_line_per_history(tmp_path, capsys):
 GPU_HISTORIES = Path(__file__).parent / "fixtures" / "gpu-history"
 
 
+def _gpu_record(name: str) -> dict:
+    """The record in tests/measured/gpu whose step a history is."""
+    return json.loads((Path(__file__).parent / "measured" / "gpu" / f"{name}.json").read_text())
+
+
 @pytest.mark.parametrize(
     "name, gpu_reserved",
     [
@@ -115,7 +120,7 @@ def test_the_model_reserves_what_a_real_step_reserved_to_the_byte(name, gpu_rese
     r = history.replay(history.read(GPU_HISTORIES / f"{name}.history.jsonl.gz"))
     assert r.gpu_reserved == gpu_reserved
     assert r.model_reserved == r.gpu_reserved
-    record = json.loads((Path(__file__).parent / "measured" / "gpu" / f"{name}.json").read_text())
+    record = _gpu_record(name)
     assert record["reserved"] == gpu_reserved
 
 
@@ -127,7 +132,7 @@ def test_every_kept_history_is_its_records_step_and_the_model_reserves_what_it_d
     that within 0.1 % (all but one to the byte; Aya-Vision-8B -0.06 %); a step that came near
     its card's memory needs the card's limit (the tests above and below)."""
     name = path.name.split(".history")[0]
-    record = json.loads((Path(__file__).parent / "measured" / "gpu" / f"{name}.json").read_text())
+    record = _gpu_record(name)
     r = history.replay(history.read(path))
     assert r.gpu_reserved == record["reserved"]
     if record.get("alloc_retries") or record.get("out_of_memory"):
@@ -159,7 +164,7 @@ def test_a_step_that_ran_only_by_emptying_the_cache_replays_within_the_card(batc
     792,264,704 B, the record's device figure less its reserved) it empties its cache where the
     GPU did and reserves the GPU's byte."""
     name = f"llava-1.5-7b-lora-h200_b{batch}"
-    record = json.loads((Path(__file__).parent / "measured" / "gpu" / f"{name}.json").read_text())
+    record = _gpu_record(name)
     context = record["device"] - record["reserved"]
     assert (record["alloc_retries"], context) == (retries, 792_264_704)
     events = history.read(GPU_HISTORIES / f"{name}.history.jsonl.gz")
