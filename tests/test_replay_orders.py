@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from compiler.commands.validation import record_report
-from compiler.memory import allocator
+from replay_events import played
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTENTION = ROOT / "tests" / "measured" / "gpu" / "qwen2_2.5-0.5b_b4_s4096_eager_gc-on.json"
@@ -35,14 +35,7 @@ TRACED_BACKWARD = [28, 1792, -1792, 3584, -1792, 3584, 3584, -3584, -3584, -3584
 def _replayed(monkeypatch, record: Path, names: set[str]) -> list[tuple[str, int]]:
     """(name, +MiB allocated / -MiB freed) of every tensor of `names` the estimate's replay of
     `record` makes, in order."""
-    events = []
-    play = allocator.Allocator.play
-
-    def recording(self, batch, made, probe_key):
-        events.extend(batch)
-        return play(self, batch, made, probe_key)
-
-    monkeypatch.setattr(allocator.Allocator, "play", recording)
+    events = played(monkeypatch)
     comparison, why = record_report(record)
     assert why is None
     sizes, out = {}, []

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import replay_events
+
 from compiler import api
 from compiler.pipeline.render import as_data, text
 
@@ -46,29 +48,13 @@ def test_the_settings_are_shown():
     assert as_data(report)["allocator"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
-def _played(monkeypatch) -> list:
-    """The (key, bytes) events the estimate's replay runs, in order (bytes None: a free)."""
-    from compiler.memory.allocator import Allocator
-
-    played: list = []
-    play = Allocator.play
-
-    def recording(self, events, made, probe_key):
-        events = list(events)
-        played.extend(events)
-        return play(self, events, made, probe_key)
-
-    monkeypatch.setattr(Allocator, "play", recording)
-    return played
-
-
 def test_a_tied_heads_own_weight_is_made_and_dropped_at_the_build(monkeypatch):
     """Qwen2.5-0.5B ties lm_head to embed_tokens: building it allocates lm_head's own [151936,
     896] bf16 weight (151936 * 896 * 2 = 272,269,312 B) after the other weights and drops it
     at tie_weights, and the allocator keeps the freed segment (a GPU's allocator history shows
     both, one after the other). LLaVA-1.5-7B's Llama has an untied head; under ZeRO-3 each rank
     builds a partition, not the whole weight."""
-    played = _played(monkeypatch)
+    played = replay_events.played(monkeypatch)
     api.estimate(ROOT / "specs/qwen2/qwen2.5-0.5b.yaml", micro_batch=1, seq_len=1024)
     key = ("untied output embedding",)
     at = played.index((key, 272_269_312))
@@ -93,7 +79,7 @@ def test_workspaces_and_the_incoming_gradient_are_placed_as_on_the_gpu(monkeypat
     the GPU did. Made before the step, the workspaces left that block whole: 5.45 GiB, -9.27 %."""
     from compiler.commands.validation import record_report
 
-    events = _played(monkeypatch)
+    events = replay_events.played(monkeypatch)
     path = ROOT / "tests" / "measured" / "gpu" / "qwen2-optimizers_bf16_adafactor.json"
     record = json.loads(path.read_text())
     report, _ = record_report(path, record)

@@ -1,0 +1,18 @@
+"""The events the estimate's replay of the caching allocator runs, recorded for a test."""
+
+from compiler.memory.allocator import Allocator
+
+
+def played(monkeypatch) -> list:
+    """The (key, bytes) events the estimate's replay runs, in order (bytes None: a free),
+    recorded while `monkeypatch` holds Allocator.play."""
+    events: list = []
+    play = Allocator.play
+
+    def recording(self, batch, made, probe_key):
+        batch = list(batch)
+        events.extend(batch)
+        return play(self, batch, made, probe_key)
+
+    monkeypatch.setattr(Allocator, "play", recording)
+    return events
