@@ -60,7 +60,7 @@ def test_the_default_margin_covers_every_gpu_record():
     worst record of its kind within one percentage point of it)."""
     consts = gpu_catalog()[1]
     assert consts.margin.percent == 5 and consts.margin.source == "specs/gpus.yaml device.margin_pct"
-    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(6)] * 2 + [Fraction(13)]
+    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(6)] * 2 + [Fraction(18)]
     gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
     # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
     assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
@@ -73,11 +73,11 @@ def test_the_default_margin_covers_every_gpu_record():
             if error is not None and error < 0:
                 assert -error <= margin.percent, (c.name, m, error, margin.text)
                 worst[margin.source] = min(worst.get(margin.source, (0,)), (error, c.name, m))
-    # Gemma-3-1B b 4, Qwen3-VL-2B, StarCoder2-3B LoRA eager: reserved
+    # Gemma-3-1B b 4, Qwen3-VL-2B, Phi-2 LoRA eager: reserved
     assert {k: round(v[0], 2) for k, v in worst.items()} == {
         "specs/gpus.yaml device.margin_pct": -4.9,
         "specs/gpus.yaml device.margin_pct.checkpointed": -5.95,
-        "specs/gpus.yaml device.margin_pct.checkpointed_eager": -12.77,
+        "specs/gpus.yaml device.margin_pct.checkpointed_eager": -17.12,
     }, worst
 
 

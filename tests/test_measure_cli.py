@@ -38,6 +38,21 @@ def test_overrides_rename_the_record(tmp_path):
     assert measured["experiment"]["gradient_checkpointing"] == ["language"]
 
 
+def test_alloc_conf_names_the_record_and_the_replay_takes_it(tmp_path, capsys):
+    """--alloc-conf: the record's name ends in the settings, its experiment keeps them, and the
+    emulated allocator replays the step under them: expandable segments reserve four 20 MiB
+    pages of the large pool and one 2 MiB page of the small, 82 MiB. A value torch refuses is
+    an input error naming the key."""
+    out = tmp_path / "r.json"
+    argv = [str(TINY / "tiny-pretrain.yaml"), "--micro-batch", "1", "--seq-len", "32", "--alloc-conf", "expandable_segments:True", "-o", str(out)]
+    assert run(argv) == 0
+    measured = json.loads(out.read_text())
+    assert measured["name"] == "tiny-pretrain_b1_s32_expandable_segments-True"
+    assert (measured["experiment"]["alloc_conf"], measured["reserved"]) == ("expandable_segments:True", 82 * 2**20)
+    assert run([str(TINY / "tiny-pretrain.yaml"), "--alloc-conf", "expandable_segments:yes", "-o", str(out)]) == 1
+    assert "alloc_conf: expandable_segments" in capsys.readouterr().err
+
+
 def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
     experiment = tmp_path / "sharded.yaml"
     experiment.write_text(

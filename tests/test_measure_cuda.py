@@ -2,6 +2,7 @@
 CPU with counters that give scripted figures (the real ones come from torch.cuda and NVML)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,22 @@ def test_the_allocators_history_is_kept_from_the_models_build_on(attach):
     m = cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted(), history=True)
     assert m.history == (("segment_alloc", 1 << 20, 2 << 20), ("alloc", 1 << 20, 512))
     assert cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted()).history is None
+
+
+def test_the_step_runs_under_the_experiments_allocator_settings(attach, monkeypatch):
+    """alloc_conf: PYTORCH_CUDA_ALLOC_CONF is set, and parsed again, before the model's build
+    allocates, and the record keeps it; a setting in the environment that the experiment does
+    not name is refused rather than recorded as torch's defaults."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")  # NB: undone after the test, as measuring sets it
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    parsed = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", parsed.append, raising=False)
+    exp = tiny(alloc_conf="expandable_segments:True")
+    m = cuda.measure(exp, steps=2, device="cpu", counters=Scripted())
+    assert parsed == ["expandable_segments:True"] == [os.environ["PYTORCH_CUDA_ALLOC_CONF"]]
+    assert record.build_gpu_record("r", exp, m, harness.config_sha256(exp["config"]))["experiment"]["alloc_conf"] == "expandable_segments:True"
+    with pytest.raises(ExperimentError, match="PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' is set in the environment"):
+        cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted())
 
 
 def test_memory_history_needs_a_device(capsys, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from compiler.measure import history
+from compiler.memory.allocator import AllocatorConfig
 
 MIB = 2**20
 
@@ -129,11 +130,12 @@ def test_every_kept_history_is_its_records_step_and_the_model_reserves_what_it_d
     """Each history kept here (the GPU records under their estimate by more than 2 % on
     reserved, and those that settled a rule of the model) is its record's step: the GPU's
     segments peak at the record's reserved. The model given the GPU's own sequence reserves
-    that to the byte, all but Aya-Vision-8B, 16 MiB under (-0.06 %); a step that came near its
-    card's memory needs the card's limit (the tests above and below)."""
+    that to the byte, all but Aya-Vision-8B, 16 MiB under (-0.06 %), under the allocator
+    settings the step ran with (the record's alloc_conf); a step that came near its card's
+    memory needs the card's limit (the tests above and below)."""
     name = path.name.split(".history")[0]
     record = _gpu_record(name)
-    r = history.replay(history.read(path))
+    r = history.replay(history.read(path), AllocatorConfig.parse(record["experiment"].get("alloc_conf", "")))
     assert r.gpu_reserved == record["reserved"]
     if record.get("alloc_retries") or record.get("out_of_memory"):
         assert r.model_reserved > r.gpu_reserved  # it kept the segments the GPU freed to retry
@@ -171,6 +173,44 @@ def test_a_step_that_ran_only_by_emptying_the_cache_replays_within_the_card(batc
     assert history.replay(events).model_reserved > gpu_reserved
     limited = history.replay(events, capacity=143_771 * MIB - context)
     assert limited.model_reserved == limited.gpu_reserved == record["reserved"] == gpu_reserved
+
+
+# An H200 as CUDA reports it: nvidia-smi's 143,771 MiB less the 648,347,648 B its NVML shows
+# used on the idle card (the records' note), which torch's out-of-memory message gives as a
+# total capacity of 139.80 GiB; an expandable segment reserves 1 1/8 of it in address space
+H200_DEVICE_MEMORY = 143_771 * MIB - 648_347_648
+
+
+@pytest.mark.parametrize("batch, retries", [(65, 2), (68, 3)])
+def test_expandable_steps_that_emptied_the_cache_replay_within_the_card(batch, retries):
+    """LLaVA-1.5-7B LoRA r128 under expandable_segments:True on the H200, past fit's answer
+    for that setting (62): at micro-batch 65 and 68 a mapping failed, the allocator unmapped
+    the free pages of every free block and retried, and the step ran (68 reserved less than
+    64). Within the card less the run's context, and with the segment's address space 1 1/8
+    of the card, the model does the same and reserves the GPU's byte; with no limit it keeps
+    its pages and reserves more."""
+    name = f"llava-1.5-7b-lora-h200-expandable_b{batch}"
+    record = _gpu_record(name)
+    context = record["device"] - record["reserved"]
+    assert (record["alloc_retries"], context, record["experiment"]["alloc_conf"]) == (retries, 792_264_704, "expandable_segments:True")
+    events = history.read(GPU_HISTORIES / f"{name}.history.jsonl.gz")
+    config = AllocatorConfig.parse("expandable_segments:True")
+    assert history.replay(events, config).model_reserved > record["reserved"]
+    limited = history.replay(events, config, capacity=143_771 * MIB - context, device_memory=H200_DEVICE_MEMORY)
+    assert limited.model_reserved == limited.gpu_reserved == record["reserved"]
+
+
+def test_the_step_past_fits_answer_runs_out_where_the_gpu_did():
+    """LLaVA-1.5-7B LoRA r128 at micro-batch 61 with torch's default settings ran out of
+    memory on the H200 in step 2's loss (60 ran, by emptying the cache twice): within the card
+    less the run's context the model is refused the same 16,022,765,568 B request, at the
+    GPU's reserved to the byte."""
+    record = _gpu_record("llava-1.5-7b-lora-h200_b61")
+    assert record["out_of_memory"]["phase"] == "loss"
+    events = history.read(GPU_HISTORIES / "llava-1.5-7b-lora-h200_b61.history.jsonl.gz")
+    r = history.replay(events, capacity=143_771 * MIB - (record["device"] - record["reserved"]))
+    assert (r.gpu_out_of_memory, r.model_out_of_memory) == (16_022_765_568, True)
+    assert r.model_reserved == r.gpu_reserved == record["reserved"]
 
 
 def test_the_traced_step_reserves_what_the_gpu_did():

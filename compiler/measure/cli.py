@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trainable", type=_modules, metavar="M[,M]", help="e.g. projector,language")
     parser.add_argument("--gradient-checkpointing", type=_modules, dest="gradient_checkpointing", metavar="M[,M]", help="e.g. language,vision; 'none' for off")
+    parser.add_argument(
+        "--alloc-conf",
+        dest="alloc_conf",
+        metavar="CONF",
+        help="PYTORCH_CUDA_ALLOC_CONF to run (--device) or replay the step under, e.g. expandable_segments:True; "
+        "with --matrix it applies to every entry, and the records' names end in it (_expandable_segments-True)",
+    )
     parser.add_argument("--no-parallel", action="store_true", dest="no_parallel", help="measure as one GPU without sharding (parallel: {dp: 1, zero: 0})")
     parser.add_argument("--timeline", metavar="FILE", help="write the live-bytes timeline (JSON lines)")
     parser.add_argument("--inventory", metavar="FILE", help="write the live activations at the end of the last forward")
@@ -115,7 +122,7 @@ def _cuda_device(text: str) -> str:
     return text
 
 
-OVERRIDES = ("micro_batch", "seq_len", "target_len", "attention", "precision", "precision_mode", "trainable", "gradient_checkpointing")
+OVERRIDES = ("micro_batch", "seq_len", "target_len", "attention", "precision", "precision_mode", "trainable", "gradient_checkpointing", "alloc_conf")
 
 
 def _say(message: str) -> None:
@@ -199,6 +206,8 @@ def _run_matrix(args) -> int:
         return EXIT_USAGE
     out_dir = Path(args.output)
     entries = [(n, e) for n, e in expand_matrix(args.matrix) if not args.only or args.only in n]
+    if args.alloc_conf is not None:
+        entries = [(f"{n}_{label('alloc_conf', args.alloc_conf)}", with_overrides(e, alloc_conf=args.alloc_conf)) for n, e in entries]
     entries.sort(key=lambda item: _cost(item[1]))
     started = time.perf_counter()
     done = skipped = 0

@@ -249,6 +249,7 @@ def measure(
     (`GpuMeasurement.history`). `shared`: other processes use the device meanwhile, so NVML's
     used bytes are not read (allocated and reserved are this process's own either way)."""
     check_runnable(exp)
+    _use_alloc_conf(exp)
     if steps < harness.MIN_STEPS:
         raise ValueError(f"at least {harness.MIN_STEPS} steps: step 1 creates the optimizer states")
     where = torch.device(device)
@@ -308,6 +309,26 @@ def measure(
     return GpuMeasurement(
         tuple(log.steps), name, total, counters.baseline(), applied, oom, counters.history() if history else None, counters.alloc_retries(), shared
     )
+
+
+def _use_alloc_conf(exp: dict) -> None:
+    """Run under the experiment's PYTORCH_CUDA_ALLOC_CONF (its `alloc_conf`, else torch's
+    defaults), set before the step's first allocation: the record says what ran. One set in
+    the environment that the experiment does not name is refused, not recorded as defaults."""
+    conf = exp.get("alloc_conf") or ""
+    outside = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if outside and outside != conf:
+        raise ExperimentError(
+            f"experiment {exp['experiment']!r}: PYTORCH_CUDA_ALLOC_CONF={outside!r} is set in the environment and the experiment "
+            f"runs under {conf or 'torch defaults'!r}: unset it, or name it in the experiment's alloc_conf (--alloc-conf)"
+        )
+    if conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        # NB: the environment is read once, when the allocator's configuration is first made
+        # (possibly before this); the setter parses the text again (c10 AllocatorConfig)
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        if setter is not None:
+            setter(conf)
 
 
 def _first_line(exc: BaseException) -> str:

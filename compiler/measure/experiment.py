@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..memory.allocator import AllocConfError, AllocatorConfig
 from ..pipeline.vocabulary import LORA_DEFAULTS
 
 
@@ -64,6 +65,7 @@ OPTIONAL_KEYS = (
     "versions",
     "device_map",
     "max_memory",
+    "alloc_conf",
 )
 # Libraries whose release an experiment may name (`versions: {transformers: 4.46.3}`): the
 # measurement runs only under that release (the record's own `versions` say what ran).
@@ -173,6 +175,7 @@ def _check(exp: dict, where: str) -> None:
         if exp.get(key) and exp["images_per_sample"]:
             fail(f"{key} is measured for text-only batches (images_per_sample 0)")
     _check_versions(exp.get("versions"), fail)
+    _check_alloc_conf(exp.get("alloc_conf"), fail)
     size = exp.get("image_size")
     if size is not None and not (isinstance(size, list) and len(size) == 2 and all(isinstance(x, int) and x > 0 for x in size)):
         fail(f"image_size must be [height, width] in pixels, got {size!r}")
@@ -214,6 +217,18 @@ def _check_versions(versions: Any, fail) -> None:
     for name, release in versions.items():
         if not isinstance(release, str):
             fail(f"versions.{name} must be a release string such as '4.46.3', got {release!r}")
+
+
+def _check_alloc_conf(text: Any, fail) -> None:
+    """PYTORCH_CUDA_ALLOC_CONF as the step runs under it (the estimate's replay reads the same)."""
+    if text is None:
+        return
+    if not isinstance(text, str):
+        fail(f"alloc_conf must be PYTORCH_CUDA_ALLOC_CONF's text such as 'expandable_segments:True', got {text!r}")
+    try:
+        AllocatorConfig.parse(text)
+    except AllocConfError as exc:
+        fail(f"alloc_conf: {exc}" + (f" ({exc.help})" if exc.help else ""))
 
 
 def check_installed(exp: dict) -> None:
@@ -352,7 +367,7 @@ def _relative(path: Path) -> str:
 
 
 # Optional keys a record leaves out at these values (what every older record means).
-OPTIONAL_DEFAULTS = {"loss": "cross_entropy", "packing": False, "activation_offloading": False}
+OPTIONAL_DEFAULTS = {"loss": "cross_entropy", "packing": False, "activation_offloading": False, "alloc_conf": ""}
 
 
 def to_record(exp: dict) -> dict:
@@ -418,6 +433,9 @@ def label(key: str, value: Any) -> str:
         return f"dp{value['dp']}-zero{value['zero']}"
     if key == "image_size":
         return f"{value[0]}x{value[1]}"
+    if key == "alloc_conf":
+        # expandable_segments:True,max_split_size_mb:128 -> expandable_segments-True+max_split_size_mb-128
+        return value.replace(" ", "").replace(":", "-").replace(",", "+").replace("[", "").replace("]", "") or "alloc-defaults"
     return {
         "micro_batch": f"b{value}",
         "seq_len": f"s{value}",

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..memory.allocator import SEGMENTS_DESCENDING, Allocator
+from ..memory.allocator import SEGMENTS_DESCENDING, Allocator, AllocatorConfig
 from ..pipeline.vocabulary import release_code
 from . import device_map, emulation, fsdp, tricks
 from .experiment import ExperimentError, check_measurable
@@ -512,7 +512,7 @@ def measure(
         wrap_forward_as_accelerate(model, DTYPES[exp["precision"]])
     scope = ModuleScope(model)
     split = getattr(model, "_memspec_device_map", None)
-    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split)
+    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split, alloc_conf=exp.get("alloc_conf"))
     undo = device_map.install(split[0], split[2], tracer) if split is not None else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
@@ -606,9 +606,12 @@ def _model_and_batch(exp: dict, fake: bool):
     return fake_mode, model, batch, host_values
 
 
-def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None, split: tuple | None = None) -> MemoryTracer:
+def _tracer(
+    model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None, split: tuple | None = None, alloc_conf: str | None = None
+) -> MemoryTracer:
     """The tracer of one measurement, the model's parameters, buffers and the batch registered;
-    with `split` (device_map.plan's), each on its GPU (the batch on GPU 0)."""
+    with `split` (device_map.plan's), each on its GPU (the batch on GPU 0). `alloc_conf`: the
+    PYTORCH_CUDA_ALLOC_CONF the emulated allocator replays the step under."""
     tracer = MemoryTracer(
         context=scope.context,
         scratch=emulation.kernel_scratch if emulate else None,
@@ -620,7 +623,7 @@ def _tracer(model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: 
         # of its own in some setups; the estimate's timeline is checked against it
         watch=_input_embeddings(model, scope),
         **({"granularity": granularity} if granularity else {}),
-        allocator=Allocator() if emulate else None,
+        allocator=Allocator(AllocatorConfig.parse(alloc_conf or "")) if emulate else None,
     )
     if emulate and split is None:
         tracer.make_workspace = emulation.allocate_workspace

@@ -22,18 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..memory.allocator import Allocator, AllocatorConfig, OutOfMemoryError
+from ..memory.allocator import AllocConfError, Allocator, AllocatorConfig, OutOfMemoryError
 
 # The actions of torch.cuda.memory's trace entries (c10/cuda/CUDACachingAllocator.h,
 # TraceEntry::Action): a block handed out, one freed (completed: back in the cache, after any
 # stream use), a segment cudaMalloc'd or cudaFree'd by the allocator itself.
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
 SEGMENT_ALLOC, SEGMENT_FREE = "segment_alloc", "segment_free"
+# under expandable_segments:True: pages mapped into (unmapped from) a pool's one segment
+SEGMENT_MAP, SEGMENT_UNMAP = "segment_map", "segment_unmap"
 # the request that failed after the allocator emptied its cache (`size`: the bytes asked for;
 # torch's entry has no `addr` but `device_free`, the bytes CUDA still reported free, kept in
 # the address's place: torch/cuda/memory.py, _snapshot's TraceEntry)
 OOM = "oom"
-KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM)
+KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM)
 
 
 def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
@@ -71,13 +73,16 @@ class Replay:
         return 100.0 * (self.model_reserved - self.gpu_reserved) / self.gpu_reserved if self.gpu_reserved else 0.0
 
 
-def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None, capacity: int | None = None) -> Replay:
+def replay(
+    history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None, capacity: int | None = None, device_memory: int | None = None
+) -> Replay:
     """NB: a block is keyed by its address, which the GPU reuses once it is freed: each alloc
     replaces the key's previous (freed) block. Sizes are the blocks' (already rounded).
     `capacity`: the bytes the allocator could reserve on that device (its memory less the
     context), where a step came near it: the model then empties its cache and retries, as
-    the GPU did (its `segment_free`s)."""
-    model = Allocator(config or AllocatorConfig(), capacity)
+    the GPU did (its `segment_free`s). `device_memory`: the GPU's memory as CUDA reports it
+    (torch.cuda.get_device_properties().total_memory), which sizes an expandable segment."""
+    model = Allocator(config or AllocatorConfig(), capacity, device_memory)
     live: dict[int, int] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
     allocs = unmatched = 0
@@ -104,10 +109,10 @@ def replay(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | No
                 allocated -= live.pop(addr)
             else:
                 unmatched += 1
-        elif action == SEGMENT_ALLOC:
+        elif action in (SEGMENT_ALLOC, SEGMENT_MAP):
             reserved += size
             peak_reserved = max(peak_reserved, reserved)
-        elif action == SEGMENT_FREE:
+        elif action in (SEGMENT_FREE, SEGMENT_UNMAP):
             reserved -= size
     return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched, gpu_oom, model_oom)
 
@@ -124,11 +129,30 @@ def main(argv: list[str] | None = None) -> int:
         help="what the allocator could reserve on that GPU (its memory less the CUDA context): the model empties its cache "
         "near it, and a request the GPU could not serve is asked of it too",
     )
+    parser.add_argument(
+        "--device-memory",
+        type=int,
+        dest="device_memory",
+        metavar="BYTES",
+        help="the GPU's memory as CUDA reports it (torch.cuda.get_device_properties(0).total_memory): an expandable segment's address space is 1 1/8 of it",
+    )
+    parser.add_argument(
+        "--alloc-conf",
+        dest="alloc_conf",
+        default="",
+        metavar="CONF",
+        help="the PYTORCH_CUDA_ALLOC_CONF the steps ran under (the record's experiment alloc_conf), e.g. expandable_segments:True",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = AllocatorConfig.parse(args.alloc_conf)
+    except AllocConfError as exc:
+        print(f"--alloc-conf: {exc}", file=sys.stderr)
+        return 1
     paths = [Path(p) for p in args.paths]
     gib = 2**30
     for path in paths:
-        r = replay(read(path), capacity=args.capacity)
+        r = replay(read(path), config, capacity=args.capacity, device_memory=args.device_memory)
         print(
             f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
             f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "

@@ -28,9 +28,12 @@ The rules, each from the function of CUDACachingAllocator.cpp it restates:
   segment; segments are only given back by `release_cached_blocks` (empty_cache), which
   `malloc` runs before raising out-of-memory, after `release_available_cached_blocks`
   (oversize blocks only, with `max_split_size_mb`).
-- `expandable_segments:True`: one segment per pool that grows by mapping pages (2 MiB in the
-  small pool, 20 MiB in the large) at its end, the free block at its end taken first; any
-  block splits when at least 512 B remain.
+- `expandable_segments:True`: one segment of address space per pool, mapped in pages (2 MiB in
+  the small pool, 20 MiB in the large). `get_free_block` counts a free block followed by
+  unmapped space as the size it can grow to, so it takes the free end of the segment only
+  where no other cached block fits; `try_allocate_expandable_block` maps the lowest unmapped
+  range with room, joined to the free block before it; any block splits when at least 512 B
+  remain; `empty_cache` unmaps the whole pages inside every free block (`unmap_block`).
 
 Assumed, not modelled (each a reason `peak_reserved` can differ from a GPU's):
 - one stream: blocks freed on another stream (NCCL's, a side stream's record_stream) would
@@ -44,7 +47,6 @@ Assumed, not modelled (each a reason `peak_reserved` can differ from a GPU's):
   GPU's own allocation sequences of Qwen2.5-0.5B with eager attention and checkpointing,
   whose attention scores leave equal-sized blocks cached in several segments; with
   descending ones all six agree with the GPU to the byte (tests/test_measure_history.py);
-- with expandable segments, `empty_cache` unmaps only the free pages at a segment's end;
 - `garbage_collection_threshold` acts, as in torch, only under a memory fraction
   (`per_process_memory_fraction`), and ages a free block by the allocations since its free.
 """
@@ -53,206 +55,28 @@ from __future__ import annotations
 
 import bisect
 from bisect import bisect_left as _bisect_left, insort as _insort
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from .alloc_conf import (
+    _NO_DIVISIONS,
+    LARGE_BUFFER,
+    MIB,
+    MIN_BLOCK,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    AllocConfError,
+    AllocatorConfig,
+)
+
+# NB: AllocConfError, AllocatorConfig and MIB are read from here too (the model's settings)
+__all__ = ["AllocConfError", "AllocatorConfig", "Allocator", "MIB", "OutOfMemory", "OutOfMemoryError", "Replay", "allocation_size", "replay", "round_size"]
 
 # The name a traced record's `emulation` gives this model's placement of new large segments
 # (below the others, as the GPU allocator histories show): a record without it was replayed
 # with ascending addresses (compiler.measure.record.older_replay)
 SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
-
-KIB = 1 << 10
-MIB = 1 << 20
-MIN_BLOCK = 512  # kMinBlockSize
-SMALL_SIZE = 1 * MIB  # kSmallSize: largest request of the small pool
-SMALL_BUFFER = 2 * MIB  # kSmallBuffer: a small-pool segment
-LARGE_BUFFER = 20 * MIB  # kLargeBuffer: the segment of a request under kMinLargeAlloc
-MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
-ROUND_LARGE = 2 * MIB  # kRoundLarge
-# CUDAAllocatorConfig: roundup_power2_divisions is kept per power-of-two interval of the
-# size, from 1 MiB (kRoundUpPowerOfTwoStart) to 64 GiB (kRoundUpPowerOfTwoEnd), 16 intervals;
-# sizes below the first use its entry, sizes above the last its entry.
-ROUNDUP_START = 1 * MIB
-ROUNDUP_INTERVALS = 16
-
-
-_NO_DIVISIONS = (0,) * ROUNDUP_INTERVALS
-
-
-class AllocConfError(ValueError):
-    """A PYTORCH_CUDA_ALLOC_CONF key or value the native allocator refuses; `key` names it."""
-
-    def __init__(self, key: str, message: str, help: str | None = None):
-        super().__init__(message)
-        self.key = key
-        self.help = help
-
-
-@dataclass(frozen=True)
-class AllocatorConfig:
-    """The settings of PYTORCH_CUDA_ALLOC_CONF that change what the allocator reserves.
-    Defaults are torch's: no max split size, 512 B rounding, no garbage collection."""
-
-    max_split_size: int | None = None  # bytes; None: blocks of any size split
-    max_non_split_rounding: int = LARGE_BUFFER
-    roundup_power2_divisions: tuple[int, ...] = _NO_DIVISIONS
-    garbage_collection_threshold: float = 0.0
-    per_process_memory_fraction: float = 1.0
-    expandable_segments: bool = False
-    text: str = ""  # as the user wrote it
-
-    @classmethod
-    def parse(cls, text: str) -> "AllocatorConfig":
-        """PYTORCH_CUDA_ALLOC_CONF's `key:value,key:value` (a roundup list in brackets)."""
-        config = cls(text=text.strip())
-        for key, value in _pairs(text):
-            parse = _KEYS.get(key)
-            if parse is None:
-                if key in _IGNORED:
-                    continue
-                from ..errors import did_you_mean
-
-                raise AllocConfError(
-                    key, f"unknown allocator option '{key}'", did_you_mean(key, list(_KEYS) + list(_IGNORED)) or f"options: {', '.join(sorted(_KEYS))}"
-                )
-            config = parse(config, key, value)
-        return config
-
-    def describe(self) -> str:
-        """The settings as the output shows them: torch's defaults say so."""
-        return self.text or "PyTorch's defaults (no PYTORCH_CUDA_ALLOC_CONF)"
-
-    def divisions(self, size: int) -> int:
-        """CUDAAllocatorConfig::roundup_power2_divisions: the entry of `size`'s interval."""
-        index = max(size.bit_length() - 1 - (ROUNDUP_START.bit_length() - 1), 0)
-        return self.roundup_power2_divisions[min(index, ROUNDUP_INTERVALS - 1)]
-
-
-def _pairs(text: str):
-    """Split `a:1,b:[256:1,>:2],c:x` at the commas outside brackets."""
-    depth, start, items = 0, 0, []
-    for i, ch in enumerate(text):
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition(":")
-        key = key.strip()
-        if not sep or not value.strip():
-            raise AllocConfError(key, f"allocator option '{key}' has no value", f"write it as {key}:VALUE")
-        yield key, value.strip()
-
-
-def _number(key: str, value: str, kind=int) -> int | float:
-    try:
-        return kind(value)
-    except ValueError:
-        raise AllocConfError(key, f"{key}:{value}: not {'an integer' if kind is int else 'a number'}") from None
-
-
-def _max_split(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    mb = _number(key, value)
-    # CUDAAllocatorConfig::parseMaxSplitSize: "must be > kLargeBuffer" (in MB)
-    if mb <= LARGE_BUFFER // MIB:
-        raise AllocConfError(key, f"{key}:{value}: too small, must be > {LARGE_BUFFER // MIB}")
-    return replace(config, max_split_size=mb * MIB)
-
-
-def _max_non_split(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    mb = _number(key, value)
-    if mb <= LARGE_BUFFER // MIB:
-        raise AllocConfError(key, f"{key}:{value}: too small, must be > {LARGE_BUFFER // MIB}")
-    return replace(config, max_non_split_rounding=mb * MIB)
-
-
-def _gc_threshold(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    threshold = _number(key, value, float)
-    if not 0.0 < threshold < 1.0:
-        raise AllocConfError(key, f"{key}:{value}: must be between 0.0 and 1.0, both excluded")
-    return replace(config, garbage_collection_threshold=threshold)
-
-
-def _fraction(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    fraction = _number(key, value, float)
-    if not 0.0 < fraction <= 1.0:
-        raise AllocConfError(key, f"{key}:{value}: must be in (0.0, 1.0]")
-    return replace(config, per_process_memory_fraction=fraction)
-
-
-def _bool(key: str, value: str) -> bool:
-    if value not in ("True", "False"):
-        raise AllocConfError(key, f"{key}:{value}: expected True or False", "torch accepts exactly 'True' or 'False'")
-    return value == "True"
-
-
-def _expandable(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    return replace(config, expandable_segments=_bool(key, value))
-
-
-def _division(key: str, text: str, zero: bool = True) -> int:
-    n = _number(key, text)
-    if n < 0 or (n & (n - 1)) or (n == 0 and not zero):
-        raise AllocConfError(key, f"{key}: {n} divisions is not a power of 2" + (" or 0" if zero else ""))
-    return n
-
-
-def _roundup(config: AllocatorConfig, key: str, value: str) -> AllocatorConfig:
-    """c10/core/AllocatorConfig.cpp, parseRoundUpPower2Divisions: one number (a power of two)
-    for every size, or a list `[256:1,512:2,>:8]` of interval starts in MiB (powers of two)
-    with their divisions (a power of two, 0 for none): the first entry also sets every
-    interval below it, each later one only its own, and '>' every interval after the last."""
-    if not value.startswith("["):
-        n = _division(key, value, zero=False)
-        return replace(config, roundup_power2_divisions=(n,) * ROUNDUP_INTERVALS)
-    if not value.endswith("]"):
-        raise AllocConfError(key, f"{key}:{value}: the list has no closing ']'")
-    table = [0] * ROUNDUP_INTERVALS
-    last = 0
-    first = True
-    for item in value[1:-1].split(","):
-        size, sep, divisions = item.partition(":")
-        size = size.strip()
-        if not sep:
-            raise AllocConfError(key, f"{key}: '{item}' is not SIZE_MB:DIVISIONS")
-        n = _division(key, divisions.strip())
-        if size == ">":
-            for i in range(last + 1, ROUNDUP_INTERVALS):
-                table[i] = n
-            continue
-        mb = _number(key, size)
-        if mb <= 0 or mb & (mb - 1):
-            raise AllocConfError(key, f"{key}: size {size} MiB is not a power of 2")
-        index = min(mb.bit_length() - 1, ROUNDUP_INTERVALS - 1)
-        if first:
-            for i in range(index):
-                table[i] = n
-            first = False
-        table[index] = n
-        last = index
-    return replace(config, roundup_power2_divisions=tuple(table) if any(table) else _NO_DIVISIONS)
-
-
-_KEYS = {
-    "max_split_size_mb": _max_split,
-    "max_non_split_rounding_mb": _max_non_split,
-    "garbage_collection_threshold": _gc_threshold,
-    "roundup_power2_divisions": _roundup,
-    "expandable_segments": _expandable,
-    "per_process_memory_fraction": _fraction,
-}
-# Options torch accepts that do not change what the native allocator reserves
-_IGNORED = {
-    "release_lock_on_cudamalloc",
-    "pinned_use_cuda_host_register",
-    "pinned_num_register_threads",
-    "pinned_use_background_threads",
-    "graph_capture_record_stream_reuse",
-}
 
 
 def round_size(nbytes: int, config: AllocatorConfig) -> int:
@@ -289,17 +113,58 @@ def allocation_size(size: int) -> int:
 
 
 _PROBE = ("probe",)
+# expandable segments: a segment's address space where the device's memory is not known (the
+# model's own choice, more than any step maps). torch reserves 1 1/8 of the device's memory
+# (cudaDeviceProp.totalGlobalMem) per segment (`find_expandable_block`): its size decides which
+# of two free blocks best fit takes, as the unmapped rest after one counts (`_expandable_size`)
+UNBOUNDED_ADDRESS_SPACE = 1 << 46
 
 
 class _Block:
-    __slots__ = ("ptr", "size", "allocated", "prev", "next", "pool", "freed_at")
+    __slots__ = ("ptr", "size", "allocated", "prev", "next", "pool", "freed_at", "mapped")
 
     def __init__(self, ptr: int, size: int, pool: "_Pool"):
         self.ptr, self.size, self.pool = ptr, size, pool
         self.allocated = False
+        self.mapped = True  # expandable segments: False for address space with no pages behind it
         self.prev: _Block | None = None
         self.next: _Block | None = None
         self.freed_at = 0
+
+
+def _expandable_size(block: "_Block") -> int:
+    """get_free_block's `expandable_size`: a free block and the unmapped range after it."""
+    after = block.next
+    return block.size + (after.size if after is not None and not after.mapped else 0)
+
+
+def _link(block: "_Block", before: "_Block | None", after: "_Block | None") -> None:
+    """Put `block` between two neighbours of a segment."""
+    block.prev, block.next = before, after
+    if before is not None:
+        before.next = block
+    if after is not None:
+        after.prev = block
+
+
+def _merge(block: "_Block") -> "_Block":
+    """`try_merge_blocks` with both neighbours: a free block takes in the free ones beside it,
+    an unmapped range the unmapped ones (their pool entries dropped); `block` is returned."""
+    pool = block.pool
+    for side in (block.prev, block.next):
+        if side is None or side.mapped != block.mapped or (side.mapped and side.allocated):
+            continue
+        if side.mapped:
+            pool.remove(side)
+        else:
+            pool.drop_hole(side)
+        if side is block.prev:
+            block.ptr = side.ptr
+            _link(block, side.prev, block.next)
+        else:
+            _link(block, block.prev, side.next)
+        block.size += side.size
+    return block
 
 
 # A free block's place in its pool's order is one integer, size then address (addresses are
@@ -318,9 +183,11 @@ class _Pool:
         self.page = SMALL_BUFFER if small else LARGE_BUFFER  # expandable segments: what one mapping adds
         self.order: list[int] = []
         self.free: dict[int, _Block] = {}
-        self.tail: _Block | None = None  # expandable segments: the block at the segment's end
-        self.base = 0  # expandable segments: the segment's first address
-        self.mapped = 0  # expandable segments: bytes mapped
+        self.end = 0  # expandable segments: where the next segment's address space begins
+        # expandable segments: the unmapped ranges (`pool.unmapped`), by address; the last is
+        # the rest of the segment's address space
+        self.unmapped: list[int] = []
+        self.holes: dict[int, _Block] = {}
 
     def insert(self, block: _Block) -> None:
         bisect.insort(self.order, block.size << _PTR_BITS | block.ptr)
@@ -332,6 +199,19 @@ class _Pool:
 
     def best_fit(self, size: int) -> _Block | None:
         i = bisect.bisect_left(self.order, size << _PTR_BITS)
+        return self.free[self.order[i] & _PTR_MASK] if i < len(self.order) else None
+
+    def add_hole(self, block: _Block) -> None:
+        bisect.insort(self.unmapped, block.ptr)
+        self.holes[block.ptr] = block
+
+    def drop_hole(self, block: _Block) -> None:
+        del self.unmapped[bisect.bisect_left(self.unmapped, block.ptr)]
+        del self.holes[block.ptr]
+
+    def after(self, block: _Block) -> _Block | None:
+        """The free block next in the pool's order after `block` (in it), if any."""
+        i = bisect.bisect_right(self.order, block.size << _PTR_BITS | block.ptr)
         return self.free[self.order[i] & _PTR_MASK] if i < len(self.order) else None
 
     def entries(self) -> list[tuple[int, int]]:
@@ -369,10 +249,13 @@ class OutOfMemoryError(Exception):
 class Allocator:
     """The native caching allocator of one device and stream. `capacity`: the bytes it may
     reserve (the device's memory less what the context and libraries hold), None for no
-    limit. A request it cannot serve raises `OutOfMemoryError`."""
+    limit. `device_memory`: the device's memory as CUDA reports it (totalGlobalMem), which
+    sizes an expandable segment's address space; None for a space no step fills. A request
+    it cannot serve raises `OutOfMemoryError`."""
 
     config: AllocatorConfig = field(default_factory=AllocatorConfig)
     capacity: int | None = None
+    device_memory: int | None = None
     allocated: int = 0
     reserved: int = 0
     peak_allocated: int = 0
@@ -388,8 +271,9 @@ class Allocator:
         self._large_floor = 1 << 56  # the large pool's lowest segment so far, descending
         if self.config.expandable_segments:
             for pool in (self._small, self._large):
-                pool.base = self._next_address
-                self._next_address += 1 << 50
+                pool.end = self._next_address
+                self._next_address += 1 << 52
+                self._new_segment(pool)
 
     @property
     def limit(self) -> int | None:
@@ -456,10 +340,16 @@ class Allocator:
         return size, (self._small if size <= SMALL_SIZE else self._large)
 
     def _cached(self, pool: _Pool, size: int) -> _Block | None:
-        """`get_free_block`: the smallest cached block that fits, unless it is oversize."""
+        """`get_free_block`: the smallest cached block that fits, unless it is oversize. With
+        expandable segments a free block followed by unmapped space counts as the size it can
+        grow to (`expandable_size`), so the segment's free end is taken only where no other
+        cached block fits."""
         block = pool.best_fit(size)
         if block is None:
             return None
+        if self.config.expandable_segments:
+            while (after := pool.after(block)) is not None and _expandable_size(after) < _expandable_size(block):
+                block = after
         split_max = self.config.max_split_size
         if split_max is not None:
             if size < split_max <= block.size:
@@ -486,25 +376,90 @@ class Allocator:
         return block
 
     def _expand(self, pool: _Pool, size: int) -> _Block | None:
+        """`try_allocate_expandable_block`: the unmapped range `find_expandable_block` gives
+        (with the free block before it), mapped page by page until it holds `size`; None where
+        the device has no room for a mapping (those made before it stay mapped, free)."""
+        candidate = self._expandable_candidate(pool, size)
+        if not candidate.mapped:
+            candidate = self._map(candidate, min(candidate.size, size))
+        while candidate is not None and candidate.size < size:
+            following = candidate.next
+            candidate = self._map(following, min(size - candidate.size, following.size))
+        if candidate is not None:
+            pool.remove(candidate)
+        return candidate
+
+    def _expandable_candidate(self, pool: _Pool, size: int) -> _Block:
+        """`find_expandable_block`: the lowest unmapped range that, with the free block before
+        it and the free or unmapped ones after it, spans `size`; else a new segment's."""
+        for ptr in pool.unmapped:
+            candidate = pool.holes[ptr]
+            if candidate.prev is not None and not candidate.prev.allocated:
+                candidate = candidate.prev
+            block, room = candidate, 0
+            while room < size and block is not None and (not block.allocated or not block.mapped):
+                room += block.size
+                block = block.next
+            if room >= size:
+                return candidate
+        return self._new_segment(pool)
+
+    def _new_segment(self, pool: _Pool) -> _Block:
+        """An expandable segment's address space, nothing mapped: above the pool's others."""
         page = pool.page
-        tail = pool.tail
-        have = tail.size if tail is not None and not tail.allocated else 0
-        grow = -(-(size - have) // page) * page
+        memory = self.device_memory
+        space = -(-(memory + memory // 8) // page) * page if memory else UNBOUNDED_ADDRESS_SPACE
+        start = -(-pool.end // page) * page
+        hole = _Block(start, space, pool)
+        hole.mapped, hole.allocated = False, True  # NB: never merged with a free block, as an allocated one
+        pool.add_hole(hole)
+        pool.end = start + space
+        return hole
+
+    def _map(self, hole: _Block, nbytes: int) -> _Block | None:
+        """`map_block`: pages behind the first `nbytes` of an unmapped range (ranges start on a
+        page), merged with the free blocks beside it; None where the device has no room."""
+        pool = hole.pool
+        grow = -(-nbytes // pool.page) * pool.page
         if self.limit is not None and self.reserved + grow > self.limit:
             return None
         self._grow(grow)
-        end = pool.base + pool.mapped
-        pool.mapped += grow
-        if have:
-            pool.remove(tail)
-            tail.size += grow
-            return tail
-        block = _Block(end, grow, pool)
-        block.prev = tail
-        if tail is not None:
-            tail.next = block
-        pool.tail = block
+        pool.drop_hole(hole)
+        if grow < hole.size:
+            rest = _Block(hole.ptr + grow, hole.size - grow, pool)
+            rest.mapped, rest.allocated = False, True
+            _link(rest, hole, hole.next)
+            pool.add_hole(rest)
+            hole.size = grow
+        hole.mapped, hole.allocated, hole.freed_at = True, False, self.mallocs
+        block = _merge(hole)
+        pool.insert(block)
         return block
+
+    def _unmap(self, block: _Block) -> None:
+        """`unmap_block`: the whole pages inside a free block go back to the device; any part
+        of a page before or after them stays mapped and free."""
+        pool, page = block.pool, block.pool.page
+        start = -(-block.ptr // page) * page  # NB: every segment begins on a page
+        end = (block.ptr + block.size) // page * page
+        if start >= end:
+            return
+        pool.remove(block)
+        if start > block.ptr:
+            before = _Block(block.ptr, start - block.ptr, pool)
+            before.freed_at = block.freed_at
+            _link(before, block.prev, block)
+            pool.insert(before)
+        if block.ptr + block.size > end:
+            after = _Block(end, block.ptr + block.size - end, pool)
+            after.freed_at = block.freed_at
+            _link(after, block, block.next)
+            pool.insert(after)
+        block.ptr, block.size = start, end - start
+        block.mapped = False
+        block.allocated = True  # NB: never merged with a free block, as an allocated one
+        self.reserved -= block.size
+        pool.add_hole(_merge(block))
 
     def _grow(self, nbytes: int) -> None:
         self.reserved += nbytes
@@ -565,8 +520,6 @@ class Allocator:
                     block.next = after.next
                     if after.next is not None:
                         after.next.prev = block
-                    if pool.tail is after:
-                        pool.tail = block
                     block.size += after.size
                 block.freed_at = mallocs
                 _insort(order, block.size << _PTR_BITS | block.ptr)
@@ -618,8 +571,6 @@ class Allocator:
             after.prev = rest
         block.next = rest
         block.size = size
-        if pool.tail is block:
-            pool.tail = rest
         rest.freed_at = at
         _insort(pool.order, remaining << _PTR_BITS | rest.ptr)
         pool.free[rest.ptr] = rest
@@ -636,11 +587,12 @@ class Allocator:
 
     def empty_cache(self) -> bool:
         """`release_cached_blocks`: every wholly free segment goes back to the device (with
-        expandable segments, the free pages at each segment's end). True if any did."""
+        expandable segments, the whole pages inside every free block). True if any did."""
         before = self.reserved
         for pool in (self._small, self._large):
             if self.config.expandable_segments:
-                self._unmap_tail(pool)
+                for block in list(pool.free.values()):
+                    self._unmap(block)
                 continue
             for block in [b for b in pool.free.values() if b.prev is None and b.next is None]:
                 self._release(block)
@@ -649,26 +601,6 @@ class Allocator:
     def _release(self, block: _Block) -> None:
         block.pool.remove(block)
         self.reserved -= block.size
-
-    def _unmap_tail(self, pool: _Pool) -> None:
-        tail = pool.tail
-        if tail is None or tail.allocated:
-            return
-        page = pool.page
-        keep = -(-(tail.ptr - pool.base) // page) * page - (tail.ptr - pool.base)
-        gone = tail.size - keep
-        if gone <= 0:
-            return
-        pool.remove(tail)
-        pool.mapped -= gone
-        self.reserved -= gone
-        if keep:
-            tail.size = keep
-            pool.insert(tail)
-        else:
-            pool.tail = tail.prev
-            if tail.prev is not None:
-                tail.prev.next = None
 
     def _release_oversize(self, pool: _Pool, size: int) -> bool:
         """`release_available_cached_blocks`: with max_split_size_mb, free one cached

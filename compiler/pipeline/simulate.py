@@ -445,9 +445,13 @@ def _replay(
     module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
     modelled at that grain.
     """
-    capacity = None
+    capacity = memory = None
     if setup.gpu is not None:
         capacity = setup.gpu.memory - device_overhead(setup)
+        # NB: the catalog's memory is nvidia-smi's; CUDA's totalGlobalMem, which sizes an
+        # expandable segment's address space (1 1/8 of it), is a few hundred MiB less (an H200:
+        # 618 MiB, its idle NVML figure), which moves only a best fit near the space's end
+        memory = setup.gpu.memory
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
@@ -478,13 +482,13 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    peak = run(Allocator(setup.alloc_conf))
+    peak = run(Allocator(setup.alloc_conf, device_memory=memory))
     if capacity is None or peak <= capacity:
         return peak, None, False
     if verdict_only:
         return peak, None, True
     try:
-        run(Allocator(setup.alloc_conf, capacity))
+        run(Allocator(setup.alloc_conf, capacity, memory))
         return peak, None, False
     except OutOfMemoryError as error:
         oom = error.oom
