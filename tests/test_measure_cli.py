@@ -53,6 +53,17 @@ def test_alloc_conf_names_the_record_and_the_replay_takes_it(tmp_path, capsys):
     assert "alloc_conf: expandable_segments" in capsys.readouterr().err
 
 
+def test_alloc_conf_applies_to_every_entry_of_a_matrix(tmp_path):
+    """--alloc-conf with --matrix: each entry runs under the settings and its name ends in them,
+    so the records sit beside the same matrix's records under torch's defaults."""
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"matrix: m\nbase: {{model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]}}\naxes: {{micro_batch: [1]}}\n")
+    assert run(["--matrix", str(matrix), "-o", str(tmp_path / "out"), "--alloc-conf", "expandable_segments:True"]) == 0
+    (path,) = (tmp_path / "out").glob("*.json")
+    assert path.name == "m_b1_expandable_segments-True.json"
+    assert json.loads(path.read_text())["experiment"]["alloc_conf"] == "expandable_segments:True"
+
+
 def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
     experiment = tmp_path / "sharded.yaml"
     experiment.write_text(
