@@ -138,6 +138,13 @@ def _expandable_size(block: "_Block") -> int:
     return block.size + (after.size if after is not None and not after.mapped else 0)
 
 
+def _unmapped(block: "_Block") -> "_Block":
+    """`block` made address space with no pages behind it; NB: marked allocated too, so that
+    no free block merges with it (try_merge_blocks joins only blocks alike in `mapped`)."""
+    block.mapped, block.allocated = False, True
+    return block
+
+
 def _link(block: "_Block", before: "_Block | None", after: "_Block | None") -> None:
     """Put `block` between two neighbours of a segment."""
     block.prev, block.next = before, after
@@ -410,8 +417,7 @@ class Allocator:
         memory = self.device_memory
         space = -(-(memory + memory // 8) // page) * page if memory else UNBOUNDED_ADDRESS_SPACE
         start = -(-pool.end // page) * page
-        hole = _Block(start, space, pool)
-        hole.mapped, hole.allocated = False, True  # NB: never merged with a free block, as an allocated one
+        hole = _unmapped(_Block(start, space, pool))
         pool.add_hole(hole)
         pool.end = start + space
         return hole
@@ -426,8 +432,7 @@ class Allocator:
         self._grow(grow)
         pool.drop_hole(hole)
         if grow < hole.size:
-            rest = _Block(hole.ptr + grow, hole.size - grow, pool)
-            rest.mapped, rest.allocated = False, True
+            rest = _unmapped(_Block(hole.ptr + grow, hole.size - grow, pool))
             _link(rest, hole, hole.next)
             pool.add_hole(rest)
             hole.size = grow
@@ -456,8 +461,7 @@ class Allocator:
             _link(after, block, block.next)
             pool.insert(after)
         block.ptr, block.size = start, end - start
-        block.mapped = False
-        block.allocated = True  # NB: never merged with a free block, as an allocated one
+        _unmapped(block)
         self.reserved -= block.size
         pool.add_hole(_merge(block))
 
