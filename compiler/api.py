@@ -154,7 +154,7 @@ def run(
     device = est.reserved + device_overhead(setup)
     # NB: a quantized linear's packed codes are not elements: its weight's own count (_elements)
     params = {n.inst.module: sum(_elements(x, setup) for x in n.walk()) for n in nodes}
-    return Report(spec, setup, nodes, rows, est, est.peak.total, est.reserved, device, consts, setup.gpu, params)
+    return Report(spec, setup, nodes, rows, est, est.allocated, est.reserved, device, consts, setup.gpu, params)
 
 
 @contextmanager

@@ -158,7 +158,7 @@ def required_keys(data: dict) -> set[str]:
         "peak.reserved",
         "peak.device",
         "seed_sum",
-        "peak.first_step.allocated",
+        "peak.allocated_first_step",
         "peak.first_step.phase",
         "peak.first_step.layer",
         "peak.steady_state.allocated",

@@ -38,7 +38,7 @@ def test_zero3_has_one_bucket_and_prefetches():
     without = run(spec, replace(setup, deepspeed=replace(setup.deepspeed, prefetch_bucket=0)))
     # the prefetched weights sit on top of the running layer: 15_099_494 * 2 = 30_198_988 B,
     # rounded up to the allocator's 512 B
-    assert r.allocated - without.allocated == 30_199_296
+    assert r.tensors - without.tensors == 30_199_296
 
 
 def test_deepspeed_defaults_when_the_config_says_nothing():

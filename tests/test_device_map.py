@@ -81,11 +81,11 @@ def test_every_gpu_gets_its_own_estimate_and_the_largest_decides():
     report = api.run(spec, setup)
     per_gpu = report.estimate.devices
     assert len(per_gpu) == 2
-    assert report.allocated == max(e.peak.total for e in per_gpu)
+    assert report.tensors == max(e.peak.total for e in per_gpu)
     _, alone = _setup("specs/qwen2/qwen2.5-0.5b.yaml", lora={"r": 16})
     whole = api.run(spec, alone)
     # each GPU holds part of the weights: less than the whole model on one GPU
-    assert all(e.peak.total < whole.allocated for e in per_gpu)
+    assert all(e.peak.total < whole.tensors for e in per_gpu)
     weights = [sum(c["parameters"] for c in e.resident.values()) for e in per_gpu]
     assert sum(weights) >= sum(c["parameters"] for c in whole.estimate.resident.values())
 
@@ -163,7 +163,7 @@ def test_each_gpu_s_estimate_is_at_or_above_its_trace_and_within_half_a_percent(
         e = estimated[traced["gpu"]]
         assert traced["allocated"] - UNDER <= e.peak.total <= traced["allocated"] * 1.005, traced
         assert traced["allocated_first_step"] - UNDER <= e.first_step.total <= traced["allocated_first_step"] * 1.005, traced
-    assert report.allocated == max(e.peak.total for e in report.estimate.devices)
+    assert report.tensors == max(e.peak.total for e in report.estimate.devices)
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)

@@ -33,7 +33,7 @@ def _outputs(case: Path) -> dict[str, str]:
 def _summary_line(case: Path) -> str:
     r = _report(case)
     e = r.estimate
-    values = (case.name, r.allocated, r.reserved, r.device, e.first_step.total, e.seed_sum, e.peak.phase, e.peak.path)
+    values = (case.name, r.allocated, r.reserved, r.device, e.allocated_first_step, e.seed_sum, e.peak.phase, e.peak.path)
     return "\t".join(map(str, values))
 
 

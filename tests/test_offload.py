@@ -147,9 +147,9 @@ def test_zero3_optimizer_offload_at_the_peak():
     # GPU from initialization; offloaded it is in host memory
     grads = (20_979_712 + 6_738_939_904) * 2 // 8
     assert grads == 1_689_979_904
-    assert off.allocated - on.allocated == -states - grads + copy + double + norms == -11_665_540_608
+    assert off.tensors - on.tensors == -states - grads + copy + double + norms == -11_665_540_608
     # 25_068_468_224 before cos and sin were [1, s, 128] (16 x 2048: 15 x 2048 x 128 x 2 x 2 B less)
-    assert off.allocated == 25_052_739_584
+    assert off.tensors == 25_052_739_584
     assert off.estimate.peak.breakdown["language"]["optimizer_states"] == 0
 
 
@@ -182,7 +182,7 @@ def test_zero3_parameter_offload_moves_every_partition_off_the_gpu():
     assert kept == 333_709_312
     assert opt.estimate.peak.breakdown["zero3-kept"]["parameters"] == kept * 2 - kept * 2 // 8
     assert both.estimate.peak.breakdown["zero3-kept"]["parameters"] == kept * 2
-    assert opt.allocated - both.allocated == partitions - kept * 2 // 8 == 1_682_429_440
+    assert opt.tensors - both.tensors == partitions - kept * 2 // 8 == 1_682_429_440
     # inside a layer the full weights are gathered either way, and with offload_param the
     # all-gather's input is a GPU copy of the host partition: down_proj 4096 x 11008 in bf16
     down = 4096 * 11008 * 2

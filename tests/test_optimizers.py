@@ -65,7 +65,7 @@ def test_paged_states_lower_allocated_by_exactly_the_paged_bytes():
     note = next(x for x in paged.estimate.not_modelled if x.startswith("bitsandbytes paged"))
     paged_bytes = int(note.split(", ")[1].split(" B")[0].replace(",", ""))
     # every paged state is a uint8 tensor of 1e5+ elements, each a multiple of 512 B here (896 * k)
-    assert plain.allocated - paged.allocated == paged_bytes
+    assert plain.tensors - paged.tensors == paged_bytes
     assert paged.estimate.peak.phase == plain.estimate.peak.phase
 
 

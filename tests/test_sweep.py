@@ -41,7 +41,7 @@ def _expected(path, gpu: str | None = None, **overrides):
         "allocated": r.allocated,
         "reserved": r.reserved,
         "device": r.device,
-        "first_step": r.estimate.first_step.total,
+        "first_step": r.estimate.allocated_first_step,
         "peak_phase": r.estimate.peak.phase,
         "peak_layer": r.estimate.peak.path,
     }

@@ -40,12 +40,12 @@ def test_each_release_band_has_its_loss():
     pinned, t444, t446, t457 = (_lora(**({"versions": {"transformers": v}} if v else {})) for v in (None, "4.44.2", "4.46.3", "4.57.1"))
     # 4.49 on pads the labels as 5.x does; the loss is the same (the 4.x rotary table has one
     # buffer, not two: 512 B less)
-    assert t457.allocated == pinned.allocated - 512
+    assert t457.tensors == pinned.tensors - 512
     # 4.46 to 4.48: the 16-bit logits [4, 2048, 32000] stay beside the fp32 copy and its shifted
     # copy: the loss's forward is the peak and above 4.43 to 4.45's, where the 16-bit logits die
     assert t446.estimate.peak.phase == "forward" and t446.estimate.peak.path == "language.loss"
-    assert t446.allocated - t444.allocated == 4 * 2048 * 32000 * 2 == 524_288_000
-    assert t444.allocated > pinned.allocated
+    assert t446.tensors - t444.tensors == 4 * 2048 * 32000 * 2 == 524_288_000
+    assert t444.tensors > pinned.tensors
 
 
 # From 4.49 on the peak is the loss's backward, where causal_lm_loss charges nll_loss's saved
@@ -62,7 +62,7 @@ def test_the_traced_releases_are_reproduced(path):
     exp = dict(rec["experiment"])
     r = estimate(str(ROOT / exp.pop("model")), **{k: v for k, v in exp.items() if k != "experiment"})
     over = TARGETS if release_code(rec["versions"]["transformers"]) >= 4_049_000 else 512
-    assert r.allocated - rec["allocated"] == over
+    assert r.tensors - rec["allocated"] == over
 
 
 def test_the_matrix_covers_three_releases_on_two_models():

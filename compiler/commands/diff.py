@@ -85,7 +85,7 @@ for kind, name, file, extra in cases:
             overrides = {}
         r = api.estimate(file, **overrides)
         row.update(file=file, allocated=r.allocated, reserved=r.reserved, device=r.device,
-                   first_step=r.estimate.first_step.total, phase=r.estimate.peak.phase, layer=r.estimate.peak.path)
+                   first_step=getattr(r.estimate, "allocated_first_step", r.estimate.first_step.total), phase=r.estimate.peak.phase, layer=r.estimate.peak.path)
     except MemspecError as exc:
         row["error"] = exc.render().splitlines()[0]
     except Exception as exc:  # a bug in that tree's compiler: reported on its case, not fatal

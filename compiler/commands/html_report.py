@@ -83,7 +83,7 @@ def page(report: Report) -> dict[str, Any]:
         "categories": [(c, CATEGORY_NAMES[c]) for c in CATEGORIES],
         "breakdown": _breakdown(steady["breakdown"]),
         "bars": bar_chart(steady["breakdown"]),
-        "timeline": timeline_chart(timeline, data["peak"]["allocated"], data["seed_sum"], data["gpu"]),
+        "timeline": timeline_chart(timeline, steady["allocated"], data["seed_sum"], data["gpu"]),
         "phases": [
             {
                 "phase": PHASE_NAMES[s.phase],
@@ -97,7 +97,7 @@ def page(report: Report) -> dict[str, Any]:
         "columns": ROW_COLUMNS,
         "byte_columns": BYTE_COLUMNS,
         "rows": table_data(report.rows),
-        "seed": {"sum": data["seed_sum"], "allocated": data["peak"]["allocated"], "above": data["peak"]["allocated"] - data["seed_sum"]},
+        "seed": {"sum": data["seed_sum"], "allocated": steady["allocated"], "above": steady["allocated"] - data["seed_sum"]},
         "device_above_allocated": data["peak"]["device"] - data["peak"]["allocated"],
         "target": _target_note(data),
         "checked": _checked_note(data),
@@ -138,9 +138,9 @@ def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         },
         {"key": "peak.device", "label": "device", "bytes": peak["device"], "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
         {
-            "key": "peak.first_step.allocated",
+            "key": "peak.allocated_first_step",
             "label": "first step",
-            "bytes": first["allocated"],
+            "bytes": peak["allocated_first_step"],
             "what": "allocated, step 1",
             "where": f"{first['phase']} at {first['layer']}; optimizer states appear at its step()",
         },

@@ -234,14 +234,18 @@ def _compare(path: Path, record: dict) -> Comparison:
     older = older_replay(record)
     if report is None:
         return Comparison(name, str(path), record.get("source", ""), measured, None, reason, oom, autocast=autocast, older_replay=older)
+    # NB: a GPU's allocated is max_memory_allocated, the allocator's blocks (a remainder it
+    # does not split counted with its block); a trace's is the traced tensors' bytes, each
+    # rounded to 512 B, as the estimate's tensors at its peak
+    e, gpu = report.estimate, record.get("source") == "gpu"
     estimated = {
-        "allocated": report.allocated,
-        "allocated_first_step": report.estimate.first_step.total,
+        "allocated": report.allocated if gpu else e.peak.total,
+        "allocated_first_step": e.allocated_first_step if gpu else e.first_step.total,
         "reserved": report.reserved,
         "device": report.device,
     }
     fits = None
-    if record.get("source") == "gpu" and report.gpu is not None:
+    if gpu and report.gpu is not None:
         fits = report.fits
     return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast, older)
 

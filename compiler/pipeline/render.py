@@ -37,6 +37,12 @@ class Report:
     # --deepspeed, as the CLI prints them on stderr.
     notes: tuple[str, ...] = ()
 
+    @property
+    def tensors(self) -> int:
+        """The tensors' bytes at the steady step's peak (each rounded to 512 B; the breakdown's
+        sum): `allocated` less the remainders of blocks the allocator does not split."""
+        return self.estimate.peak.total
+
     def with_notes(self, notes: tuple[str, ...]) -> "Report":
         return replace(self, notes=tuple(notes))
 
@@ -183,7 +189,7 @@ def device_map_lines(r: Report) -> list[str]:
     ]
     for d in e.devices:
         weights = sum(c["parameters"] for c in d.resident.values())
-        lines.append(f"  {d.gpu:<4} {gib(d.peak.total):>10} {gib(d.reserved):>10} {gib(weights):>10}   {_where(d.peak)}")
+        lines.append(f"  {d.gpu:<4} {gib(d.allocated):>10} {gib(d.reserved):>10} {gib(weights):>10}   {_where(d.peak)}")
     return lines
 
 
@@ -209,6 +215,13 @@ def _tricks(s) -> str:
 
 def _where(p: Point) -> str:
     return f"{p.phase} at {p.path}"
+
+
+def _unsplit(allocated: int, p: Point) -> str:
+    """What max_memory_allocated counts beyond the tensors at the peak: the remainders of
+    blocks the caching allocator did not split (a large-pool block keeps up to 1 MiB extra)."""
+    extra = allocated - p.total
+    return f" (the tensors' peak {p.total:,} B; + {extra:,} B: block remainders not split)" if extra else ""
 
 
 def breakdown_table(point: Point) -> list[str]:
@@ -243,11 +256,11 @@ def text(r: Report) -> str:
         f"setup     {setup_line(r)}",
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
-        f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}",
+        f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}{_unsplit(r.allocated, e.peak)}",
         f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); the caching allocator replayed over two steps",
         f"  device     {gib(r.device):>8} GiB  {r.device:>16,} B   nvidia-smi; reserved + CUDA context {gib(r.device_constants.cuda_context)} GiB"
         + (f" + NCCL {gib(r.device_constants.nccl_per_communicator)} GiB" if s.dp > 1 else ""),
-        f"  first step {gib(e.first_step.total):>8} GiB  {e.first_step.total:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
+        f"  first step {gib(e.allocated_first_step):>8} GiB  {e.allocated_first_step:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
         f"  seed sum   {gib(e.seed_sum):>8} GiB  {e.seed_sum:>16,} B   parameters + gradients + optimizer states + activations (seed paper Eq. 1)",
         "",
         f"breakdown at the peak (GiB), {_where(e.peak)}; parameters include buffers and the batch's input tensors,",
@@ -287,6 +300,7 @@ def as_data(r: Report) -> dict[str, Any]:
         "trainable_parameters": e.trainable_params,
         "peak": {
             "allocated": r.allocated,
+            "allocated_first_step": e.allocated_first_step,
             "reserved": r.reserved,
             "device": r.device,
             "steady_state": _point_data(e.peak),
@@ -405,9 +419,9 @@ def _device_map_data(r: Report) -> dict[str, Any]:
         "per_gpu": [
             {
                 "gpu": d.gpu,
-                "allocated": d.peak.total,
+                "allocated": d.allocated,
                 "reserved": d.reserved,
-                "first_step": d.first_step.total,
+                "first_step": d.allocated_first_step,
                 "steady_state": _point_data(d.peak),
                 "resident": d.resident,
             }
@@ -568,7 +582,7 @@ def _sweep_values(row) -> dict[str, Any]:
         allocated=r.allocated,
         reserved=r.reserved,
         device=r.device,
-        first_step=r.estimate.first_step.total,
+        first_step=r.estimate.allocated_first_step,
         peak_phase=r.estimate.peak.phase,
         peak_layer=r.estimate.peak.path,
     )

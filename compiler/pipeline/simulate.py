@@ -67,7 +67,7 @@ ALLOCATOR_CONSTANTS = (
 
 @dataclass(frozen=True)
 class Estimate:
-    peak: Point  # steady state
+    peak: Point  # steady state: the tensors at the step's peak
     reserved: int  # the caching allocator's segments, highest over two steps replayed (see _replay)
     first_step: Point
     timeline: tuple[tuple[str, str, int], ...]  # (phase, path, allocated) per event, steady state
@@ -76,6 +76,11 @@ class Estimate:
     seed_sum: int  # parameters + gradients + optimizer states + activations, summed (seed paper Eq. 1)
     not_modelled: tuple[str, ...]
     trainable_params: int  # elements, all ranks
+    # torch.cuda.max_memory_allocated() of the steady step and of step 1: the replay's blocks,
+    # each request rounded to 512 B and a remainder the allocator does not split counted with
+    # its block; at least the tensors' peak (the replay left out, `reserved_bound`: that peak)
+    allocated: int
+    allocated_first_step: int
     oom: OutOfMemory | None = None  # the allocation that fails on `setup.gpu`, if one does
     reserved_bound: bool = False  # `reserved` is a lower bound: a probe's, the verdict known without the replay
     # device_map: each GPU's own estimate, by GPU index (this one is the GPU that needs the most)
@@ -133,18 +138,21 @@ def simulate(nodes: tuple[Node, ...], setup: Setup, verdict_budget: int | None =
     # NB: the allocator cannot hold less than is allocated, so where the allocated peak with the
     # device's overhead passes a probe's budget the verdict needs no replay
     bound = verdict_budget is not None and state.best.total + device_overhead(setup) > verdict_budget
+    # Step 1 has no optimizer states before step() creates them; its step() makes them as it
+    # goes (see optimizer_step._first_step_optimizer).
+    first_point = max(state.first_point(), first_step_point, key=lambda p: p.total)
     if bound:
-        reserved, oom = state.best.total, None
+        reserved, oom, blocks = state.best.total, None, (0, 0)
     else:
-        reserved, oom, bound = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied, verdict_budget is not None)
+        reserved, oom, bound, blocks = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied, verdict_budget is not None)
     return Estimate(
         peak=state.best,
         reserved=max(reserved, state.best.total),
         reserved_bound=bound,
         oom=oom,
-        # Step 1 has no optimizer states before step() creates them; its step() makes
-        # them as it goes (see optimizer_step._first_step_optimizer).
-        first_step=max(state.first_point(), first_step_point, key=lambda p: p.total),
+        first_step=first_point,
+        allocated=max(blocks[1], state.best.total),
+        allocated_first_step=max(blocks[0], first_point.total),
         timeline=tuple(state.timeline),
         resident=per_gpu_totals,
         activations_end_of_forward=end_of_forward,
@@ -173,6 +181,8 @@ def _per_gpu_estimates(nodes: tuple[Node, ...], setup: Setup) -> Estimate:
         reserved=max(e.reserved for e in per_gpu),
         oom=oom,
         first_step=max((e.first_step for e in per_gpu), key=lambda p: p.total),
+        allocated=max(e.allocated for e in per_gpu),
+        allocated_first_step=max(e.allocated_first_step for e in per_gpu),
     )
 
 
@@ -425,10 +435,11 @@ def _replay(
     first_step: list | None = None,
     untied: int = 0,
     verdict_only: bool = False,
-) -> tuple[int, OutOfMemory | None, bool]:
+) -> tuple[int, OutOfMemory | None, bool, tuple[int, int]]:
     """The caching allocator's reserved bytes over two training steps, the allocation that
-    fails on `setup.gpu` if one does, and whether the bytes are a lower bound (`verdict_only`:
-    a replay past the GPU is not run again within it).
+    fails on `setup.gpu` if one does, whether the bytes are a lower bound (`verdict_only`:
+    a replay past the GPU is not run again within it), and its allocated peaks of step 1 and
+    step 2 (max_memory_allocated of each, reset as a step begins: block sizes).
 
     The replay runs what a job allocates in its order: the weights and buffers, with tied
     embeddings the output embedding's own weight made and dropped (`untied` bytes, see
@@ -445,16 +456,12 @@ def _replay(
     module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
     modelled at that grain.
     """
-    capacity = memory = None
-    if setup.gpu is not None:
-        capacity = setup.gpu.memory - device_overhead(setup)
-        # NB: the catalog's memory is nvidia-smi's; CUDA's totalGlobalMem, which sizes an
-        # expandable segment's address space (1 1/8 of it), is a few hundred MiB less (an H200:
-        # 618 MiB, its idle NVML figure), which moves only a best fit near the space's end
-        memory = setup.gpu.memory
+    capacity, memory = _limits(setup)
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
+
+    blocks: list[int] = []  # each step's max_memory_allocated, reset as it begins
 
     def run(allocator: Allocator) -> int:
         live, free = allocator.live, allocator.free
@@ -463,6 +470,8 @@ def _replay(
         play = functools.partial(allocator.play, probe_key=PROBE)
         play(loaded, [])
         for number in (1, 2):
+            blocks.append(allocator.peak_allocated)
+            allocator.peak_allocated = allocator.allocated
             made: list = []
             play(walk, made)
             if number == 1 and first_step is not None:
@@ -474,6 +483,7 @@ def _replay(
             for key in made:
                 if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
                     free(key)
+        blocks.append(allocator.peak_allocated)
         return allocator.peak_reserved
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
@@ -483,16 +493,26 @@ def _replay(
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
     peak = run(Allocator(setup.alloc_conf, device_memory=memory))
-    if capacity is None or peak <= capacity:
-        return peak, None, False
-    if verdict_only:
-        return peak, None, True
+    peaks = (blocks[1], blocks[2])  # NB: blocks[0] is the load's, before step 1
+    if capacity is None or peak <= capacity or verdict_only:
+        return peak, None, verdict_only and capacity is not None and peak > capacity, peaks
     try:
         run(Allocator(setup.alloc_conf, capacity, memory))
-        return peak, None, False
+        return peak, None, False, peaks
     except OutOfMemoryError as error:
         oom = error.oom
-        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False
+        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False, peaks
+
+
+def _limits(setup: Setup) -> tuple[int | None, int | None]:
+    """The replay's allocator limits on `setup.gpu`: what the card leaves the allocator (its
+    memory less the CUDA context) and the device memory that sizes expandable segments.
+    NB: the catalog's memory is nvidia-smi's; CUDA's totalGlobalMem, which sizes an expandable
+    segment's address space (1 1/8 of it), is a few hundred MiB less (an H200: 618 MiB, its
+    idle NVML figure), which moves only a best fit near the space's end."""
+    if setup.gpu is None:
+        return None, None
+    return setup.gpu.memory - device_overhead(setup), setup.gpu.memory
 
 
 def _loaded(setup: Setup, before_walk: list, walk: list, resident: list[int], untied: int) -> list:
