@@ -23,7 +23,7 @@ STAGES = (
         ("compiler.pipeline.resolve", "compiler.pipeline.vocabulary", "compiler.pipeline.gpus", "compiler.pipeline.zero_config", "compiler.pipeline.placement"),
     ),
     ("peft", ("compiler.pipeline.peft",)),
-    ("expand", ("compiler.pipeline.expand",)),
+    ("expand", ("compiler.pipeline.expand", "compiler.pipeline.formula_context")),
     ("admit", ("compiler.pipeline.admit",)),
     ("evaluate", ("compiler.pipeline.evaluate",)),
     ("simulate", ("compiler.pipeline.simulate", "compiler.pipeline.walks")),

@@ -64,7 +64,20 @@ def test_attention_and_moe_terms():
     q = t * 16 * 192 * 2
     v = t * 16 * 128 * 2
     lse = 2 * 16 * 1024 * 4
-    assert rows["language.moe_layers[0:26].self_attn.core"].activations == 2 * q + 2 * v + lse + 2 * 8  # + philox seed, offset
+    # cuDNN attention on the default H100 (value heads narrower than the query's): its output is
+    # laid out like q, which torch.cat made contiguous, so o_proj reads a copy
+    assert rows["language.moe_layers[0:26].self_attn.core_cudnn"].activations == 2 * q + 2 * v + lse + 2 * 8  # + philox seed, offset
+    assert rows["language.moe_layers[0:26].self_attn.o_proj.lora_a"].activations == v  # the copy, [b, s, heads * 128]
+    # an A100 (sm80) runs the memory-efficient kernel, whose output is laid out [b, s, heads, v]:
+    # o_proj's adapter saves the kernel's own output, charged with the kernel
+    a100 = {
+        r.path: r
+        for r in api.estimate(
+            LITE, micro_batch=2, seq_len=1024, attention="sdpa", trainable=[], lora={"r": 16, "alpha": 32, "target_modules": ATTENTION}, gpu="a100-80gb"
+        ).rows
+    }
+    assert a100["language.moe_layers[0:26].self_attn.core"].activations == 2 * q + 2 * v + lse + 2 * 8
+    assert a100["language.moe_layers[0:26].self_attn.o_proj.lora_a"].activations is None
     assert rows["language.dense_layers[0].self_attn.expand"].activations == 1024 * 64 * 4 + t * 16 * 128 * 2  # freqs_cis + k_nope
     assert rows["language.moe_layers[0:26].self_attn.expand"].activations == t * 16 * 128 * 2  # freqs_cis charged once
     assert rows["language.moe_layers[0:26].self_attn.kv_a_layernorm"].activations == t * 512 * 4 + t * 4  # x32 and rstd

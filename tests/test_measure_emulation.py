@@ -88,11 +88,12 @@ def test_vision_tower_and_language_model_both_take_flash():
 
 def test_no_causal_mask_is_materialised_under_checkpointing():
     patched = harness.measure(_tiny(), steps=2, timeline=True)
-    assert not [op for op, _ in _forward_ops(patched) if "efficient_attention" in op]
+    masked = ("efficient_attention", "cudnn_attention")
+    assert not [op for op, _ in _forward_ops(patched) if any(k in op for k in masked)]
     unpatched = harness.measure(_tiny(), steps=2, timeline=True, skip=frozenset({emulation.NO_PACKED_SEQUENCE_MASK}))
     # transformers sees fake position ids as tracing, builds a [b, 1, s, s] mask and SDPA
-    # can then not use flash
-    assert [op for op, _ in _forward_ops(unpatched) if "efficient_attention" in op]
+    # can then not use flash (cuDNN attention on sm90 takes the mask)
+    assert [op for op, _ in _forward_ops(unpatched) if "cudnn_attention" in op]
     assert "bool[2x1x48x48]" in unpatched.inventory  # kept for the recomputation
     assert "bool[2x1x48x48]" not in patched.inventory
 
@@ -111,6 +112,45 @@ def test_eager_attention_keeps_the_s_squared_probabilities():
     per_layer = 6 * b * heads * s * s - round_up(4 * b * heads * s, BLOCK) - 2 * BLOCK
     assert per_layer == 108_032
     assert _activations_at_end_of_forward(eager) - _activations_at_end_of_forward(sdpa) == layers * per_layer
+
+
+def _masked_attention(q, k, v):
+    # Phi-3's layout: the rotary's torch.cat makes q, k contiguous [b, heads, s, d]; a bool mask
+    q, k = (t.view(B, HEADS, S, D) for t in (q, k))
+    v = v.view(B, S, HEADS, D).transpose(1, 2)
+    mask = torch.ones(B, 1, S, S, dtype=torch.bool)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(1, 2).contiguous()
+
+
+def test_masked_16_bit_attention_runs_cudnn_and_its_output_is_laid_out_like_q():
+    """sm90 prefers cuDNN attention (emulation.CUDNN_MAX_HEAD_DIM): it saves the additive mask
+    (2 * 2*1*256*256 = 262_144 B), its output, laid out like the contiguous q, so the transpose
+    before o_proj copies it (2 x 2 * 2*4*256*64 = 262_144 B), fp32 stats [b, h, s, 1]
+    (4 * 2*4*256 = 8_192 B, not padded) and an 8 B philox seed and offset (512 B blocks)."""
+    live = _new_storages(_masked_attention, *[(B * S, HEADS * D)] * 3)
+    assert {op for op, *_ in live} >= {"_scaled_dot_product_cudnn_attention.default", "clone.default"}
+    out = 2 * B * HEADS * S * D
+    assert sorted(n for *_, n in live) == sorted([BLOCK, BLOCK, 4 * B * HEADS * S, out, out, 2 * B * S * S])
+    fp32 = _new_storages(_masked_attention, *[(B * S, HEADS * D)] * 3, dtype=torch.float32)
+    assert "_scaled_dot_product_efficient_attention.default" in {op for op, *_ in fp32}
+
+
+def test_cudnn_attention_backward_holds_its_workspace():
+    """The backward's workspace: 4 b h s d + 4 b h s + 256 = 4*2*4*256*64 + 4*2*4*256 + 256
+    = 532_736 B (an H200's history for Phi-3-mini at s 2048, d 96: 25,428,224 B)."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True):
+        q, k, v = (torch.empty(B * S, HEADS * D, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        with MemoryTracer(scratch=emulation.kernel_scratch) as tracer:
+            _masked_attention(q, k, v).float().sum().backward()
+    scratch = {name: n for p in tracer.peaks.values() for name, n in p.scratch}
+    assert scratch[emulation.CUDNN_BACKWARD_SCRATCH] == 4 * B * HEADS * S * D + 4 * B * HEADS * S + 256 == 532_736
+    assert (
+        emulation._cudnn_backward_scratch(
+            torch.empty(1, 32, 2048, 96, device="meta"), torch.empty(1, 32, 2048, 96, device="meta"), torch.empty(1, 32, 2048, 96, device="meta")
+        )
+        == 25_428_224
+    )
 
 
 def test_softmax_backward_holds_cudas_grad_times_output():

@@ -40,6 +40,7 @@ DEFAULT_CONTEXT: Mapping[str, Any] = {
     "autocast": False,
     "requires_grad": False,
     "packed": False,
+    "cudnn_attention": True,  # the catalog's default GPU, an H100 (sm90)
     "bias_trains": False,
     "transformers": TRANSFORMERS,
 }

@@ -57,6 +57,7 @@ CONTEXT_NAMES = frozenset(
         "grad_flows",  # trainable or grad_in: autograd records this row
         "bytes",  # element sizes, see BYTES_KEYS
         "attention",  # attention implementation: flash_attention_2 | sdpa | eager
+        "cudnn_attention",  # the GPU's sdpa prefers cuDNN attention (sm90, sm100; pipeline/formula_context.py)
         "images",  # images per sample (and each video's temporal patches: vision_items)
         "videos",  # videos per sample
         "video_frames",  # frames per video (0 without videos)

@@ -12,7 +12,9 @@ Patched (only while the context is active):
   for 16-bit inputs without a mask whose q, k and v share a head dim (what CUDA's dispatcher
   picks on sm80-sm90; its autograd node saves q, k, v, out and an fp32 logsumexp [b, heads, s]),
   or `aten._scaled_dot_product_efficient_attention` otherwise (fp32, a mask, or value heads
-  narrower than the query's, DeepSeek-V2's MLA; logsumexp padded to a multiple of 32). The CPU build would run the math kernel (s^2 scores in fp32). A
+  narrower than the query's, DeepSeek-V2's MLA; logsumexp padded to a multiple of 32), or, for
+  16-bit calls cuDNN takes, `aten._scaled_dot_product_cudnn_attention`, which sm90 and sm100
+  prefer (see CUDNN_MAX_HEAD_DIM). The CPU build would run the math kernel (s^2 scores in fp32). A
   module attribute patch, not a TorchFunctionMode: function modes are not active during
   checkpoint recomputation.
 - `torch.nn.functional.dropout` -> `aten.native_dropout` when training with 0 < p < 1 (CUDA's
@@ -42,6 +44,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 FLASH_ATTENTION = "sdpa-flash-attention"
 EFFICIENT_ATTENTION = "sdpa-efficient-attention-for-fp32-or-masked"
+# A record traced with it ran a masked 16-bit sdpa call that cuDNN takes as cuDNN attention;
+# before it such a call ran the memory-efficient kernel in the trace
+CUDNN_ATTENTION = "sdpa-cudnn-attention-for-masked-16-bit"
+CUDNN_BACKWARD_SCRATCH = "cudnn-attention-backward-accumulators"
 NATIVE_DROPOUT = "dropout-bool-mask"
 NO_PACKED_SEQUENCE_MASK = "no-packed-sequence-mask-on-fake-tensors"
 NO_TORCH_CHECK = "transformers-torch-check-disabled"
@@ -84,6 +90,44 @@ FLASH_BWD_WIDE_HEAD = 256
 FP32_BYTES = 4
 INT64_BYTES = 8
 
+# sdp_utils.cpp (torch 2.11, cu130 wheels with cuDNN 9.19): on sm90 and sm100
+# `check_prefer_cudnn_attention` puts cuDNN attention first (cuDNN newer than 9.15);
+# `can_use_cudnn_attention` takes 16-bit q, k and v with head dims up to 256 (cuDNN >= 9.10 on
+# sm90), each a multiple of 8 (v's may differ from q's), more than one key position, and a
+# 2-D or 4-D mask that does not require grad. GPU allocator histories (H100 and H200, torch
+# 2.11.0+cu130, tests/fixtures/gpu-history) show it in every sdpa call but a mask requiring
+# grad (T5's trained relative bias: the memory-efficient kernel). Forward: an 8 B philox seed
+# and offset on the device, the output laid out like q (`alloc_with_matching_layout`), fp32
+# softmax stats [b, h, s, 1] (none without grad); backward: dQ, dK, dV and a workspace of
+# 4 b h s d_qk + 4 b h s + 256 B (the fp32 dQ accumulator, the row sums), + 2 b h s_k
+# (d_qk + d_v) B with fewer key heads than query heads. The trace runs the calls that the
+# flash kernel cannot (a mask, or narrower value heads) as cuDNN; an unmasked call keeps the
+# flash kernel, whose memory is the same but for that workspace (not emulated).
+CUDNN_MAX_HEAD_DIM = 256
+CUDNN_HEAD_DIM_MULTIPLE = 8
+CUDNN_WORKSPACE_EXTRA = 256
+
+
+def cudnn_takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether cuDNN attention runs this sdpa call (see CUDNN_MAX_HEAD_DIM)."""
+    dims = (query.shape[-1], value.shape[-1])
+    return (
+        query.dtype in FLASH_DTYPES
+        and key.dtype == value.dtype == query.dtype
+        and key.shape[-1] == query.shape[-1]
+        and all(d <= CUDNN_MAX_HEAD_DIM and d % CUDNN_HEAD_DIM_MULTIPLE == 0 for d in dims)
+        and key.shape[-2] > 1
+        and (attn_mask is None or (not attn_mask.requires_grad and attn_mask.dim() in (2, 4)))
+    )
+
+
+def _cudnn_backward_scratch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> int:
+    """Bytes of one cuDNN attention backward's workspace (query [b, h, s, d])."""
+    b, h, s, d = query.shape
+    grouped = 2 * b * h * key.shape[-2] * (d + value.shape[-1]) if key.shape[-3] < h else 0
+    return FP32_BYTES * b * h * s * d + FP32_BYTES * b * h * s + CUDNN_WORKSPACE_EXTRA + grouped
+
+
 # aten/src/ATen/cuda/CublasHandlePool.cpp (parseChosenWorkspaceSize): default
 # CUBLAS_WORKSPACE_CONFIG is 32 MiB on Hopper (sm90), ":4096:2:16:8" (8 MiB + 128 KiB)
 # before it; allocated through the caching allocator and cached per (handle, stream); handles
@@ -110,6 +154,9 @@ def kernel_scratch(func, args, kwargs, out):
     if func is torch.ops.aten._scaled_dot_product_flash_attention_backward.default:
         # args: grad_out, query, key, value, out, logsumexp, ...
         return ((FLASH_BACKWARD_SCRATCH, _flash_backward_scratch(args[1])),)
+    if func is torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default:
+        # args: grad_out, query, ... (see CUDNN_MAX_HEAD_DIM)
+        return ((CUDNN_BACKWARD_SCRATCH, _cudnn_backward_scratch(args[1], args[2], args[3])),)
     if func is torch.ops.aten._softmax_backward_data.default:
         # ATen/native/cuda/SoftMax.cu `softmax_backward_cuda_out`: `Tensor tmp = grad * output;`
         # before the kernel, after grad_input (the structured op's output) exists; the CPU
@@ -195,6 +242,15 @@ def _sdpa_as_cuda(original):
         same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
         if attn_mask is None and query.dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM and same_dims:
             return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if cudnn_takes(query, key, value, attn_mask):
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                # NB: attention.cpp's convert_boolean_attn_mask_cudnn: where(mask, 0, -inf) with
+                # two 0-dim device tensors (the GPU history's two 2-byte allocations)
+                zero, inf = (torch.full((), v, dtype=query.dtype, device=query.device) for v in (0.0, float("-inf")))
+                attn_mask = torch.where(attn_mask, zero, inf)
+            # NB: the stats only where a gradient will need them (attention.cpp should_compute_logsumexp)
+            stats = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(query, key, value, attn_mask, stats, dropout_p, is_causal, False, scale=scale)[0]
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
         return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
@@ -249,7 +305,7 @@ def cuda_behaviour(*, fake: bool, skip: frozenset = frozenset(), host_values: bo
         applied.append(HOST_VALUES)
     if FLASH_ATTENTION not in skip:
         F.scaled_dot_product_attention = _sdpa_as_cuda(saved_sdpa)
-        applied += [FLASH_ATTENTION, EFFICIENT_ATTENTION]
+        applied += [FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION]
     if NATIVE_DROPOUT not in skip:
         F.dropout = _dropout_as_cuda(saved_dropout)
         applied.append(NATIVE_DROPOUT)

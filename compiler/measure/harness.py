@@ -453,6 +453,7 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
         + [
             emulation.STEP_ON_HOST,
             emulation.FLASH_BACKWARD_SCRATCH,
+            emulation.CUDNN_BACKWARD_SCRATCH,
             emulation.MASKED_SCATTER_SCRATCH,
             emulation.MASKED_SELECT_SCRATCH,
             emulation.CUBLAS_WORKSPACE,

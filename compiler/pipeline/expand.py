@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from ..errors import Diagnostic, MemspecError, UsageError
 from ..library.formula import Child, Formula, Library, bind, copies, integer
 from .peft import bias_elements, check_bias_modelled, check_not_retargeted, lora_target, quantized, save_error, save_matches, saved_name, peft_problems
+from .formula_context import formula_context as _context
 from .resolve import Module, Setup, Spec
 
 
@@ -76,42 +77,6 @@ class Instance:
         yield self
         for c in self.children:
             yield from c.walk()
-
-
-def _context(
-    setup: Setup, batch: int, seq: int, trainable: bool, grad_in: bool, checkpointing: bool, bias_trains: bool = False, requires_grad: bool | None = None
-) -> dict[str, Any]:
-    return {
-        "batch": batch,
-        "seq": seq,
-        "tokens": batch * seq,
-        "trainable": trainable,
-        "requires_grad": trainable if requires_grad is None else requires_grad,
-        "bias_trains": bias_trains,
-        "grad_in": grad_in,
-        "grad_flows": trainable or grad_in or bias_trains,
-        "bytes": dict(setup.bytes),
-        "attention": setup.attention,
-        "images": setup.vision_items,
-        "videos": setup.videos_per_sample,
-        "video_frames": setup.video_frames,
-        "micro_batch": setup.micro_batch,
-        "target_len": setup.target_len,
-        "image_h": setup.image_hw[0],
-        "image_w": setup.image_hw[1],
-        "grid_rows": setup.grid[0],
-        "grid_cols": setup.grid[1],
-        "checkpointing": checkpointing,
-        "input_grads": setup.input_require_grads,
-        "fused_loss": setup.loss == "fused_linear_cross_entropy",
-        "offloading": setup.activation_offloading,
-        "autocast": setup.mode == "autocast",
-        "packed": setup.packing,
-        "tp": setup.tp,
-        "sp": setup.sp,
-        "pp": setup.pp,
-        "transformers": setup.transformers,
-    }
 
 
 def experiment_scope(setup: Setup) -> dict[str, int]:
