@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ..errors import Diagnostic, MemspecError
 from ..pipeline.evaluate import evaluate
 from ..pipeline.expand import _Expansion, _instance
+from ..pipeline.formula_context import CUDNN_ATTENTION_ARCHS
 from .formula import Example, Formula, Library
 from ..pipeline.load import child_path
 from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
@@ -46,6 +47,15 @@ DEFAULT_CONTEXT: Mapping[str, Any] = {
 }
 
 
+def _target(context: Mapping[str, Any]):
+    """The GPU an example runs on: the catalog's default (an H100), or with cudnn_attention
+    false an sm80 card (an A100), whose sdpa does not prefer cuDNN attention."""
+    gpus, consts = gpu_catalog()
+    if context.get("cudnn_attention", True):
+        return consts.default_gpu
+    return next(g for g in gpus.values() if g.arch not in CUDNN_ATTENTION_ARCHS and g.arch.startswith("sm8"))
+
+
 def example_setup(context: Mapping[str, Any]) -> Setup:
     mode = "autocast" if context.get("autocast") else ""
     values, master, state = derive_bytes("bf16-mixed", Optimizer("adamw", "foreach", 0.0), mode)
@@ -69,7 +79,7 @@ def example_setup(context: Mapping[str, Any]) -> Setup:
         zero=0,
         deepspeed=None,
         gpu=None,
-        target=gpu_catalog()[1].default_gpu,
+        target=_target(context),
         bytes=values,
         master_bytes=master,
         state_bytes=state,
