@@ -175,3 +175,25 @@ def test_allocated_counts_the_blocks_the_allocator_does_not_split():
     assert abs(c.error("allocated")) < 0.2
     (traced,) = validate_records([MEASURED / "cpu-trace" / "t5_base_b8_s1024_t128_gc-on.json"])
     assert traced.estimated["allocated"] == report.tensors
+
+
+def test_masked_sdpa_runs_cudnn_attention_on_hopper_and_not_on_an_a100():
+    """Phi-3-mini-4k LoRA r16, b 1, seq 2048, sdpa with its sliding-window mask. On the H200 the
+    step ran cuDNN attention (its GPU history: 8 B philox tensors on the device, the output laid
+    out like Phi-3's contiguous q), so each of the 32 layers' o_proj adapter saved a copy of the
+    output, 1 * 2048 * 3072 * 2 = 12,582,912 B: the GPU's max_memory_allocated, 18,665,907,712 B,
+    is within 0.02 % of the estimate. An A100 runs the memory-efficient kernel, whose output
+    o_proj reads as it is: 32 copies less (402,653,184 B)."""
+    path = MEASURED / "gpu" / "phi3-lora_mini-4k_b1_s2048_sdpa_gc-off.json"
+    record = json.loads(path.read_text())
+    (c,) = validate_records([path])
+    assert record["allocated"] == 18_665_907_712 and abs(c.error("allocated")) < 0.02
+    report, _ = record_report(path)
+    exp = {k: v for k, v in record["experiment"].items() if k not in ("experiment", "model", "gpu", "parallel", "lora")}
+    exp.pop("images_per_sample")
+    lora = {k: record["experiment"]["lora"][k] for k in ("r", "alpha", "target_modules")}
+    a100 = api.estimate(record["experiment"]["model"], **exp, lora=lora, gpu="a100-80gb")
+    h200 = api.estimate(record["experiment"]["model"], **exp, lora=lora, gpu="h200-141gb")
+    assert h200.tensors == report.tensors
+    # + the two GEMM threads' cuBLAS workspaces, 32 MiB on Hopper and 8,320 KiB before it
+    assert h200.tensors - a100.tensors == 32 * 2048 * 3072 * 2 + 2 * (32_768 - 8_320) * 1024 == 452_722_688
