@@ -15,7 +15,6 @@ from typing import Any, Mapping
 from ..errors import Diagnostic, MemspecError
 from ..pipeline.evaluate import evaluate
 from ..pipeline.expand import _Expansion, _instance
-from ..pipeline.formula_context import CUDNN_ATTENTION_ARCHS
 from .formula import Example, Formula, Library
 from ..pipeline.load import child_path
 from ..pipeline.resolve import TRANSFORMERS, Anyres, Optimizer, Setup, derive_bytes, gpu_catalog
@@ -53,7 +52,7 @@ def _target(context: Mapping[str, Any]):
     gpus, consts = gpu_catalog()
     if context.get("cudnn_attention", True):
         return consts.default_gpu
-    return next(g for g in gpus.values() if g.arch not in CUDNN_ATTENTION_ARCHS and g.arch.startswith("sm8"))
+    return next(g for g in gpus.values() if g.arch == "sm80")
 
 
 def example_setup(context: Mapping[str, Any]) -> Setup:

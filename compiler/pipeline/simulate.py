@@ -461,16 +461,15 @@ def _replay(
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
-    blocks: list[int] = []  # each step's max_memory_allocated, reset as it begins
-
-    def run(allocator: Allocator) -> int:
+    def run(allocator: Allocator) -> tuple[int, tuple[int, int]]:
+        """Its peak reserved, and each step's max_memory_allocated (reset as it begins)."""
         live, free = allocator.live, allocator.free
         # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
         # not made again; `made` collects what this step allocated
         play = functools.partial(allocator.play, probe_key=PROBE)
         play(loaded, [])
+        steps = []
         for number in (1, 2):
-            blocks.append(allocator.peak_allocated)
             allocator.peak_allocated = allocator.allocated
             made: list = []
             play(walk, made)
@@ -483,8 +482,8 @@ def _replay(
             for key in made:
                 if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
                     free(key)
-        blocks.append(allocator.peak_allocated)
-        return allocator.peak_reserved
+            steps.append(allocator.peak_allocated)
+        return allocator.peak_reserved, (steps[0], steps[1])
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
     # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
@@ -492,10 +491,11 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    peak = run(Allocator(setup.alloc_conf, device_memory=memory))
-    peaks = (blocks[1], blocks[2])  # NB: blocks[0] is the load's, before step 1
-    if capacity is None or peak <= capacity or verdict_only:
-        return peak, None, verdict_only and capacity is not None and peak > capacity, peaks
+    peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory))
+    if capacity is None or peak <= capacity:
+        return peak, None, False, peaks
+    if verdict_only:
+        return peak, None, True, peaks
     try:
         run(Allocator(setup.alloc_conf, capacity, memory))
         return peak, None, False, peaks
