@@ -127,3 +127,68 @@ def test_the_tanh_gelu_allocates_as_the_trace(gelu):
     assert gelu[start - 1] == ("grad_out", 20)
     backward = gelu[start : start + 26]
     assert [b for _, b in backward] == GELU_TRACED_BACKWARD
+
+
+def _made_to_freed(events: list, suffix: str) -> list:
+    """The events from the first allocation of the tensor whose key ends with `suffix` to its free."""
+    start = next(i for i, (k, b) in enumerate(events) if b and isinstance(k, tuple) and len(k) > 1 and str(k[1]).endswith(suffix))
+    key = events[start][0]
+    end = next(i for i in range(start + 1, len(events)) if events[i] == (key, None))
+    return events[start : end + 1]
+
+
+def test_eager_attention_weights_live_until_the_checkpointing_unit_returns(monkeypatch):
+    # eager_attention_forward returns its probabilities, and the decoder layer holds them in a
+    # local (`hidden_states, _ = self.self_attn(...)`) through its MLP: the trace frees layer
+    # 1's 1,792 MiB cast at the layer's end, though its first forward keeps nothing
+    events = played(monkeypatch)
+    comparison, why = record_report(ATTENTION)
+    assert why is None
+    life = _made_to_freed(events, "layers[1].self_attn.core/probs")
+    assert life[0][1] == 1792 * MIB
+    names = [str(k[1]) for k, b in life if b and isinstance(k, tuple) and len(k) > 1]
+    assert "language.layers[1].post_attention_layernorm/x32" in names
+    assert not any("layers[2]" in n for n in names)
+    # the next layer's input, which the unit's output becomes, follows it
+    after = events[events.index(life[-1]) + 1]
+    assert after == (("tensor", "language.layers[2]/input"), 28 * MIB)
+
+
+# Gemma3RMSNorm, traced (layer 1's post_feedforward_layernorm of Gemma-3-1B trained whole, b 4,
+# s 1024, hidden 1152, step 1; the blocks of 1 MiB and more): each fp32 tensor 4096 * 1152 * 4 =
+# 18 MiB, the result in bf16 9 MiB. Forward: x.float(), pow(2), the mean frees it, x * rstd,
+# * (1 + w), type_as, the product freed.
+GEMMA_NORM = ROOT / "tests" / "measured" / "gpu" / "gemma3_1b_b4_s1024_sdpa_gc-off.json"
+GEMMA_TRACED_FORWARD = [18, 18, -18, 18, 18, 9, -18]
+# Backward: grad.float(); * (1 + w)'s two gradients, (1 + w)'s (summed) first; both freed with
+# the saved normalised x; x * rstd's two, rstd's first; mean's and pow's four, three freed with
+# the saved x32; the two gradients of x32 summed; the cast back.
+GEMMA_TRACED_BACKWARD = [18, 18, 18, -18, -18, -18, 18, 18, -18, -18, 18, 18, 18, 18, -18, -18, -18, -18, 18, -18, -18, 9, -18]
+NORM_NAMES = {
+    "x32", "squares", "normed32", "normed", "product", "result", "g32", "dw_temp", "dnormed", "drstd_temp", "dx_a",
+    "dsquares", "pow_a", "pow_b", "dx_b", "dx32", "dx",
+}  # fmt: skip
+
+
+def test_the_gemma_norm_allocates_as_the_trace(monkeypatch):
+    replayed = _replayed(monkeypatch, GEMMA_NORM, NORM_NAMES)
+    start = next(i for i, (n, b) in enumerate(replayed) if n == "x32" and b == 18)
+    assert [b for _, b in replayed[start : start + 7]] == GEMMA_TRACED_FORWARD
+    assert [n for n, _ in replayed[start : start + 7]] == ["x32", "squares", "squares", "normed32", "product", "result", "product"]
+    start = next(i for i, (n, b) in enumerate(replayed) if n == "g32")
+    assert [b for _, b in replayed[start : start + 23]] == GEMMA_TRACED_BACKWARD
+
+
+# LlamaRMSNorm's backward, traced (Qwen2.5-0.5B packed, trained whole, b 4, s 2048, hidden 896,
+# checkpointed, step 1, after the recomputation): 16-bit tensors 14 MiB, fp32 ones 28 MiB. The
+# weight's multiply (x's gradient first, then the weight's, freed with the saved cast), the
+# cast's backward, x * rstd's (rstd's first), mean's and pow's, the sum and the cast back. The
+# trace frees the incoming gradient after the weight's multiply: the replay frees it elsewhere.
+RMS_NORM = ROOT / "tests" / "measured" / "gpu" / "qwen2-packing_2.5-0.5b_b4_s2048_eager_gc-on.json"
+RMS_TRACED_BACKWARD = [14, 14, -14, -14, 28, -14, 28, 28, -28, -28, 28, 28, 28, 28, -28, -28, -28, -28, 28, -28, -28, 14, -28]
+
+
+def test_the_rms_norm_backward_allocates_as_the_trace(monkeypatch):
+    replayed = _replayed(monkeypatch, RMS_NORM, NORM_NAMES)
+    start = next(i for i, (n, b) in enumerate(replayed) if n == "dnormed")
+    assert [b for _, b in replayed[start : start + 23]] == RMS_TRACED_BACKWARD

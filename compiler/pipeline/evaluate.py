@@ -46,6 +46,9 @@ class Cost:
     # saved tensors also alive until the forward ends when not kept (a checkpointing unit's
     # first forward): autocast's cached 16-bit weight copies
     cached: tuple[tuple[str, int], ...] = ()
+    # saved tensors also alive, when not kept, until the checkpointing unit's first forward
+    # returns: what a module returns to the layer that holds it (eager attention's weights)
+    returned: tuple[tuple[str, int], ...] = ()
     param_names: tuple[str, ...] = ()  # each parameter tensor's attribute name, as param_tensors
     # the order of the layer's own transient tensors, forward and backward, for the caching
     # allocator's replay: (op, name, bytes), op alloc | free | saved (a saved tensor's name)
@@ -169,7 +172,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         else:
             optim = _optimizer_states(inst, mine, mine_shapes, b, *states)
         factors = (params, grads, optim, *buffers)
-    saved_t, held_t, handover_t, pinned_t, cached_t, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
+    saved_t, held_t, handover_t, pinned_t, cached_t, returned_t, ckpts, forward, backward = _unbound(f, inst.scope, saved, ckpt, order, memo)
     name = inst.tensor
     kept = tuple([(name(n), b) for n, b in ckpts]) if ckpts and (inst.checkpointed or inst.shard_unit) else ()
     cost = Cost(
@@ -185,6 +188,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         handover=tuple([name(n) for n in handover_t]) if handover_t else (),
         pinned=tuple([name(n) for n in pinned_t]) if pinned_t else (),
         cached=tuple([(name(n), b) for n, b in cached_t]) if cached_t else (),
+        returned=tuple([(name(n), b) for n, b in returned_t]) if returned_t else (),
         param_names=names,
         allocations_forward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in forward]) if forward else (),
         allocations_backward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in backward]) if backward else (),
@@ -199,7 +203,8 @@ def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...],
     (name, bytes) of the activations with bytes kept for backward (every `until` but
     forward), of those held until the forward ends (`until: forward`), the names handed over
     as gradients (`until: gradient`) and pinned (`until: step`), the (name, bytes) of the
-    cast-cached ones (`until: cached`) and of the checkpoint tensors, and each order's entries
+    cast-cached ones (`until: cached`), of the ones returned to the unit (`until: layer`) and
+    of the checkpoint tensors, and each order's entries
     (`_order`). Computed once per scope, as `_numbers` is."""
     key = ("unbound", id(formula), id(scope))
     hit = memo.get(key)
@@ -212,6 +217,7 @@ def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...],
             tuple(n for n, _, until in acts if until == "gradient"),
             tuple(n for n, _, until in acts if until == "step"),
             tuple((n, b) for n, b, until in acts if until == "cached"),
+            tuple((n, b) for n, b, until in acts if until == "layer"),
             ckpts,
             _order(order.get("forward", ()), formula, saved),
             _order(order.get("backward", ()), formula, saved),

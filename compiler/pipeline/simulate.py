@@ -213,6 +213,7 @@ class _StepWalk:
         # NB: not DeepSpeed's optimizer offload: the activations' (torch's saved-tensor hooks)
         self.act_offload = step.setup.activation_offloading
         self.held: list = []  # tensors the model's outputs keep until the forward ends
+        self.returned: list | None = None  # in a checkpointing unit's first forward: until: layer
         self.order = forward_order(tuple(n.inst for n in self.nodes))
         self.before_layer_forward = _hooks(walks, "before_layer_forward")
         self.after_layer_forward = _hooks(walks, "after_layer_forward")
@@ -280,11 +281,13 @@ class _StepWalk:
         inst, state = node.inst, self.state
         lo, hi = span or (0, len(node.children))
         first = phase == "forward"
+        unit = None
         if first and inst.checkpointed and keep:
             # NB: the unit's inputs exist before it runs (the previous layer's output), so
             # they count during its first forward, not from its end; inside it nothing is kept
             state.charge(inst.module, node.cost.checkpoint, kept=True)
             keep = False
+            unit = self.returned = []
         if first:
             for hook in self.before_layer_forward:
                 hook(node, stack)
@@ -305,11 +308,18 @@ class _StepWalk:
                 # forward ends, though a checkpointing unit keeps none of its saved tensors
                 state.charge(inst.module, node.cost.cached)
                 self.held.extend(node.cost.cached)
+            if not keep and node.cost.returned and self.returned is not None:
+                # NB: what a module returns to the layer holding it (eager attention's weights)
+                # lives until the checkpointing unit returns, though the unit keeps nothing
+                state.charge(inst.module, node.cost.returned)
+                self.returned.extend(node.cost.returned)
         # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
         # would-be saved tensors still exist while it runs.
         t = push(stack, inst.module, node.cost.transient_forward + self._running(node))
         if not node.children:
             cached = {name for name, _ in node.cost.cached} if phase == "forward" and not self.act_offload else set()
+            if node.cost.returned and self.returned is not None:
+                cached.update(name for name, _ in node.cost.returned)
             pieces = () if keep else tuple((name, b) for name, b in node.cost.saved if name not in cached)
             unkept = sum(b for _, b in pieces)
             order = node.cost.allocations_forward
@@ -323,6 +333,9 @@ class _StepWalk:
         for c in node.children[lo:hi]:
             self.forward(c, t, keep, phase)
         self.state.unhold(held)
+        if unit is not None:
+            state.free_pinned([name for name, _ in unit])
+            self.returned = None
         if first:
             for hook in self.after_layer_forward:
                 hook(node)
