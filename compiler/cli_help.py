@@ -84,7 +84,8 @@ A setup fits when the allocator's replay never runs out of the GPU's memory and 
 figure (nvidia-smi) is within that memory less the margin (--margin; default specs/gpus.yaml
 device.margin_pct, the estimate's worst under-estimate measured on a GPU). When the setup as
 given does not fit, fit tries each lever alone, cheapest first, at micro-batch 1 when not even
-that fits: gradient checkpointing on every module, a higher ZeRO stage (dp > 1), LoRA r16,
+that fits: expandable segments (--alloc-conf expandable_segments:True, with its own margin),
+gradient checkpointing on every module, a higher ZeRO stage (dp > 1), LoRA r16,
 QLoRA (4-bit nf4), ZeRO-3 with optimizer and parameters offloaded to CPU, more GPUs (dp
 doubled up to 64), each with the device figure it reaches and the flags that make it.
 """

@@ -8,6 +8,11 @@ experiment overrides on top (the CLI's flags and files, then the lever's), resol
 that the setup refuses (a MemspecError from resolving or estimating it) is left out.
 
 The order is that of what a lever costs the run:
+0. expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the caching
+   allocator maps pages into one growing segment per pool instead of cudaMalloc'ing segments,
+   so a freed block is not stranded in a segment of another size; the training is the same,
+   and the verdict keeps the narrower margin measured under it (specs/gpus.yaml
+   device.margin_pct.expandable_segments);
 1. gradient checkpointing on every module: a second forward of each layer (compute);
 2. a higher ZeRO stage (dp > 1): more collective communication per step;
 3. LoRA r16 on the language model (peft's default targets, all linear layers): fewer
@@ -77,6 +82,9 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     ds = setup.deepspeed
     offloaded = ds is not None and (ds.offload_optimizer != "none" or ds.offload_param != "none")
     out: list[tuple[str, list[Candidate]]] = []
+    if not setup.alloc_conf.expandable_segments:
+        conf = ",".join(filter(None, (setup.alloc_conf.text, "expandable_segments:True")))
+        out.append(("expandable segments", [(f"--alloc-conf {conf}", {"alloc_conf": conf})]))
     if not set(every) <= setup.gradient_checkpointing and not setup.activation_offloading:
         out.append(("gradient checkpointing, every module", [(f"--gradient-checkpointing {','.join(every)}", {"gradient_checkpointing": every})]))
     if setup.dp > 1 and setup.zero < 3 and setup.fsdp is None:

@@ -101,13 +101,17 @@ class DeviceConstants:
     nccl_per_communicator: int
     default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
     margin: Margin = Margin(Fraction(0), None, "")  # what a verdict keeps free unless --margin says
-    # the margins of checkpointed steps: "checkpointed", "checkpointed_eager" (see margin_for)
+    # the margins of other kinds of step: "checkpointed", "checkpointed_eager",
+    # "expandable_segments" (see margin_for)
     margins: Mapping[str, Margin] = field(default_factory=dict)
 
-    def margin_for(self, checkpointing: bool, attention: str) -> Margin:
+    def margin_for(self, checkpointing: bool, attention: str, expandable_segments: bool = False) -> Margin:
         """The catalog's margin for a step of this kind: checkpointed steps fragment the cache
-        unlike the estimate's replay, those with eager attention the most (specs/gpus.yaml
-        device.margin_pct)."""
+        unlike the estimate's replay, those with eager attention the most; under
+        expandable_segments:True a block has no other segment's hole to land in, and one
+        margin covers every kind (specs/gpus.yaml device.margin_pct)."""
+        if expandable_segments:
+            return self.margins.get("expandable_segments", self.margin)
         if not checkpointing:
             return self.margin
         return self.margins.get("checkpointed_eager" if attention == "eager" else "checkpointed", self.margin)
@@ -163,7 +167,7 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
     margins = {
         kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}", " ".join(m[kind]["summary"].split()))
-        for kind in ("checkpointed", "checkpointed_eager")
+        for kind in ("checkpointed", "checkpointed_eager", "expandable_segments")
     }
     consts = DeviceConstants(
         d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]], margin, margins

@@ -519,7 +519,11 @@ class Resolution:
                 gpu = found
             else:
                 complain("gpu", *found)
-        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"))
+        try:
+            expandable = AllocatorConfig.parse(data.get("alloc_conf") or "").expandable_segments
+        except AllocConfError:
+            expandable = False  # NB: check_knobs names what is wrong with it
+        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), expandable)
         if data.get("margin") is not None:
             try:
                 margin = parse_margin(str(data["margin"]))
