@@ -261,6 +261,23 @@ def test_fit_under_expandable_segments_answers_a_micro_batch_that_ran():
     assert f.micro_batch.value == 64  # <= 68, the largest that ran
     spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "margin": "6%"})
     assert fit(spec, setup, gpu).micro_batch.value == 62
+    # with another setting beside it (never measured on a GPU) the checkpointed step's margin stays
+    spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "alloc_conf": "expandable_segments:True,max_split_size_mb:512"})
+    assert fit(spec, setup, gpu).margin.source == "specs/gpus.yaml device.margin_pct.checkpointed"
+
+
+def test_expandable_segments_is_a_lever_only_from_torchs_defaults():
+    """LLaVA-1.5-7B finetune on one A10G: from torch's defaults expandable segments is the first
+    lever; with max_split_size_mb set (or expandable segments already on) it is none."""
+
+    def names(knobs):
+        spec, setup, resolve = _resolved(EXPERIMENT, knobs)
+        return [x.lever for x in fit(spec, setup, gpu_catalog()[0]["a10g-24gb"], resolve=resolve).levers]
+
+    knobs = {"dp": 1, "zero": 0, "gpu": "a10g-24gb"}
+    assert names(knobs)[0] == "expandable segments"
+    for conf in ("max_split_size_mb:128", "expandable_segments:True"):
+        assert "expandable segments" not in names({**knobs, "alloc_conf": conf}), conf
 
 
 def test_a_search_takes_again_only_the_layers_made_from_the_same_inputs():

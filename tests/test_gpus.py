@@ -70,7 +70,7 @@ def test_the_default_margin_covers_every_gpu_record():
     worst: dict[str, tuple] = {}
     for c in validate_records([MEASURED / "gpu"]):
         exp = json.loads(Path(c.file).read_text())["experiment"]
-        expandable = AllocatorConfig.parse(exp.get("alloc_conf") or "").expandable_segments
+        expandable = AllocatorConfig.parse(exp.get("alloc_conf") or "").only_expandable
         margin = consts.margin_for(bool(exp.get("gradient_checkpointing")), exp["attention"], expandable)
         for m in ("allocated", "reserved", "device"):
             error = c.error(m)

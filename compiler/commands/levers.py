@@ -8,7 +8,8 @@ experiment overrides on top (the CLI's flags and files, then the lever's), resol
 that the setup refuses (a MemspecError from resolving or estimating it) is left out.
 
 The order is that of what a lever costs the run:
-0. expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the caching
+0. expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, offered where the
+   setup keeps torch's defaults): the caching
    allocator maps pages into one growing segment per pool instead of cudaMalloc'ing segments,
    so a freed block is not stranded in a segment of another size; the training is the same,
    and the verdict keeps the narrower margin measured under it (specs/gpus.yaml
@@ -33,6 +34,7 @@ from typing import Any, Callable, Mapping
 
 from ..api import Report, run
 from ..errors import MemspecError
+from ..memory.alloc_conf import AllocatorConfig
 from ..pipeline.resolve import Setup, Spec
 
 MAX_LEVER_DP = 64  # more GPUs: dp doubled up to 64 ranks (8 nodes of 8), beyond which it is a cluster question
@@ -82,9 +84,10 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     ds = setup.deepspeed
     offloaded = ds is not None and (ds.offload_optimizer != "none" or ds.offload_param != "none")
     out: list[tuple[str, list[Candidate]]] = []
-    if not setup.alloc_conf.expandable_segments:
-        conf = ",".join(filter(None, (setup.alloc_conf.text, "expandable_segments:True")))
-        out.append(("expandable segments", [(f"--alloc-conf {conf}", {"alloc_conf": conf})]))
+    if replace(setup.alloc_conf, text="") == AllocatorConfig():
+        # NB: only from torch's defaults: with other settings beside it, expandable segments
+        # were never measured on a GPU
+        out.append(("expandable segments", [("--alloc-conf expandable_segments:True", {"alloc_conf": "expandable_segments:True"})]))
     if not set(every) <= setup.gradient_checkpointing and not setup.activation_offloading:
         out.append(("gradient checkpointing, every module", [(f"--gradient-checkpointing {','.join(every)}", {"gradient_checkpointing": every})]))
     if setup.dp > 1 and setup.zero < 3 and setup.fsdp is None:

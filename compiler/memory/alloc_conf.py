@@ -68,6 +68,13 @@ class AllocatorConfig:
             config = parse(config, key, value)
         return config
 
+    @property
+    def only_expandable(self) -> bool:
+        """expandable_segments:True and torch's defaults otherwise: the setting the GPU records
+        under expandable segments were measured with (the margin of specs/gpus.yaml
+        device.margin_pct.expandable_segments, fit's lever)."""
+        return replace(self, text="") == AllocatorConfig(expandable_segments=True)
+
     def describe(self) -> str:
         """The settings as the output shows them: torch's defaults say so."""
         return self.text or "PyTorch's defaults (no PYTORCH_CUDA_ALLOC_CONF)"

@@ -109,7 +109,8 @@ class DeviceConstants:
         """The catalog's margin for a step of this kind: checkpointed steps fragment the cache
         unlike the estimate's replay, those with eager attention the most; under
         expandable_segments:True a block has no other segment's hole to land in, and one
-        margin covers every kind (specs/gpus.yaml device.margin_pct)."""
+        margin covers every kind (specs/gpus.yaml device.margin_pct; `expandable_segments`:
+        that setting alone, as measured, AllocatorConfig.only_expandable)."""
         if expandable_segments:
             return self.margins.get("expandable_segments", self.margin)
         if not checkpointing:

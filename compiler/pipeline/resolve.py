@@ -520,7 +520,7 @@ class Resolution:
             else:
                 complain("gpu", *found)
         try:
-            expandable = AllocatorConfig.parse(data.get("alloc_conf") or "").expandable_segments
+            expandable = AllocatorConfig.parse(data.get("alloc_conf") or "").only_expandable
         except AllocConfError:
             expandable = False  # NB: check_knobs names what is wrong with it
         margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), expandable)
