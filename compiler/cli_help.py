@@ -82,7 +82,9 @@ FIT_EXAMPLES = """examples:
 
 A setup fits when the allocator's replay never runs out of the GPU's memory and the device
 figure (nvidia-smi) is within that memory less the margin (--margin; default specs/gpus.yaml
-device.margin_pct, the estimate's worst under-estimate measured on a GPU). When the setup as
+device.margin_pct, the estimate's worst under-estimate measured on a GPU). With torch's
+allocator defaults and that margin, fit also gives the largest micro-batch under
+--alloc-conf expandable_segments:True, with the margin measured for it. When the setup as
 given does not fit, fit tries each lever alone, cheapest first, at micro-batch 1 when not even
 that fits: expandable segments (--alloc-conf expandable_segments:True, with its own margin),
 gradient checkpointing on every module, a higher ZeRO stage (dp > 1), LoRA r16,

@@ -266,6 +266,29 @@ def test_fit_under_expandable_segments_answers_a_micro_batch_that_ran():
     assert fit(spec, setup, gpu).margin.source == "specs/gpus.yaml device.margin_pct.checkpointed"
 
 
+def test_fit_also_answers_under_expandable_segments(capsys):
+    """With torch's allocator defaults and the catalog's margin, fit also gives the largest
+    micro-batch under expandable_segments:True, judged with that setting's margin: LLaVA-1.5-7B
+    LoRA on one H200 answers 55 (56 ran, 61 ran out of memory) and 64 with expandable segments
+    (62 to 68 ran); the JSON gives it with its margin and budget, 4 % of 150,754,820,096 B =
+    6,030,192,803.84 B kept free, rounded up."""
+    args = ("specs/experiments/llava-1.5-7b-lora.yaml", "--gpu", "h200-141gb", "--dp", "1", "--zero", "0")
+    data = _fit_json(capsys, *args)
+    assert data["micro_batch"]["value"] == 55
+    x = data["expandable_segments"]
+    assert x["micro_batch"]["value"] == 64 and x["micro_batch"]["next_value"] == 65
+    assert x["margin"]["source"] == "specs/gpus.yaml device.margin_pct.expandable_segments" and x["margin"]["bytes"] == 6_030_192_804
+    assert x["budget"] == 150_754_820_096 - 6_030_192_804 and x["micro_batch"]["device"] <= x["budget"] < x["micro_batch"]["next_device"]
+    from compiler.cli import main
+
+    assert main(["fit", *args]) == 0
+    out = capsys.readouterr().out
+    assert "    with --alloc-conf expandable_segments:True (4 % margin): 64  (device 134.60 GiB); 65 needs 135.46 GiB" in out
+    # with a margin given (the same for both) or expandable segments already on: no second answer
+    assert _fit_json(capsys, *args, "--margin", "6%")["expandable_segments"] is None
+    assert _fit_json(capsys, *args, "--alloc-conf", "expandable_segments:True")["expandable_segments"] is None
+
+
 def test_expandable_segments_is_a_lever_only_from_torchs_defaults():
     """LLaVA-1.5-7B finetune on one A10G: from torch's defaults expandable segments is the first
     lever; with max_split_size_mb set (or expandable segments already on) it is none."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ..api import Node, Report, image_tokens_per_sample, run
+from ..memory.alloc_conf import AllocatorConfig
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog, vision_chunk_micro_batch
 from .levers import Lever, levers, within
 
@@ -52,6 +53,10 @@ class FitReport:
     micro_batch_bound: int | None = None  # the micro-batch search's, when the model's tower bounds it (E725)
     levers: tuple[Lever, ...] = ()  # when the setup as given does not fit
     levers_at: int | None = None  # the micro-batch the levers were tried at
+    # the largest micro-batch under expandable_segments:True with its catalog margin, when the
+    # setup keeps torch's allocator defaults and the catalog's margin (None otherwise)
+    expandable: Answer | None = None
+    expandable_margin: Margin | None = None
 
     @property
     def fits(self) -> bool:
@@ -208,9 +213,28 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
         probe_d.know(setup.dp, base)
         dp = probe_d.answer("dp", *smallest_fitting(probe_d, MAX_DP))
     found, at = (), None
+    # NB: a margin from the catalog is the kind of step's: each lever's own
+    own = margin.source.startswith("specs/gpus.yaml")
     if resolve is not None and not within(base, budget):
         at = 1 if micro.value is None else setup.micro_batch
-        # NB: a margin from the catalog is the kind of step's: each lever's own
-        own = margin.source.startswith("specs/gpus.yaml")
         found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve, reuse)
-    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, most, found, at)
+    expandable, expandable_margin = None, None
+    if resolve is not None and own and replace(setup.alloc_conf, text="") == AllocatorConfig():
+        expandable, expandable_margin = _expandable_answer(spec, setup, gpu, resolve, most, reuse)
+    return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, most, found, at, expandable, expandable_margin)
+
+
+def _expandable_answer(spec: Spec, setup: Setup, gpu: Gpu, resolve, most: int | None, reuse: dict) -> tuple[Answer | None, Margin | None]:
+    """The largest micro-batch under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, judged
+    with the catalog's margin for it (specs/gpus.yaml device.margin_pct.expandable_segments):
+    the same training, the allocator mapping pages into one growing segment per pool."""
+    from ..errors import MemspecError
+
+    try:
+        changed = replace(resolve({"alloc_conf": "expandable_segments:True", "micro_batch": setup.micro_batch}), gpu=gpu, target=gpu)
+    except MemspecError:
+        return None, None  # NB: a setup that refuses it has no such answer
+    budget = changed.margin.budget(gpu.memory)
+    probe = _Probe(spec, lambda b: replace(changed, micro_batch=b), budget, reuse=reuse)
+    answer = probe.answer("micro_batch", *largest_fitting(probe, 1, min(MAX_MICRO_BATCH, most or MAX_MICRO_BATCH), setup.micro_batch))
+    return answer, changed.margin

@@ -512,6 +512,7 @@ def fit_text(f) -> str:
             if f.micro_batch_bound and f.micro_batch.value == f.micro_batch_bound
             else "the search bound",
         ),
+        *_expandable_lines(f),
         _answer_line(
             f"longest sequence at micro-batch {s.micro_batch}",
             f.seq_len,
@@ -520,7 +521,8 @@ def fit_text(f) -> str:
     ]
     if f.dp is not None:
         lines.append(_answer_line(f"smallest dp at micro-batch {s.micro_batch}, seq {s.seq_len}, {_sharding(s)}", f.dp))
-    evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0)
+    x = f.expandable
+    evaluations = f.micro_batch.evaluations + f.seq_len.evaluations + (f.dp.evaluations if f.dp else 0) + (x.evaluations if x else 0)
     lines += [
         "",
         f"{evaluations} estimate{'s' if evaluations != 1 else ''}; the setup as given needs {gib(f.base.device)} GiB ({'fits' if f.fits else 'does not fit'})",
@@ -529,6 +531,15 @@ def fit_text(f) -> str:
     if f.base.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in f.base.estimate.not_modelled]
     return "\n".join(lines) + "\n"
+
+
+def _expandable_lines(f) -> list[str]:
+    """The largest micro-batch under expandable_segments:True, beside the answer it would
+    replace, where it is another."""
+    x = f.expandable
+    if x is None or x.value is None or x.value == f.micro_batch.value:
+        return []
+    return ["  " + _answer_line(f"with --alloc-conf expandable_segments:True ({f.expandable_margin.text} margin)", x)]
 
 
 def _lever_lines(f) -> list[str]:
@@ -568,6 +579,14 @@ def fit_json(f) -> str:
         "micro_batch_bound": f.micro_batch_bound,
         "levers_at": None if f.levers_at is None else {"micro_batch": f.levers_at, "seq_len": f.base.setup.seq_len},
         "levers": [{"lever": x.lever, "change": x.change, "device_bytes": x.device, "fits": x.fits} for x in f.levers],
+        # the largest micro-batch under expandable_segments:True, with its own margin
+        "expandable_segments": None
+        if f.expandable is None
+        else {
+            "micro_batch": answer(f.expandable),
+            "margin": margin_data(f.expandable_margin, f.gpu.memory),
+            "budget": f.expandable_margin.budget(f.gpu.memory),
+        },
     }
     return json.dumps(data, indent=2) + "\n"
 
