@@ -45,6 +45,9 @@ class Comparison:
     # a traced record whose reserved was replayed before the GPU allocator histories' rules
     # (measure.record.older_replay): summarised apart on reserved until it is traced again
     older_replay: bool = False
+    # a GPU record's kind of step as its margin reads it (specs/gpus.yaml device.margin_pct,
+    # DeviceConstants.margin_for): (checkpointing, attention, expandable segments alone)
+    step_kind: tuple[bool, str, bool] | None = None
 
     def error(self, measure: str) -> float | None:
         """Signed error in percent of the measurement; negative = under-estimate."""
@@ -247,7 +250,45 @@ def _compare(path: Path, record: dict) -> Comparison:
     fits = None
     if gpu and report.gpu is not None:
         fits = report.fits
-    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast, older)
+    kind = None
+    if gpu:
+        exp = record.get("experiment") or {}
+        kind = (bool(exp.get("gradient_checkpointing")), str(exp.get("attention")), report.setup.alloc_conf.only_expandable)
+    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast, older, kind)
+
+
+@dataclass(frozen=True)
+class MarginCheck:
+    """The GPU records of one kind of step against the catalog's margin for that kind."""
+
+    margin: Any  # resolve.Margin
+    count: int
+    worst: tuple[float, str, str] | None  # (error %, record, measure) of the furthest under, None when none is under
+
+    @property
+    def covered(self) -> bool:
+        return self.worst is None or -self.worst[0] <= self.margin.percent
+
+
+def margin_checks(comparisons: list[Comparison]) -> list[MarginCheck]:
+    """Per kind of step (specs/gpus.yaml device.margin_pct), the GPU records' furthest
+    under-estimate of allocated, reserved or device: what the margin of a "fits" verdict must
+    cover. The margin is read from the catalog now, the kind from each record."""
+    from ..pipeline.resolve import gpu_catalog
+
+    consts = gpu_catalog()[1]
+    kinds: dict[str, list] = {}
+    for c in comparisons:
+        if c.step_kind is None or c.estimated is None or c.out_of_memory:
+            continue
+        margin = consts.margin_for(*c.step_kind)
+        entry = kinds.setdefault(margin.source, [margin, 0, None])
+        entry[1] += 1
+        for m in ("allocated", "reserved", "device"):
+            error = c.error(m)
+            if error is not None and error < 0 and (entry[2] is None or error < entry[2][0]):
+                entry[2] = (error, c.name, m)
+    return [MarginCheck(*kinds[k]) for k in sorted(kinds, key=lambda k: (len(k), k))]
 
 
 @dataclass(frozen=True)
@@ -332,6 +373,13 @@ def render(comparisons: list[Comparison]) -> str:
             + f"  false alarms {len(v.false_alarms)}"
             + (f" ({', '.join(v.false_alarms)})" if v.false_alarms else "")
         )
+    checks = margin_checks(comparisons)
+    if checks:
+        lines += ["", "margins (specs/gpus.yaml device.margin_pct) against the GPU records' furthest under-estimate, by kind of step:"]
+        for k in checks:
+            worst = "none under" if k.worst is None else f"worst {k.worst[0]:+.2f}% ({k.worst[1]}, {k.worst[2]})"
+            label = k.margin.source.removeprefix("specs/gpus.yaml device.margin_pct").lstrip(".") or "without checkpointing"
+            lines.append(f"  {label:<22} margin {k.margin.text:<5} n={k.count:<4} {worst}{'' if k.covered else '  NOT COVERED'}")
     skipped = sum(1 for c in comparisons if c.estimated is None)
     if skipped:
         lines.append(f"not estimated: {skipped} record(s), kept until their setup is supported")
@@ -393,6 +441,16 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
         ],
         "summary": {m: (s.__dict__ if (s := summarise(comparisons, m)) else None) for m in MEASURES},
         "verdicts": (v.__dict__ if (v := verdicts(comparisons)) else None),
+        "margins": [
+            {
+                "source": k.margin.source,
+                "percent": float(k.margin.percent),
+                "records": k.count,
+                "worst": None if k.worst is None else {"error_pct": k.worst[0], "record": k.worst[1], "measure": k.worst[2]},
+                "covered": k.covered,
+            }
+            for k in margin_checks(comparisons)
+        ],
     }
 
 
