@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ..api import Node, Report, image_tokens_per_sample, run
+from ..errors import MemspecError
 from ..memory.alloc_conf import AllocatorConfig
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog, vision_chunk_micro_batch
 from .levers import Lever, levers, within
@@ -228,8 +229,6 @@ def _expandable_answer(spec: Spec, setup: Setup, gpu: Gpu, resolve, most: int | 
     """The largest micro-batch under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, judged
     with the catalog's margin for it (specs/gpus.yaml device.margin_pct.expandable_segments):
     the same training, the allocator mapping pages into one growing segment per pool."""
-    from ..errors import MemspecError
-
     try:
         changed = replace(resolve({"alloc_conf": "expandable_segments:True", "micro_batch": setup.micro_batch}), gpu=gpu, target=gpu)
     except MemspecError:

@@ -217,7 +217,7 @@ def resolve_setup(doc: Document | None, spec: Spec, overrides: Mapping[str, Any]
     optimizer, alloc_conf = r.check_knobs()
     image_size = r.check_media()
     _check_compile(r.data, r.complain)
-    gpu, margin, consts = r.gpu_and_margin()
+    gpu, margin, consts = r.gpu_and_margin(alloc_conf)
     deepspeed = r.check_deepspeed()
     device_map = r.check_device_map()
     r.raise_problems()
@@ -508,8 +508,8 @@ class Resolution:
                 )
         return image_size
 
-    def gpu_and_margin(self) -> tuple[Gpu | None, Margin, DeviceConstants]:
-        """The GPU asked about and the margin a verdict keeps."""
+    def gpu_and_margin(self, alloc_conf: AllocatorConfig) -> tuple[Gpu | None, Margin, DeviceConstants]:
+        """The GPU asked about and the margin a verdict keeps (`alloc_conf`: check_knobs')."""
         data, complain = self.data, self.complain
         gpu = None
         gpus, consts = gpu_catalog()
@@ -519,11 +519,7 @@ class Resolution:
                 gpu = found
             else:
                 complain("gpu", *found)
-        try:
-            expandable = AllocatorConfig.parse(data.get("alloc_conf") or "").only_expandable
-        except AllocConfError:
-            expandable = False  # NB: check_knobs names what is wrong with it
-        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), expandable)
+        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), alloc_conf.only_expandable)
         if data.get("margin") is not None:
             try:
                 margin = parse_margin(str(data["margin"]))
