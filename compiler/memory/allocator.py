@@ -579,6 +579,17 @@ class Allocator:
         _insort(pool.order, remaining << _PTR_BITS | rest.ptr)
         pool.free[rest.ptr] = rest
 
+    def layout(self) -> tuple | None:
+        """The cache as a replay goes on from it: each live key's block and each free block, by
+        address and size, and the bytes reserved; two equal layouts of one allocator serve the
+        same events alike. None where more decides it (rounding divisions, max_split_size,
+        expandable segments' mappings, garbage collection's ages, a capacity that releases)."""
+        if not self._plain or self.config.garbage_collection_threshold or self.capacity is not None:
+            return None
+        live = frozenset((key, b.ptr, b.size) for key, b in self._live.items())
+        free = frozenset((b.ptr, b.size) for pool in (self._small, self._large) for b in pool.free.values())
+        return live, free, self.reserved
+
     def __contains__(self, key: object) -> bool:
         return key in self._live
 
