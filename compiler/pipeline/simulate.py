@@ -482,36 +482,7 @@ def _replay(
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
     def run(allocator: Allocator) -> tuple[int, tuple[int, int]]:
-        """Its peak reserved, and each step's max_memory_allocated (reset as it begins)."""
-        live, free = allocator.live, allocator.free
-        # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
-        # not made again; `made` collects what this step allocated
-        play = functools.partial(allocator.play, probe_key=PROBE)
-        play(loaded, [])
-        steps = []
-        before = None
-        for number in range(1, REPLAYED_STEPS + 1):
-            if number > 1:
-                # NB: a step that begins from the cache the step before began from replays it
-                # exactly: nothing more to learn (most steps settle by the second)
-                layout = allocator.layout()
-                if layout is not None and layout == before:
-                    break
-                before = layout
-            allocator.peak_allocated = allocator.allocated
-            made: list = []
-            play(walk, made)
-            if number == 1 and first_step is not None:
-                play(first_step, [])  # NB: the states it makes stay
-            else:
-                if number == 1:
-                    play(made_states, [])
-                play(step, made)
-            for key in made:
-                if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
-                    free(key)
-            steps.append(allocator.peak_allocated)
-        return allocator.peak_reserved, (steps[0], steps[1])
+        return _run_steps(allocator, loaded, walk, step, first_step, made_states)
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
     # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
@@ -530,6 +501,40 @@ def _replay(
     except OutOfMemoryError as error:
         oom = error.oom
         return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False, peaks
+
+
+def _run_steps(allocator: Allocator, loaded: list, walk: list, step: list, first_step: list | None, made_states: list) -> tuple[int, tuple[int, int]]:
+    """_replay's steps on `allocator`: its peak reserved, and the max_memory_allocated of steps
+    1 and 2 (each reset as its step begins)."""
+    live, free = allocator.live, allocator.free
+    # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
+    # not made again; `made` collects what this step allocated
+    play = functools.partial(allocator.play, probe_key=PROBE)
+    play(loaded, [])
+    steps = []
+    before = None
+    for number in range(1, REPLAYED_STEPS + 1):
+        if number > 1:
+            # NB: a step that begins from the cache the step before began from replays it
+            # exactly: nothing more to learn (most steps settle by the second)
+            layout = allocator.layout()
+            if layout is not None and layout == before:
+                break
+            before = layout
+        allocator.peak_allocated = allocator.allocated
+        made: list = []
+        play(walk, made)
+        if number == 1 and first_step is not None:
+            play(first_step, [])  # NB: the states it makes stay
+        else:
+            if number == 1:
+                play(made_states, [])
+            play(step, made)
+        for key in made:
+            if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
+                free(key)
+        steps.append(allocator.peak_allocated)
+    return allocator.peak_reserved, (steps[0], steps[1])
 
 
 def _limits(setup: Setup) -> tuple[int | None, int | None]:
