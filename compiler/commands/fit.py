@@ -21,7 +21,6 @@ from typing import Any, Callable, Mapping
 
 from ..api import Node, Report, image_tokens_per_sample, run
 from ..errors import MemspecError
-from ..memory.alloc_conf import AllocatorConfig
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog, vision_chunk_micro_batch
 from .levers import Lever, levers, within
 
@@ -220,7 +219,7 @@ def fit(spec: Spec, setup: Setup, gpu: Gpu, margin: Margin | None = None, resolv
         at = 1 if micro.value is None else setup.micro_batch
         found = levers(spec, replace(setup, micro_batch=at), None if own else budget, resolve, reuse)
     expandable, expandable_margin = None, None
-    if resolve is not None and own and replace(setup.alloc_conf, text="") == AllocatorConfig():
+    if resolve is not None and own and setup.alloc_conf.defaults:
         expandable, expandable_margin = _expandable_answer(spec, setup, gpu, resolve, most, reuse)
     return FitReport(gpu, margin, budget, base, micro, seq, dp, spec.context_length, most, found, at, expandable, expandable_margin)
 

@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping
 
 from ..api import Report, run
 from ..errors import MemspecError
-from ..memory.alloc_conf import AllocatorConfig
 from ..pipeline.resolve import Setup, Spec
 
 MAX_LEVER_DP = 64  # more GPUs: dp doubled up to 64 ranks (8 nodes of 8), beyond which it is a cluster question
@@ -84,7 +83,7 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     ds = setup.deepspeed
     offloaded = ds is not None and (ds.offload_optimizer != "none" or ds.offload_param != "none")
     out: list[tuple[str, list[Candidate]]] = []
-    if replace(setup.alloc_conf, text="") == AllocatorConfig():
+    if setup.alloc_conf.defaults:
         # NB: only from torch's defaults: with other settings beside it, expandable segments
         # were never measured on a GPU
         out.append(("expandable segments", [("--alloc-conf expandable_segments:True", {"alloc_conf": "expandable_segments:True"})]))

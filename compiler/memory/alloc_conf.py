@@ -69,6 +69,11 @@ class AllocatorConfig:
         return config
 
     @property
+    def defaults(self) -> bool:
+        """torch's defaults: no PYTORCH_CUDA_ALLOC_CONF setting changes anything."""
+        return replace(self, text="") == AllocatorConfig()
+
+    @property
     def only_expandable(self) -> bool:
         """expandable_segments:True and torch's defaults otherwise: the setting the GPU records
         under expandable segments were measured with (the margin of specs/gpus.yaml
