@@ -45,9 +45,9 @@ class Comparison:
     # a traced record whose reserved was replayed before the GPU allocator histories' rules
     # (measure.record.older_replay): summarised apart on reserved until it is traced again
     older_replay: bool = False
-    # a GPU record's kind of step as its margin reads it (specs/gpus.yaml device.margin_pct,
-    # DeviceConstants.margin_for): (checkpointing, attention, expandable segments alone)
-    step_kind: tuple[bool, str, bool] | None = None
+    # a GPU record's margin: what a "fits" verdict keeps free for its kind of step
+    # (specs/gpus.yaml device.margin_pct, as the estimate resolved it)
+    margin: Any = None
 
     def error(self, measure: str) -> float | None:
         """Signed error in percent of the measurement; negative = under-estimate."""
@@ -250,11 +250,8 @@ def _compare(path: Path, record: dict) -> Comparison:
     fits = None
     if gpu and report.gpu is not None:
         fits = report.fits
-    kind = None
-    if gpu:
-        exp = record.get("experiment") or {}
-        kind = (bool(exp.get("gradient_checkpointing")), str(exp.get("attention")), report.setup.alloc_conf.only_expandable)
-    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast, older, kind)
+    margin = report.margin if gpu else None
+    return Comparison(name, str(path), record.get("source", ""), measured, estimated, None, oom, fits, autocast, older, margin)
 
 
 @dataclass(frozen=True)
@@ -273,16 +270,12 @@ class MarginCheck:
 def margin_checks(comparisons: list[Comparison]) -> list[MarginCheck]:
     """Per kind of step (specs/gpus.yaml device.margin_pct), the GPU records' furthest
     under-estimate of allocated, reserved or device: what the margin of a "fits" verdict must
-    cover. The margin is read from the catalog now, the kind from each record."""
-    from ..pipeline.resolve import gpu_catalog
-
-    consts = gpu_catalog()[1]
+    cover."""
     kinds: dict[str, list] = {}
     for c in comparisons:
-        if c.step_kind is None or c.estimated is None or c.out_of_memory:
+        if c.margin is None or c.estimated is None or c.out_of_memory:
             continue
-        margin = consts.margin_for(*c.step_kind)
-        entry = kinds.setdefault(margin.source, [margin, 0, None])
+        entry = kinds.setdefault(c.margin.source, [c.margin, 0, None])
         entry[1] += 1
         for m in ("allocated", "reserved", "device"):
             error = c.error(m)
