@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from ..api import Node, Report, image_tokens_per_sample, run
 from ..errors import MemspecError
 from ..pipeline.resolve import Gpu, Margin, Setup, Spec, gpu_catalog, vision_chunk_micro_batch
-from .levers import Lever, levers, within
+from .levers import EXPANDABLE_SEGMENTS, Lever, levers, within
 
 # Search bounds: beyond these the question is not one of a single GPU type.
 MAX_MICRO_BATCH = 4096
@@ -229,7 +229,7 @@ def _expandable_answer(spec: Spec, setup: Setup, gpu: Gpu, resolve, most: int | 
     with the catalog's margin for it (specs/gpus.yaml device.margin_pct.expandable_segments):
     the same training, the allocator mapping pages into one growing segment per pool."""
     try:
-        changed = replace(resolve({"alloc_conf": "expandable_segments:True", "micro_batch": setup.micro_batch}), gpu=gpu, target=gpu)
+        changed = replace(resolve({"alloc_conf": EXPANDABLE_SEGMENTS, "micro_batch": setup.micro_batch}), gpu=gpu, target=gpu)
     except MemspecError:
         return None, None  # NB: a setup that refuses it has no such answer
     budget = changed.margin.budget(gpu.memory)

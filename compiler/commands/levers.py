@@ -37,6 +37,7 @@ from ..errors import MemspecError
 from ..pipeline.resolve import Setup, Spec
 
 MAX_LEVER_DP = 64  # more GPUs: dp doubled up to 64 ranks (8 nodes of 8), beyond which it is a cluster question
+EXPANDABLE_SEGMENTS = "expandable_segments:True"  # the PYTORCH_CUDA_ALLOC_CONF of the first lever and of fit's second answer
 LORA_RANK = 16  # a common LoRA rank (LLaVA-1.5's LoRA recipe uses 128, the QLoRA paper 64)
 QLORA = {"bits": 4, "quant_type": "nf4", "double_quant": True}  # BitsAndBytesConfig of the QLoRA recipe
 
@@ -86,7 +87,7 @@ def candidates(spec: Spec, setup: Setup) -> list[tuple[str, list[Candidate]]]:
     if setup.alloc_conf.defaults:
         # NB: only from torch's defaults: with other settings beside it, expandable segments
         # were never measured on a GPU
-        out.append(("expandable segments", [("--alloc-conf expandable_segments:True", {"alloc_conf": "expandable_segments:True"})]))
+        out.append(("expandable segments", [(f"--alloc-conf {EXPANDABLE_SEGMENTS}", {"alloc_conf": EXPANDABLE_SEGMENTS})]))
     if not set(every) <= setup.gradient_checkpointing and not setup.activation_offloading:
         out.append(("gradient checkpointing, every module", [(f"--gradient-checkpointing {','.join(every)}", {"gradient_checkpointing": every})]))
     if setup.dp > 1 and setup.zero < 3 and setup.fsdp is None:
