@@ -27,7 +27,8 @@ MIB = 2**20
 # softmax output and the masked scores go as nothing saves them), probs @ v and its transposed copy.
 TRACED_FORWARD = [28, 28, 28, 1792, -28, 1792, -1792, 1792, -1792, 3584, 3584, -3584, 1792, -3584, -1792, 28, 28, -28]
 # Its backward after the recomputation: dO, the probabilities' gradient, the saved cast freed
-# (probs @ v's backward), its fp32 copy, softmax's tmp and input gradient, the saved softmax
+# (probs @ v's backward), its fp32 copy, softmax's input gradient (the structured kernel's
+# output, made before its body runs) and tmp, tmp freed as the kernel returns, the saved softmax
 # output freed, the cast back, `* scaling`'s gradient.
 TRACED_BACKWARD = [28, 1792, -1792, 3584, -1792, 3584, 3584, -3584, -3584, -3584, 1792, -3584, 1792, -1792]
 
@@ -90,17 +91,15 @@ def gelu():
 
 def test_the_first_forward_allocates_as_the_trace(replayed):
     start = next(i for i, (n, b) in enumerate(replayed) if n == "k_repeated")
-    forward = replayed[start : start + 19]
-    assert [n for n, _ in forward[:16]] == [
+    forward = replayed[start : start + len(TRACED_FORWARD)]
+    # the softmax output, which the unit's first forward does not keep, dies when the cast is
+    # made, before the masked scores: block for block the trace
+    assert [n for n, _ in forward] == [
         "k_repeated", "v_repeated", "q_copy", "raw_scores", "q_copy", "scaled", "raw_scores", "masked_scores",
-        "scaled", "upcast", "probs_fp32", "upcast", "probs", "masked_scores", "context", "context_t",
+        "scaled", "upcast", "probs_fp32", "upcast", "probs", "probs_fp32", "masked_scores", "context", "context_t",
+        "context",
     ]  # fmt: skip
-    sizes = [b for _, b in forward]
-    # the trace frees the unsaved softmax output when the cast is made and the masked scores
-    # after it; the replay frees what a checkpointing unit's first forward keeps not at the
-    # layer's end: the same blocks up to there, and then the same sizes
-    assert sizes[:14] == TRACED_FORWARD[:13] + [-1792]
-    assert sizes[14:17] == TRACED_FORWARD[15:18]
+    assert [b for _, b in forward] == TRACED_FORWARD
 
 
 def test_the_backward_allocates_as_the_trace(replayed):
@@ -110,7 +109,7 @@ def test_the_backward_allocates_as_the_trace(replayed):
     backward = [(n, b) for n, b in replayed[start:] if n not in ("dv", "dq", "dk")][:13]
     assert [b for _, b in backward] == TRACED_BACKWARD[1:]
     assert [n for n, _ in backward] == [
-        "dprobs", "probs", "dprobs32", "dprobs", "softmax_tmp", "dsoft", "softmax_tmp", "dprobs32", "probs_fp32",
+        "dprobs", "probs", "dprobs32", "dprobs", "dsoft", "softmax_tmp", "softmax_tmp", "dprobs32", "probs_fp32",
         "dscores", "dsoft", "dscaled", "dscores",
     ]  # fmt: skip
 
@@ -192,3 +191,26 @@ def test_the_rms_norm_backward_allocates_as_the_trace(monkeypatch):
     replayed = _replayed(monkeypatch, RMS_NORM, NORM_NAMES)
     start = next(i for i, (n, b) in enumerate(replayed) if n == "dnormed")
     assert [b for _, b in replayed[start : start + 23]] == RMS_TRACED_BACKWARD
+
+
+# Phi's partial rotary, traced (Phi-2 LoRA, eager, b 4, s 2048, checkpointed, layer 0, step 1;
+# 32 heads of 80, the first 32 dims rotated): each head's rotated slice [4, 32, 2048, 32] in bf16
+# is 16 MiB, rotate_half's -x2 half of it, the whole q or k [4, 32, 2048, 80] 40 MiB. q * cos,
+# -x2, rotate_half's cat, -x2 freed, * sin, the cat freed, the sum, both products freed; k the
+# same; then each torch.cat of a rotated slice with its pass-through rest.
+PHI_LORA = ROOT / "tests" / "measured" / "gpu" / "phi-lora_2_b4_s2048_eager_gc-on.json"
+ROTARY_TRACED_FORWARD = [16, 8, 16, -8, 16, -16, 16, -16, -16] * 2 + [40, 40]
+ROTARY_NAMES = {f"{t}_{n}" for t in "qk" for n in ("cos", "neg", "half", "sin", "rot", "whole")}
+
+
+def test_the_partial_rotary_allocates_as_the_trace(monkeypatch):
+    replayed = _replayed(monkeypatch, PHI_LORA, ROTARY_NAMES)
+    start = next(i for i, (n, b) in enumerate(replayed) if n == "q_cos")
+    forward = replayed[start : start + len(ROTARY_TRACED_FORWARD)]
+    assert [b for _, b in forward] == ROTARY_TRACED_FORWARD
+    assert [n for n, b in forward if b > 0] == [
+        "q_cos", "q_neg", "q_half", "q_sin", "q_rot", "k_cos", "k_neg", "k_half", "k_sin", "k_rot", "q_whole", "k_whole",
+    ]  # fmt: skip
+    # the slices and the whole q and k go at the rotary's end, the four blocks the trace's
+    # attention still holds (its locals) and its core's q and k
+    assert sorted(b for _, b in replayed[start + len(ROTARY_TRACED_FORWARD) : start + len(ROTARY_TRACED_FORWARD) + 4]) == [-40, -40, -16, -16]

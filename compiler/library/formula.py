@@ -297,12 +297,14 @@ def _compile_saved(entries, doc, base, declared, inputs, problems) -> tuple[Save
 
 
 def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, tuple[Allocation, ...]]:
-    """Each phase's allocation order; a free or a grad names an alloc above it, a saved entry
-    one of the layer's activations (E401 otherwise)."""
+    """Each phase's allocation order; a free or a grad names an alloc above it (a forward's free
+    may also name a saved entry above it: where the layer does not keep that tensor, a
+    checkpointing unit's first forward, it dies there), a saved entry one of the layer's
+    activations (E401 otherwise)."""
     saved = [s.tensor for s in activations]
     out = {}
     for phase, entries in data.items():
-        order, made = [], []
+        order, made, unkept, named = [], [], [], []
         for i, entry in enumerate(entries):
             path = child_path(child_path("$.allocations", phase), i)
             if "alloc" in entry:
@@ -310,13 +312,16 @@ def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, t
                 order.append(Allocation("alloc", entry["alloc"], compile_expr(entry["bytes"], doc, child_path(path, "bytes"), scope, problems)))
             elif "free" in entry or "grad" in entry:
                 op = "free" if "free" in entry else "grad"
-                if entry[op] not in made:
+                if entry[op] not in made and (op == "grad" or entry[op] not in unkept):
+                    hint = did_you_mean(entry[op], made + unkept) or f"allocated above: {', '.join(made + unkept) or 'nothing'}"
+                    if op == "free" and entry[op] in named:
+                        hint = f"a backward frees a saved tensor at its `saved` entry; {hint}"
                     problems.append(
                         doc.diag(
                             "E401",
                             child_path(path, op),
                             f"'{entry[op]}' is {'freed' if op == 'free' else 'made the gradient'} before any alloc of that name",
-                            did_you_mean(entry[op], made) or f"allocated above: {', '.join(made) or 'nothing'}",
+                            hint,
                         )
                     )
                 order.append(Allocation(op, entry[op]))
@@ -330,6 +335,7 @@ def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, t
                             did_you_mean(entry["saved"], saved) or f"activations: {', '.join(saved) or 'none'}",
                         )
                     )
+                (unkept if phase == "forward" else named).append(entry["saved"])
                 order.append(Allocation("saved", entry["saved"]))
         out[phase] = tuple(order)
     return out

@@ -190,7 +190,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         cached=tuple([(name(n), b) for n, b in cached_t]) if cached_t else (),
         returned=tuple([(name(n), b) for n, b in returned_t]) if returned_t else (),
         param_names=names,
-        allocations_forward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in forward]) if forward else (),
+        allocations_forward=_bound(forward, name) if forward else (),
         allocations_backward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in backward]) if backward else (),
     )
     children = inst.children
@@ -223,6 +223,13 @@ def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...],
             _order(order.get("backward", ()), formula, saved),
         )
     return hit
+
+
+def _bound(order: tuple, name) -> tuple[tuple[str, str, int], ...]:
+    """A forward order with its saved tensors named as the ledger names them, a free of one
+    (where the layer does not keep it) included."""
+    saved = {n for op, n, _ in order if op == "saved"}
+    return tuple([(op, name(n) if op == "saved" or (op == "free" and n in saved) else n, size) for op, n, size in order])
 
 
 def _order(entries: tuple, formula: Formula, saved: tuple[int, ...]) -> tuple[tuple[str, str, int], ...]:
