@@ -214,3 +214,18 @@ def test_the_partial_rotary_allocates_as_the_trace(monkeypatch):
     # the slices and the whole q and k go at the rotary's end, the four blocks the trace's
     # attention still holds (its locals) and its core's q and k
     assert sorted(b for _, b in replayed[start + len(ROTARY_TRACED_FORWARD) : start + len(ROTARY_TRACED_FORWARD) + 4]) == [-40, -40, -16, -16]
+
+
+def test_a_checkpointing_units_shared_input_is_one_tensor(monkeypatch):
+    # Qwen2.5-0.5B's layer 1 in its checkpointing unit's first forward: q_proj, k_proj and
+    # v_proj each save the normed input ([4, 4096, 896] bf16, 28 MiB) and keep none of it; it
+    # is one tensor from the first of them until the last has run (three moments, probes of
+    # the projections' outputs: q 28 MiB, k and v 4 MiB each), not one per projection
+    events = played(monkeypatch)
+    comparison, why = record_report(ATTENTION)
+    assert why is None
+    life = _made_to_freed(events, "layers[1]/attn_in")
+    assert life[0][1] == 28 * MIB
+    assert [b // MIB for k, b in life[1:-1]] == [28, 4, 4]
+    made = [i for i, (k, b) in enumerate(events[: events.index(life[-1])]) if k == life[0][0] and b]
+    assert len(made) == 1

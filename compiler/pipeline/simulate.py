@@ -214,6 +214,10 @@ class _StepWalk:
         self.act_offload = step.setup.activation_offloading
         self.held: list = []  # tensors the model's outputs keep until the forward ends
         self.returned: list | None = None  # in a checkpointing unit's first forward: until: layer
+        # in a checkpointing unit's first forward: tensor -> the last layer that saves it
+        # (`_scopes`), and layer -> the tensors alive until it has run
+        self.scopes: dict[str, str] | None = None
+        self.scoped: dict[str, list[str]] = {}
         self.order = forward_order(tuple(n.inst for n in self.nodes))
         self.before_layer_forward = _hooks(walks, "before_layer_forward")
         self.after_layer_forward = _hooks(walks, "after_layer_forward")
@@ -288,6 +292,7 @@ class _StepWalk:
             state.charge(inst.module, node.cost.checkpoint, kept=True)
             keep = False
             unit = self.returned = []
+            self.scopes = _scopes(node)
         if first:
             for hook in self.before_layer_forward:
                 hook(node, stack)
@@ -321,6 +326,15 @@ class _StepWalk:
             if node.cost.returned and self.returned is not None:
                 cached.update(name for name, _ in node.cost.returned)
             pieces = () if keep else tuple((name, b) for name, b in node.cost.saved if name not in cached)
+            if pieces and first and self.scopes is not None:
+                # NB: a checkpointing unit's first forward keeps nothing for backward; a tensor
+                # that later layers save too (the normed input q, k and v read) is one tensor
+                # from its first reader until its last has run, not one per reader
+                shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes[name] != inst.path]
+                state.charge(inst.module, shared)
+                for name, _ in shared:
+                    self.scoped.setdefault(self.scopes[name], []).append(name)
+                pieces = tuple((name, b) for name, b in pieces if name not in state.live)
             unkept = sum(b for _, b in pieces)
             order = node.cost.allocations_forward
             if order:
@@ -333,9 +347,12 @@ class _StepWalk:
         for c in node.children[lo:hi]:
             self.forward(c, t, keep, phase)
         self.state.unhold(held)
+        if self.scoped:
+            state.free_pinned(self.scoped.pop(inst.path, ()))
         if unit is not None:
             state.free_pinned([name for name, _ in unit])
-            self.returned = None
+            state.free_pinned([name for names in self.scoped.values() for name in names])
+            self.returned, self.scopes, self.scoped = None, None, {}
         if first:
             for hook in self.after_layer_forward:
                 hook(node)
@@ -429,6 +446,21 @@ def _untied_head(nodes: tuple[Node, ...], setup: Setup) -> int:
 def _workspace_blocks(target) -> tuple[int, ...]:
     """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's."""
     return target.workspace_blocks or (target.workspace,)
+
+
+def _scopes(unit: Node) -> dict[str, str]:
+    """Each tensor a layer inside checkpointing unit `unit` saves -> the path of the last
+    layer that saves it."""
+    out: dict[str, str] = {}
+
+    def walk(node: Node) -> None:
+        for c in node.children:
+            for name, _ in c.cost.saved:
+                out[name] = c.inst.path
+            walk(c)
+
+    walk(unit)
+    return out
 
 
 def _defer(events: list, mark: int, names: set[str]) -> None:
