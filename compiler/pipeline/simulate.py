@@ -330,10 +330,10 @@ class _StepWalk:
                 # NB: a checkpointing unit's first forward keeps nothing for backward; a tensor
                 # that later layers save too (the normed input q, k and v read) is one tensor
                 # from its first reader until its last has run, not one per reader
-                shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes[name] != inst.path]
+                shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes.get(name, inst.path) != inst.path]
                 state.charge(inst.module, shared)
                 for name, _ in shared:
-                    self.scoped.setdefault(self.scopes[name], []).append(name)
+                    self.scoped.setdefault(self.scopes.get(name, inst.path), []).append(name)
                 pieces = tuple((name, b) for name, b in pieces if name not in state.live)
             unkept = sum(b for _, b in pieces)
             order = node.cost.allocations_forward
