@@ -218,6 +218,9 @@ class _StepWalk:
         # (`_scopes`), and layer -> the tensors alive until it has run
         self.scopes: dict[str, str] | None = None
         self.scoped: dict[str, list[str]] = {}
+        # a checkpointing unit's locals (what it returned to itself, what its layers shared),
+        # freed once what runs next has charged its input, the unit's output
+        self.locals: list[str] = []
         self.order = forward_order(tuple(n.inst for n in self.nodes))
         self.before_layer_forward = _hooks(walks, "before_layer_forward")
         self.after_layer_forward = _hooks(walks, "after_layer_forward")
@@ -248,6 +251,8 @@ class _StepWalk:
             # NB: offloaded, a saved tensor lives on the device only while the code that made it
             # still holds it: as in a checkpointing unit's first forward, nothing is kept
             self.forward(self.nodes[i], {}, keep=not self.act_offload, span=(lo, hi))
+        self.state.free_pinned(self.locals)
+        self.locals = []
         for w in self.walks:
             w.after_forward()
         self.state.release(self.held)
@@ -277,6 +282,17 @@ class _StepWalk:
     def _ran(self, node: Node) -> None:
         for hook in self.after_running:
             hook(node)
+
+    def _shared(self, inst, pieces: tuple) -> tuple:
+        """A checkpointing unit's first forward keeps nothing for backward; a tensor that later
+        layers save too (the normed input q, k and v read) is one tensor from its first reader
+        until its last has run, not one per reader. The pieces left to the leaf itself."""
+        state = self.state
+        shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes.get(name, inst.path) != inst.path]
+        state.charge(inst.module, shared)
+        for name, _ in shared:
+            self.scoped.setdefault(self.scopes.get(name, inst.path), []).append(name)
+        return tuple((name, b) for name, b in pieces if name not in state.live)
 
     def forward(self, node: Node, stack: Mapping[str, int], keep: bool, phase: str = "forward", span: tuple[int, int] | None = None) -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation.
@@ -318,6 +334,12 @@ class _StepWalk:
                 # lives until the checkpointing unit returns, though the unit keeps nothing
                 state.charge(inst.module, node.cost.returned)
                 self.returned.extend(node.cost.returned)
+        if self.locals and first:
+            # NB: a module's output is made before its locals go (the residual add that
+            # becomes the next unit's input runs while the unit still holds its attention
+            # weights): the unit before frees them only now
+            state.free_pinned(self.locals)
+            self.locals = []
         # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
         # would-be saved tensors still exist while it runs.
         t = push(stack, inst.module, node.cost.transient_forward + self._running(node))
@@ -327,14 +349,7 @@ class _StepWalk:
                 cached.update(name for name, _ in node.cost.returned)
             pieces = () if keep else tuple((name, b) for name, b in node.cost.saved if name not in cached)
             if pieces and first and self.scopes is not None:
-                # NB: a checkpointing unit's first forward keeps nothing for backward; a tensor
-                # that later layers save too (the normed input q, k and v read) is one tensor
-                # from its first reader until its last has run, not one per reader
-                shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes.get(name, inst.path) != inst.path]
-                state.charge(inst.module, shared)
-                for name, _ in shared:
-                    self.scoped.setdefault(self.scopes.get(name, inst.path), []).append(name)
-                pieces = tuple((name, b) for name, b in pieces if name not in state.live)
+                pieces = self._shared(inst, pieces)
             unkept = sum(b for _, b in pieces)
             order = node.cost.allocations_forward
             if order:
@@ -350,8 +365,7 @@ class _StepWalk:
         if self.scoped:
             state.free_pinned(self.scoped.pop(inst.path, ()))
         if unit is not None:
-            state.free_pinned([name for name, _ in unit])
-            state.free_pinned([name for names in self.scoped.values() for name in names])
+            self.locals = [name for name, _ in unit] + [name for names in self.scoped.values() for name in names]
             self.returned, self.scopes, self.scoped = None, None, {}
         if first:
             for hook in self.after_layer_forward:
