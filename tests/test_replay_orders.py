@@ -33,12 +33,21 @@ TRACED_FORWARD = [28, 28, 28, 1792, -28, 1792, -1792, 1792, -1792, 3584, 3584, -
 TRACED_BACKWARD = [28, 1792, -1792, 3584, -1792, 3584, 3584, -3584, -3584, -3584, 1792, -3584, 1792, -1792]
 
 
-def _replayed(monkeypatch, record: Path, names: set[str]) -> list[tuple[str, int]]:
-    """(name, +MiB allocated / -MiB freed) of every tensor of `names` the estimate's replay of
-    `record` makes, in order."""
+def _events(monkeypatch, record: Path) -> list:
+    """The (key, bytes) events the estimate's replay of `record` runs, in order."""
     events = played(monkeypatch)
     comparison, why = record_report(record)
     assert why is None
+    return list(events)
+
+
+def _replayed(monkeypatch, record: Path, names: set[str]) -> list[tuple[str, int]]:
+    """(name, +MiB allocated / -MiB freed) of every tensor of `names` the estimate's replay of
+    `record` makes, in order."""
+    return _named(_events(monkeypatch, record), names)
+
+
+def _named(events: list, names: set[str]) -> list[tuple[str, int]]:
     sizes, out = {}, []
     for key, nbytes in events:
         if not (isinstance(key, tuple) and key and key[0] in ("transient", "tensor")):
@@ -78,9 +87,16 @@ GELU_TRACED_BACKWARD = [20, 20, -20, -20, -20, 20, -20, -20, 20, -20, 20, 20, 20
 
 
 @pytest.fixture(scope="module")
-def replayed():
+def attention_events():
+    """The replay of ATTENTION, run once for the tests that read it."""
     with pytest.MonkeyPatch.context() as mp:
-        yield _replayed(mp, ATTENTION, ATTENTION_NAMES)
+        events = _events(mp, ATTENTION)
+    return events
+
+
+@pytest.fixture(scope="module")
+def replayed(attention_events):
+    return _named(attention_events, ATTENTION_NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +152,11 @@ def _made_to_freed(events: list, suffix: str) -> list:
     return events[start : end + 1]
 
 
-def test_eager_attention_weights_live_until_the_checkpointing_unit_returns(monkeypatch):
+def test_eager_attention_weights_live_until_the_checkpointing_unit_returns(attention_events):
     # eager_attention_forward returns its probabilities, and the decoder layer holds them in a
     # local (`hidden_states, _ = self.self_attn(...)`) through its MLP: the trace frees layer
     # 1's 1,792 MiB cast at the layer's end, though its first forward keeps nothing
-    events = played(monkeypatch)
-    comparison, why = record_report(ATTENTION)
-    assert why is None
-    life = _made_to_freed(events, "layers[1].self_attn.core/probs")
+    life = _made_to_freed(attention_events, "layers[1].self_attn.core/probs")
     assert life[0][1] == 1792 * MIB
     names = [str(k[1]) for k, b in life if b and isinstance(k, tuple) and len(k) > 1]
     assert "language.layers[1].post_attention_layernorm/x32" in names
@@ -218,14 +231,12 @@ def test_the_partial_rotary_allocates_as_the_trace(monkeypatch):
     assert sorted(b for _, b in replayed[start + len(ROTARY_TRACED_FORWARD) : start + len(ROTARY_TRACED_FORWARD) + 4]) == [-40, -40, -16, -16]
 
 
-def test_a_checkpointing_units_shared_input_is_one_tensor(monkeypatch):
+def test_a_checkpointing_units_shared_input_is_one_tensor(attention_events):
     # Qwen2.5-0.5B's layer 1 in its checkpointing unit's first forward: q_proj, k_proj and
     # v_proj each save the normed input ([4, 4096, 896] bf16, 28 MiB) and keep none of it; it
     # is one tensor from the first of them until the last has run (three moments, probes of
     # the projections' outputs: q 28 MiB, k and v 4 MiB each), not one per projection
-    events = played(monkeypatch)
-    comparison, why = record_report(ATTENTION)
-    assert why is None
+    events = attention_events
     life = _made_to_freed(events, "layers[1]/attn_in")
     assert life[0][1] == 28 * MIB
     assert [b // MIB for k, b in life[1:-1]] == [28, 4, 4]
