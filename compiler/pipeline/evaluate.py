@@ -191,7 +191,7 @@ def _node(inst: Instance, memo: dict, states: tuple | None = None) -> Node:
         returned=tuple([(name(n), b) for n, b in returned_t]) if returned_t else (),
         param_names=names,
         allocations_forward=_bound(forward, name) if forward else (),
-        allocations_backward=tuple([(op, name(n) if op == "saved" else n, size) for op, n, size in backward]) if backward else (),
+        allocations_backward=_bound(backward, name) if backward else (),
     )
     children = inst.children
     return Node(inst, cost, tuple([_node(c, memo, states) for c in children]) if children else ())
@@ -226,8 +226,8 @@ def _unbound(formula: Formula, scope: Mapping[str, Any], saved: tuple[int, ...],
 
 
 def _bound(order: tuple, name) -> tuple[tuple[str, str, int], ...]:
-    """A forward order with its saved tensors named as the ledger names them, a free of one
-    (where the layer does not keep it) included."""
+    """An allocation order with its saved tensors named as the ledger names them, a forward's
+    free of one (where the layer does not keep it) included."""
     saved = {n for op, n, _ in order if op == "saved"}
     return tuple([(op, name(n) if op == "saved" or (op == "free" and n in saved) else n, size) for op, n, size in order])
 

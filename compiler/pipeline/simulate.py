@@ -251,8 +251,7 @@ class _StepWalk:
             # NB: offloaded, a saved tensor lives on the device only while the code that made it
             # still holds it: as in a checkpointing unit's first forward, nothing is kept
             self.forward(self.nodes[i], {}, keep=not self.act_offload, span=(lo, hi))
-        self.state.free_pinned(self.locals)
-        self.locals = []
+        self._free_locals()
         for w in self.walks:
             w.after_forward()
         self.state.release(self.held)
@@ -283,15 +282,20 @@ class _StepWalk:
         for hook in self.after_running:
             hook(node)
 
+    def _free_locals(self) -> None:
+        self.state.free_pinned(self.locals)
+        self.locals = []
+
     def _shared(self, inst, pieces: tuple) -> tuple:
         """A checkpointing unit's first forward keeps nothing for backward; a tensor that later
         layers save too (the normed input q, k and v read) is one tensor from its first reader
         until its last has run, not one per reader. The pieces left to the leaf itself."""
         state = self.state
-        shared = [(name, b) for name, b in pieces if name not in state.live and self.scopes.get(name, inst.path) != inst.path]
+        last = {name: self.scopes.get(name, inst.path) for name, _ in pieces if name not in state.live}
+        shared = [(name, b) for name, b in pieces if last.get(name, inst.path) != inst.path]
         state.charge(inst.module, shared)
         for name, _ in shared:
-            self.scoped.setdefault(self.scopes.get(name, inst.path), []).append(name)
+            self.scoped.setdefault(last[name], []).append(name)
         return tuple((name, b) for name, b in pieces if name not in state.live)
 
     def forward(self, node: Node, stack: Mapping[str, int], keep: bool, phase: str = "forward", span: tuple[int, int] | None = None) -> None:
@@ -338,8 +342,7 @@ class _StepWalk:
             # NB: a module's output is made before its locals go (the residual add that
             # becomes the next unit's input runs while the unit still holds its attention
             # weights): the unit before frees them only now
-            state.free_pinned(self.locals)
-            self.locals = []
+            self._free_locals()
         # NB: inside a checkpointing unit's first forward nothing is kept, but a layer's
         # would-be saved tensors still exist while it runs.
         t = push(stack, inst.module, node.cost.transient_forward + self._running(node))
