@@ -69,6 +69,58 @@ def test_dropout_saves_a_bool_mask():
     assert "bool" not in {dtype for _, dtype, _, _ in cpu}  # the CPU path saves a bf16 noise tensor
 
 
+class _Order:
+    """An allocator stand-in that records the tracer's allocations and frees in order."""
+
+    def __init__(self):
+        self.events: list[tuple[str, int]] = []
+        self.sizes: dict = {}
+
+    def malloc(self, key, nbytes):
+        self.sizes[key] = nbytes
+        self.events.append(("+", nbytes))
+
+    def free(self, key):
+        self.events.append(("-", self.sizes.pop(key)))
+
+    def __contains__(self, key):
+        return key in self.sizes
+
+
+def _allocation_order(fn, *inputs_of):
+    """The sizes the tracer hands its allocator while `fn` runs on inputs made by `inputs_of`."""
+    with FakeTensorMode(), emulation.cuda_behaviour(fake=True):
+        inputs = [make() for make in inputs_of]
+        order = _Order()
+        with MemoryTracer(scratch=emulation.kernel_scratch, made_order=emulation.made_order, allocator=order):
+            out = fn(*inputs)  # noqa: F841 - keeps the outputs alive
+    return order.events
+
+
+def test_dropout_makes_its_mask_before_its_output():
+    # Dropout.cu dropout_cuda: empty_like(self, bool), then empty_like(self); native_dropout
+    # returns (output, mask). 1000 bf16 elements: the 1,000 B mask, then the 2,000 B output
+    events = _allocation_order(lambda x: F.dropout(x, p=0.1, training=True), lambda: torch.empty(1000, dtype=torch.bfloat16))
+    assert events[:2] == [("+", 1000), ("+", 2000)]
+
+
+def test_masked_scatter_holds_its_prefix_sum_and_the_contiguous_mask():
+    # LLaVA's merge: inputs_embeds.masked_scatter(mask [b, s, 1] expanded to [b, s, dim], features).
+    # The clone [2, 8, 16] bf16 (512 B), the int64 prefix sum over it (256 * 8 = 2,048 B), the
+    # expanded mask made contiguous (256 B), both freed as the op returns
+    def merge(embeds, mask, features):
+        return embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), features)
+
+    events = _allocation_order(
+        merge,
+        lambda: torch.empty(2, 8, 16, dtype=torch.bfloat16),
+        lambda: torch.zeros(2, 8, dtype=torch.bool),
+        lambda: torch.empty(4, 16, dtype=torch.bfloat16),
+    )
+    clone = events.index(("+", 512))
+    assert events[clone : clone + 5] == [("+", 512), ("+", 2048), ("+", 256), ("-", 2048), ("-", 256)]
+
+
 def _forward_ops(measured: harness.Measurement, step: int = 2) -> Counter:
     return Counter(
         (row["op"], row["module"].split(".")[1] if "." in row["module"] else row["module"])

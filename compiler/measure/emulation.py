@@ -49,12 +49,18 @@ EFFICIENT_ATTENTION = "sdpa-efficient-attention-for-fp32-or-masked"
 CUDNN_ATTENTION = "sdpa-cudnn-attention-for-masked-16-bit"
 CUDNN_BACKWARD_SCRATCH = "cudnn-attention-backward-accumulators"
 NATIVE_DROPOUT = "dropout-bool-mask"
+# A record traced with it made native_dropout's mask before its output (`made_order`); before it
+# the output came first
+DROPOUT_MASK_FIRST = "dropout-mask-made-first"
 NO_PACKED_SEQUENCE_MASK = "no-packed-sequence-mask-on-fake-tensors"
 NO_TORCH_CHECK = "transformers-torch-check-disabled"
 LAYER_NORM_STATS_FP32 = "layer-norm-mean-rstd-fp32"
 STEP_ON_HOST = "optimizer-step-counters-on-host"
 FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
+# A record traced with it made masked_scatter's contiguous copy of its broadcast mask after the
+# prefix sum; before it the trace made the prefix sum alone
+MASKED_SCATTER_MASK = "masked-scatter-contiguous-mask"
 MASKED_SELECT_SCRATCH = "masked-scatter-backward-nonzero-indices"
 CUBLAS_WORKSPACE = "cublas-workspace-per-thread"
 # The replay's rules from GPU allocator histories (docs/measuring.md): cudaMalloc gives each new
@@ -169,7 +175,13 @@ def kernel_scratch(func, args, kwargs, out):
         # ATen/native/cuda/IndexKernel.cpp `masked_scatter__cuda`:
         # maskPrefixSum = at::empty(self.sizes(), kLong). The out-of-place op (what LLaVA
         # calls) is CompositeExplicitAutograd clone + masked_scatter_, one op to the tracer.
-        return ((MASKED_SCATTER_SCRATCH, INT64_BYTES * out.numel()),)
+        # Then launch_masked_scatter_kernel makes the mask contiguous (mask.contiguous()): the
+        # image-token mask LLaVA expands over the hidden size becomes one bool per element, as
+        # an H200 allocated it (LLaVA-1.5-7B, b 56, s 2048: the 3,584 MiB prefix sum, then
+        # 448 MiB). NB, not traced: cub's scan scratch after it (8 MiB there).
+        mask = args[1]
+        whole = mask.is_contiguous() and mask.numel() == out.numel()
+        return ((MASKED_SCATTER_SCRATCH, INT64_BYTES * out.numel()), (MASKED_SCATTER_MASK, 0 if whole else out.numel() * mask.element_size()))
     if func is torch.ops.aten.masked_scatter_backward.default:
         # FunctionsManual.cpp masked_scatter_backward -> grad.masked_select(mask); CUDA
         # masked_select indexes with the broadcast bool mask, whose nonzero() is an int64
@@ -177,6 +189,16 @@ def kernel_scratch(func, args, kwargs, out):
         grad, _, sizes = args
         return ((MASKED_SELECT_SCRATCH, INT64_BYTES * grad.dim() * math.prod(sizes)),)
     return ()
+
+
+def made_order(func, outputs: list) -> list:
+    """An op's outputs in the order its CUDA kernel allocates them, where that is not the order
+    it returns them: Dropout.cu's `dropout_cuda` makes the bool mask, then the output
+    (`empty_like(self, bool)`, then `empty_like(self)`), and native_dropout returns (output,
+    mask); an H200 allocated the mask first (LLaVA-1.5-7B's LoRA dropout at b 56, s 2048)."""
+    if func is torch.ops.aten.native_dropout.default and len(outputs) == 2:
+        return outputs[::-1]
+    return outputs
 
 
 def _cublas_workspace(sm90: bool) -> int:

@@ -455,14 +455,17 @@ def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ..
             emulation.FLASH_BACKWARD_SCRATCH,
             emulation.CUDNN_BACKWARD_SCRATCH,
             emulation.MASKED_SCATTER_SCRATCH,
+            emulation.MASKED_SCATTER_MASK,
+            emulation.DROPOUT_MASK_FIRST,
             emulation.MASKED_SELECT_SCRATCH,
             emulation.CUBLAS_WORKSPACE,
             emulation.SOFTMAX_BACKWARD_SCRATCH,
             SEGMENTS_DESCENDING,
         ]
-        # NB: a model split by device_map makes each GPU's workspaces at the phase start and
-        # builds no untied head in the replay (`_tracer`)
-        + ([] if exp.get("device_map") else [emulation.WORKSPACE_AT_FIRST_GEMM, emulation.TIED_HEAD_AT_BUILD])
+        # NB: a model split by device_map makes each GPU's workspaces at its threads' first GEMMs
+        # as well, and builds no untied head in the replay (`_tracer`)
+        + [emulation.WORKSPACE_AT_FIRST_GEMM]
+        + ([] if exp.get("device_map") else [emulation.TIED_HEAD_AT_BUILD])
     )
 
 
@@ -616,6 +619,7 @@ def _tracer(
     tracer = MemoryTracer(
         context=scope.context,
         scratch=emulation.kernel_scratch if emulate else None,
+        made_order=emulation.made_order if emulate else None,
         host_ops=_host_ops() if emulate else frozenset(),
         device="cpu",
         timeline=timeline,
@@ -626,7 +630,7 @@ def _tracer(
         **({"granularity": granularity} if granularity else {}),
         allocator=Allocator(AllocatorConfig.parse(alloc_conf or "")) if emulate else None,
     )
-    if emulate and split is None:
+    if emulate:
         tracer.make_workspace = emulation.allocate_workspace
     if split is None:
         tracer.register(model.parameters(), PARAMETERS)

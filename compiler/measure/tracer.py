@@ -142,6 +142,7 @@ class MemoryTracer(TorchDispatchMode):
 
     `context()` returns (module path, recomputing) for the op being run; `scratch(func, args,
     kwargs, out)` names bytes a kernel allocates internally for the duration of that op;
+    `made_order(func, outputs)` gives an op's outputs in the order its CUDA kernel makes them;
     `persistent` names bytes alive outside any tensor (workspaces), added to every point.
     `host_ops` are ops whose outputs the emulated run keeps on the host, not the device.
     `device` restricts counting to tensors on that device type (None counts all).
@@ -159,6 +160,7 @@ class MemoryTracer(TorchDispatchMode):
         granularity: int = CUDA_BLOCK_GRANULARITY,
         context: Callable[[], tuple[str, bool]] = lambda: ("", False),
         scratch: ScratchFn | None = None,
+        made_order: Callable[[Any, list], list] | None = None,
         host_ops: frozenset = frozenset(),
         device: str | None = None,
         timeline: bool = False,
@@ -169,6 +171,7 @@ class MemoryTracer(TorchDispatchMode):
         self.granularity = granularity
         self.context = context
         self.scratch = scratch
+        self.made_order = made_order
         self.host_ops = host_ops
         self.device = device
         self.keep_timeline = timeline
@@ -232,9 +235,10 @@ class MemoryTracer(TorchDispatchMode):
         on the one allocator, or with devices tracked on each GPU that has run a GEMM (a GPU's
         first GEMM makes its own)."""
         self.make_workspaces, self.workspace_threads = make, threads
+        if self.make_workspace is not None:
+            return  # NB: made at each thread's first GEMM (`_workspace`)
         if self.allocators is None:
-            if self.make_workspace is None:
-                make(self.allocator, threads)
+            make(self.allocator, threads)
         else:
             for gpu in sorted(self.gemm_devices):
                 make(self.allocator_of(gpu), threads)
@@ -400,12 +404,14 @@ class MemoryTracer(TorchDispatchMode):
             category = default_category(self.phase, recomputing)
             name = func.__name__
             outs = tree_flatten(out)[0]
+            if self.made_order is not None:
+                outs = self.made_order(func, outs)
             devices = self._output_devices(func, args, kwargs, outs, module) if self.device_of is not None else [None] * len(outs)
             for t, gpu in zip(outs, devices):
                 if isinstance(t, torch.Tensor):
                     self._track(t, category, module, name, gpu)
-            if self.make_workspace is not None and self.allocators is None and self.allocator is not None and name.split(".")[0] in GEMM_OPS:
-                self._workspace(name, args)
+            if self.make_workspace is not None and self.allocator is not None and name.split(".")[0] in GEMM_OPS:
+                self._workspace(name, args, devices[0] if outs else None)
         scratch = tuple(self.scratch(func, args, kwargs, out)) if self.scratch else ()
         gpu = None
         if self.device_of is not None:
@@ -421,14 +427,15 @@ class MemoryTracer(TorchDispatchMode):
         self._observe(func.__name__, module, scratch)
         return out
 
-    def _workspace(self, name: str, args) -> None:
+    def _workspace(self, name: str, args, gpu: int | None) -> None:
         """A thread's cuBLAS workspace at its first GEMM, after the GEMM's output (a GPU's
         allocator history shows the output's block, then the workspace's); its cuBLASLt
         workspace at its first `addmm` with a vector bias (`gemm_and_bias`, the Lt path).
         Backward runs on autograd's device thread, which has workspaces of its own; a
-        checkpointed layer's recomputation runs there too."""
+        checkpointed layer's recomputation runs there too. With devices tracked, the GEMM's
+        GPU makes them on its own allocator (each device's thread has its handle)."""
         lt = name.startswith("addmm") and isinstance(args[0], torch.Tensor) and args[0].dim() == 1
-        self.make_workspace(self.allocator, 1 if self.phase == BACKWARD else 0, lt)
+        self.make_workspace(self.allocator_of(gpu), 1 if self.phase == BACKWARD else 0, lt)
 
     def _observe_devices(self, func, args, kwargs, out, module: str, scratch) -> int:
         """Each GPU's highest point; returns the GPU the op ran on."""
@@ -438,7 +445,7 @@ class MemoryTracer(TorchDispatchMode):
             gpu = self._output_devices(func, args, kwargs, [None], module)[0]
         if func.__name__.split(".")[0] in GEMM_OPS and gpu not in self.gemm_devices:
             self.gemm_devices.add(gpu)
-            if self.allocators is not None and self.make_workspaces is not None:
+            if self.allocators is not None and self.make_workspaces is not None and self.make_workspace is None:
                 self.make_workspaces(self.allocator_of(gpu), self.workspace_threads)
         persistent = sum(self.persistent.values())
         highs = self.device_peaks.setdefault(self.step, {})
