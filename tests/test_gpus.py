@@ -63,20 +63,20 @@ def test_the_default_margin_covers_every_gpu_record():
     assert consts.margin.percent == 5 and consts.margin.source == "specs/gpus.yaml device.margin_pct"
     assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(6)] * 2 + [Fraction(14)]
     # under expandable_segments:True one margin, whatever the kind of step
-    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(4)}
+    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(5)}
     gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
     # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
     assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
     comparisons = validate_records([MEASURED / "gpu"])
     checks = margin_checks(comparisons)
     assert all(k.covered for k in checks), [(k.margin.text, k.worst) for k in checks if not k.covered]
-    # Gemma-3-1B b 4, Qwen3-VL-2B, Qwen2.5-0.5B packed eager, LLaVA-1.5-7B LoRA under
+    # Gemma-3-1B b 4, Qwen3-VL-2B, Qwen2.5-0.5B packed eager, Qwen2.5-VL-7B SGD under
     # expandable segments: reserved
     assert {k.margin.source: (round(k.worst[0], 2), k.worst[2]) for k in checks} == {
         "specs/gpus.yaml device.margin_pct": (-4.96, "reserved"),
         "specs/gpus.yaml device.margin_pct.checkpointed": (-5.95, "reserved"),
         "specs/gpus.yaml device.margin_pct.checkpointed_eager": (-13.31, "reserved"),
-        "specs/gpus.yaml device.margin_pct.expandable_segments": (-3.37, "reserved"),
+        "specs/gpus.yaml device.margin_pct.expandable_segments": (-4.55, "reserved"),
     }
     # each margin no wider than it needs: its worst record within one percentage point of it
     assert all(k.margin.percent + Fraction(str(k.worst[0])) < 1 for k in checks)
@@ -88,7 +88,7 @@ def test_the_default_margin_covers_every_gpu_record():
         ("margin_pct", 5.0, True),
         ("checkpointed", 6.0, True),
         ("checkpointed_eager", 14.0, True),
-        ("expandable_segments", 4.0, True),
+        ("expandable_segments", 5.0, True),
     ]
 
 
@@ -173,15 +173,15 @@ def test_allocated_counts_the_blocks_the_allocator_does_not_split():
     block is handed out whole when 1 MiB or less would remain. Flan-T5-base at micro-batch 8,
     checkpointed, on the H200: the GPU's max_memory_allocated is 5,580,512,768 B; the
     estimate's tensors peak at 5,418,974,208 B (-2.89 %; the step's own GPU history's requests
-    peak at 5.04 GiB too), its replay's blocks at 5,572,197,376 B (-0.15 %; each dropout's
-    output made before its mask, as native_dropout does). A GPU record is
+    peak at 5.04 GiB too), its replay's blocks at 5,570,165,760 B (-0.19 %; each dropout's
+    mask made before its output, as CUDA's native_dropout does). A GPU record is
     compared with the blocks, a trace (the tensors' bytes) with the tensors."""
     path = MEASURED / "gpu" / "t5_base_b8_s1024_t128_gc-on.json"
     record = json.loads(path.read_text())
     assert record["allocated"] == 5_580_512_768
     (c,) = validate_records([path])
     report, _ = record_report(path)
-    assert (report.tensors, report.allocated) == (5_418_974_208, 5_572_197_376)
+    assert (report.tensors, report.allocated) == (5_418_974_208, 5_570_165_760)
     assert c.estimated["allocated"] == report.allocated
     assert -2.95 < 100 * (report.tensors - record["allocated"]) / record["allocated"] < -2.85
     assert abs(c.error("allocated")) < 0.2

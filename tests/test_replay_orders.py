@@ -242,3 +242,17 @@ def test_a_checkpointing_units_shared_input_is_one_tensor(attention_events):
     assert [b // MIB for k, b in life[1:-1]] == [28, 4, 4]
     made = [i for i, (k, b) in enumerate(events[: events.index(life[-1])]) if k == life[0][0] and b]
     assert len(made) == 1
+
+
+def test_a_gated_mlps_activation_lives_while_up_proj_runs(attention_events):
+    # LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) evaluates act before up_proj, and
+    # its output waits for the product (swiglu_mlp's act: `output: act_out`). Layer 1 of
+    # Qwen2.5-0.5B in its checkpointing unit's first forward, each [4, 4096, 4864] bf16 tensor
+    # 152 MiB: act_out is made as act returns, alive through up_proj's moment (a probe of its
+    # output) and the product's, freed once the product, its last reader, has run
+    life = _made_to_freed(attention_events, "layers[1].mlp/act_out")
+    assert life[0] == (("tensor", "language.layers[1].mlp/act_out"), 152 * MIB)
+    assert life[1] == (("probe",), 152 * MIB)  # up_proj's output
+    # the product's moment: up (its other input) and its result, on top of act_out
+    assert [b // MIB for k, b in life[2:-1] if b] == [152, 152]
+    assert sum(1 for k, b in life if k == life[0][0] and b) == 1

@@ -204,6 +204,7 @@ class Child:
     path: str
     frozen: Expr | None = None  # true: its parameters never train, whatever its module does
     when: Expr | None = None  # false: the child is not built (no index in its path, unlike count 0)
+    output: str | None = None  # the local tensor name it returns, where a later sibling reads it
 
 
 @dataclass(frozen=True)
@@ -450,6 +451,16 @@ def _compile_children(raw, doc: Document, scope: frozenset[str], problems) -> tu
     for i, c in enumerate(children):
         if c.name in names[:i]:
             problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
+        readers = [s.name for s in children[i + 2 :] if c.output in (e.constant for e in s.inputs.values())]
+        if c.output is not None and not readers:
+            problems.append(
+                doc.diag(
+                    "E401",
+                    child_path(c.path, "output"),
+                    f"output '{c.output}' of child '{c.name}' is read by no sibling after the next one",
+                    "name the tensor a later sibling takes as an input (the next sibling's input needs no name: it reads the output as it is made)",
+                )
+            )
     return children
 
 
@@ -510,6 +521,7 @@ def _compile_child(entry, doc: Document, path: str, scope: frozenset[str], probl
         path=path,
         frozen=expr("frozen", entry["frozen"]) if "frozen" in entry else None,
         when=expr("when", entry["when"]) if "when" in entry else None,
+        output=entry.get("output"),
     )
 
 

@@ -62,6 +62,9 @@ class Instance:
     bias_only: bool = False
     # a ModulesToSaveWrapper's original_module: resident, frozen, never run in the forward
     idle: bool = False
+    # the tensor it returns, where its formula's parent names it (Child.output): the concrete
+    # name a later sibling reads and saves
+    output: str | None = None
 
     def local(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -381,6 +384,7 @@ def _instance(
     bias_ok=False,
     idle=False,
     saved=False,
+    output=None,
 ) -> Instance:
     """One instance and its children. `bias_ok`: peft's bias option turns on this instance's
     parameters named `bias` (bias='all' everywhere; 'lora_only' a LoRA layer's base layer);
@@ -408,6 +412,7 @@ def _instance(
         shard_unit=shard_unit,
         bias_only=bias_only,
         idle=idle,
+        output=output,
     )
 
 
@@ -526,6 +531,7 @@ def _children(ex: _Expansion, p: _Parent, grad_in: bool) -> tuple[Instance, ...]
                 bias_ok=c_bias,
                 idle=p.idle,
                 saved=p.saved,
+                output=_tensor_name(child.output, p.tensors, p.path) if child.output and count == 1 else None,
             ),
             path=p.path,
             template=p.template,

@@ -286,6 +286,22 @@ class _StepWalk:
         self.state.free_pinned(self.locals)
         self.locals = []
 
+    def _returned(self, node: Node, name: str, keep: bool) -> None:
+        """A child's output that a later sibling (not the next) reads and saves exists from the
+        child's end (LlamaMLP's act_out, alive while up_proj runs), not from its saver's start;
+        in a checkpointing unit's first forward, until its last saver has run."""
+        state = self.state
+        if name in state.live:
+            return
+        size = next((b for n in node.walk() for saved, b in n.cost.saved if saved == name), None)
+        if size is None:
+            return
+        if keep:
+            state.charge(node.inst.module, [(name, size)], kept=True)
+        elif self.scopes is not None and name in self.scopes:
+            state.charge(node.inst.module, [(name, size)])
+            self.scoped.setdefault(self.scopes[name], []).append(name)
+
     def _shared(self, inst, pieces: tuple) -> tuple:
         """A checkpointing unit's first forward keeps nothing for backward; a tensor that later
         layers save too (the normed input q, k and v read) is one tensor from its first reader
@@ -364,6 +380,8 @@ class _StepWalk:
         held = self.state.hold(inst.module, t.get(inst.module, 0) - stack.get(inst.module, 0)) if node.children else None
         for c in node.children[lo:hi]:
             self.forward(c, t, keep, phase)
+            if c.inst.output is not None:
+                self._returned(node, c.inst.output, keep)
         self.state.unhold(held)
         if self.scoped:
             state.free_pinned(self.scoped.pop(inst.path, ()))
