@@ -451,8 +451,7 @@ def _compile_children(raw, doc: Document, scope: frozenset[str], problems) -> tu
     for i, c in enumerate(children):
         if c.name in names[:i]:
             problems.append(doc.diag("E103", c.path, f"duplicate child name '{c.name}'"))
-        readers = [s.name for s in children[i + 2 :] if c.output in (e.constant for e in s.inputs.values())]
-        if c.output is not None and not readers:
+        if c.output is not None and not any(c.output in (e.constant for e in s.inputs.values()) for s in children[i + 2 :]):
             problems.append(
                 doc.diag(
                     "E401",

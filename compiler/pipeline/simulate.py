@@ -299,20 +299,22 @@ class _StepWalk:
         if keep:
             state.charge(node.inst.module, [(name, size)], kept=True)
         elif self.scopes is not None and name in self.scopes:
-            state.charge(node.inst.module, [(name, size)])
+            self._until_last_saver(node.inst.module, [(name, size)])
+
+    def _until_last_saver(self, module: str, tensors: list) -> None:
+        """In a checkpointing unit's first forward: `tensors` exist from now until the last
+        layer that saves each (`_scopes`) has run."""
+        self.state.charge(module, tensors)
+        for name, _ in tensors:
             self.scoped.setdefault(self.scopes[name], []).append(name)
 
     def _shared(self, inst, pieces: tuple) -> tuple:
         """A checkpointing unit's first forward keeps nothing for backward; a tensor that later
         layers save too (the normed input q, k and v read) is one tensor from its first reader
         until its last has run, not one per reader. The pieces left to the leaf itself."""
-        state = self.state
-        last = {name: self.scopes.get(name, inst.path) for name, _ in pieces if name not in state.live}
-        shared = [(name, b) for name, b in pieces if last.get(name, inst.path) != inst.path]
-        state.charge(inst.module, shared)
-        for name, _ in shared:
-            self.scoped.setdefault(last[name], []).append(name)
-        return tuple((name, b) for name, b in pieces if name not in state.live)
+        live = self.state.live
+        self._until_last_saver(inst.module, [(name, b) for name, b in pieces if name not in live and self.scopes.get(name, inst.path) != inst.path])
+        return tuple((name, b) for name, b in pieces if name not in live)
 
     def forward(self, node: Node, stack: Mapping[str, int], keep: bool, phase: str = "forward", span: tuple[int, int] | None = None) -> None:
         """The forward of `node`; phase "backward" is a checkpointing unit's recomputation.
