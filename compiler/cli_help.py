@@ -130,6 +130,7 @@ VALIDATE_EXAMPLES = """examples:
   memspec validate tests/measured/                          # every record; the gate in tests/measured/thresholds.yaml
   memspec validate tests/measured/cpu-trace/mistral_7b_b1_s1024_sdpa_gc-off.json --format json
   memspec validate my-records/ --max-mape 0.5 --max-worst 2 --max-under 0   # exit 1 past a threshold
+  memspec validate tests/measured/gpu/t5_base_b8_s1024_t128_gc-on.json --history tests/fixtures/gpu-history/t5_base_b8_s1024_t128_gc-on.history.jsonl.gz
 
 A record is a memspec/measured/v1 JSON file (memspec measure writes them, docs/measuring.md
 describes the fields): its experiment is estimated and compared measure by measure.

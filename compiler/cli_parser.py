@@ -298,4 +298,11 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     v.add_argument("--max-worst", type=float, metavar="PCT", help="exit 1 when any record's |error| exceeds PCT")
     v.add_argument("--max-under", type=int, metavar="N", help="exit 1 when more than N estimates are below their measurement")
     v.add_argument("--format", choices=["text", "json"], default="text")
+    v.add_argument(
+        "--history",
+        metavar="FILE",
+        help="the GPU's allocator history of the one record's step (memspec measure --device cuda --memory-history): "
+        "also list the segments only the GPU or only the estimate opened",
+    )
+    v.add_argument("--min-mib", dest="min_mib", type=float, default=64.0, metavar="MIB", help="with --history: segments of MIB or more (64)")
     return p

@@ -97,6 +97,10 @@ Codes (stable; never reuse a retired one):
     E913 value outside the knob's range or choices           E918 the base revision's cases could not be evaluated
     E914 chart: no knob with two values, or --x not swept
 
+    memspec validate --history (a GPU's allocator history beside one record):
+    E921 not an allocator history (memspec measure --device cuda --memory-history's gzip JSON lines)
+    E922 the record has no estimate to compare the history with
+
     the training setup (an experiment, flags, the files read):
     E310 FSDP and a DeepSpeed ZeRO stage together            E311 optimizer offload with ZeRO-0, or to nvme below ZeRO-3
     E806 offload_param with a ZeRO stage other than 3        E807 offload_param without offload_optimizer

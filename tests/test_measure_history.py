@@ -240,3 +240,75 @@ def test_the_request_that_ran_out_of_memory_is_kept_and_replayed_within_the_capa
     fits = history.replay(events[:-1] + [("oom", 10 * MIB, 12 * MIB)], capacity=45 * MIB)
     assert fits.model_out_of_memory is False
     assert history.replay(events).model_out_of_memory is None  # no capacity: not asked
+
+
+def test_the_gpus_openings_are_its_segment_entries_with_the_allocation_each_was_for():
+    # a 100 MiB segment for the first request; the 60 MiB request after its free is served
+    # from it (split); the next 60 MiB request finds 40 MiB cached and gets a segment of its own
+    seq = [
+        ("segment_alloc", 1 << 40, 100 * MIB),
+        ("alloc", 1 << 40, 100 * MIB),
+        ("free_completed", 1 << 40, 100 * MIB),
+        ("alloc", 1 << 40, 60 * MIB),
+        ("segment_alloc", 1 << 41, 60 * MIB),
+        ("alloc", 1 << 41, 60 * MIB),
+    ]
+    assert history.gpu_openings(seq) == [
+        history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB),
+        history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB),
+    ]
+
+
+def test_an_estimates_openings_name_the_allocation_and_its_step():
+    probe = object()
+    events = [(("tensor", "x"), 100 * MIB), (("tensor", "x"), None), (("tensor", "y"), 60 * MIB), (probe, 60 * MIB), (("tensor", "z"), 60 * MIB)]
+    # x opens 100 MiB (10 MiB or more: its own segment, rounded to 2 MiB); y splits x's freed
+    # block, leaving 40 MiB; the probe (made and freed at once) opens 60 MiB, which z reuses
+    assert history.estimate_openings(events, probe, AllocatorConfig(), step_starts=[0, 3]) == [
+        history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB, name="tensor x", step=1),
+        history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, name="an allocation freed at once", step=2),
+    ]
+
+
+def test_compare_lines_the_openings_up_by_their_requests():
+    def opened(at, mib):
+        return history.Opened(at=at, request=mib * MIB, grew=mib * MIB, allocated=0, reserved=0)
+
+    gpu = [opened(1, 260), opened(2, 2), opened(9, 4748), opened(12, 4748)]
+    est = [opened(1, 260), opened(3, 128), opened(9, 4748)]
+    # the 2 MiB small-pool segment is under min_bytes; the GPU's second 4,748 MiB segment and
+    # the estimate's 128 MiB one have no counterpart
+    assert history.compare(gpu, est, min_bytes=64 * MIB) == [(gpu[0], est[0]), (None, est[1]), (gpu[2], est[2]), (gpu[3], None)]
+
+
+def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys):
+    """Qwen2.5-0.5B packed, eager, checkpointed, whose estimate is 13.31 % under the GPU's
+    reserved: the GPU opens a fourth fp32-logits-sized segment in step 2 that the estimate's
+    replay does not (its cache has a hole that fits), and the estimate gives the eager mask a
+    segment of its own in step 1 where the GPU placed it in a freed one."""
+    from compiler.cli import main
+
+    name = "qwen2-packing_2.5-0.5b_b4_s2048_eager_gc-on"
+    record = Path(__file__).parent / "measured" / "gpu" / f"{name}.json"
+    assert main(["validate", str(record), "--history", str(GPU_HISTORIES / f"{name}.history.jsonl.gz")]) == 0
+    lines = capsys.readouterr().out.split("\n\n")[-1].splitlines()
+    assert lines[0] == (
+        f"{name}.history.jsonl.gz: the GPU reserved 33.90 GiB (the allocator model on its sequence +0.00 %), the estimate "
+        "29.39 GiB; segments of 64 MiB or more: the GPU's 11, the estimate's 11, 10 alike"
+    )
+    assert lines[1].startswith("  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1)")
+    assert lines[2].startswith("  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314; allocated 16.29 GiB, reserved 33.90 GiB after")
+    assert len(lines) == 3
+
+
+def test_validate_with_a_history_it_cannot_read_says_so_before_estimating(tmp_path, capsys):
+    from compiler.cli import main
+
+    record = Path(__file__).parent / "measured" / "gpu" / "t5_base_b8_s1024_t128_gc-on.json"
+    (tmp_path / "a.history.jsonl.gz").write_text("not gzip")
+    assert main(["validate", str(record), "--history", str(tmp_path / "a.history.jsonl.gz")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "E921 --history: not an allocator history" in err
+    # several records and one history: which record the history is of is not known
+    assert main(["validate", str(record.parent), "--history", str(tmp_path / "a.history.jsonl.gz")]) == 1
+    assert "give one record file" in capsys.readouterr().err

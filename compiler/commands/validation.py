@@ -447,9 +447,92 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
     }
 
 
+def _describe(o, who: str) -> str:
+    gib, mib = 2**30, 2**20
+    where = f"allocation {o.at:,}" + (f" ({o.name}, step {o.step})" if o.name else "")
+    return (
+        f"{who}: {o.grew / mib:,.2f} MiB for a {o.request / mib:,.2f} MiB request at {where}; "
+        f"allocated {o.allocated / gib:.2f} GiB, reserved {o.reserved / gib:.2f} GiB after"
+    )
+
+
+def read_history(history_path: Path) -> list:
+    """A GPU's allocator history (measure.history.read), or E921."""
+    from ..measure import history
+
+    try:
+        return history.read(history_path)
+    except (OSError, EOFError, ValueError, TypeError) as exc:
+        raise MemspecError(
+            Diagnostic(
+                "E921",
+                str(history_path),
+                0,
+                0,
+                "--history",
+                f"not an allocator history ({exc})",
+                "a NAME.history.jsonl.gz that `memspec measure --device cuda --memory-history` wrote",
+            )
+        ) from None
+
+
+def history_lines(events: list, history_name: str, record_path: Path, min_mib: float) -> list[str]:
+    """The record's estimate beside the GPU's allocator history of its step (`events`, from
+    read_history): the segments each side opened of `min_mib` or more, lined up by their
+    requests' sizes, and those only one side has (measure.history.compare); E922 where the
+    record has no estimate."""
+    from ..measure import history
+    from ..pipeline.simulate import recording_replays
+    from ..pipeline.walks.timeline import PROBE
+
+    record = json.loads(record_path.read_text())
+    with recording_replays() as replays:
+        report, why = record_report(record_path, record)
+    if report is None or not replays:
+        raise MemspecError(
+            Diagnostic(
+                "E922",
+                str(record_path),
+                0,
+                0,
+                "$.experiment",
+                f"no estimate to compare the history with: {why or 'its estimate replays no allocator'}",
+                "a record whose experiment estimates",
+            )
+        )
+    # NB: one GPU's history; with several replays (a model split over GPUs) the first GPU's
+    r = replays[0]
+    est = history.estimate_openings(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
+    gpu = history.gpu_openings(events)
+    pairs = history.compare(gpu, est, int(min_mib * 2**20))
+    gib = 2**30
+    g = history.replay(events, r.alloc_conf)
+    lines = [
+        f"{history_name}: the GPU reserved {g.gpu_reserved / gib:.2f} GiB (the allocator model on its sequence {g.error_pct:+.2f} %), "
+        f"the estimate {report.estimate.reserved / gib:.2f} GiB; segments of {min_mib:g} MiB or more: the GPU's {sum(1 for a, _ in pairs if a)}, "
+        f"the estimate's {sum(1 for _, b in pairs if b)}, {sum(1 for a, b in pairs if a and b)} alike"
+    ]
+    last = None
+    for a, b in pairs:
+        if a and b:
+            last = b
+        elif a:
+            # NB: a GPU history names no tensor: the estimate's alike opening before it places it
+            after = f"; after the estimate's allocation {last.at:,} ({last.name}, step {last.step})" if last else ""
+            lines.append(_describe(a, "  GPU only") + after)
+        else:
+            lines.append(_describe(b, "  estimate only"))
+    return lines
+
+
 def main(args) -> int:
     from .progress import Progress
 
+    history_path = getattr(args, "history", None)
+    if history_path is not None and (len(args.paths) != 1 or not Path(args.paths[0]).is_file()):
+        sys.stderr.write("validate: --history compares one record with the GPU's allocator history of its step: give one record file\n")
+        return 1
+    events = None if history_path is None else read_history(Path(history_path))
     comparisons = validate_records([Path(p) for p in args.paths], Progress(sys.stderr, "validate"))
     if args.format == "json":
         sys.stdout.write(json.dumps(as_data(comparisons), indent=2) + "\n")
@@ -459,6 +542,8 @@ def main(args) -> int:
     v = verdicts(comparisons)
     if v is not None and v.missed:
         failures.append(f"{len(v.missed)} run(s) went out of memory where the estimate says fits: {', '.join(v.missed)}")
+    if events is not None:
+        sys.stdout.write("\n" + "\n".join(history_lines(events, Path(history_path).name, Path(args.paths[0]), args.min_mib)) + "\n")
     for f in failures:
         sys.stderr.write(f"validate: {f}\n")
     return 1 if failures else 0

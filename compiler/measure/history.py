@@ -10,17 +10,24 @@ allocations and frees summed, and its blocks). Where the two reserved figures di
 allocator model is wrong for that sequence; where they agree and the trace's replay does not,
 the traced sequence is (the order or sizes of the CPU trace's allocations).
 
-Run as `python -m compiler.measure.history FILE...` it prints one line per history.
+`gpu_openings` lists the segments a history shows the GPU adding (its own segment entries),
+`estimate_openings` those an estimate's replay makes the model add, and `compare` lines the two
+lists up by their requests' sizes: a segment the GPU opened and the estimate's replay did not
+(or the other way) is where the estimate's sequence leaves the GPU's.
+
+Run as `python -m compiler.measure.history FILE...` it prints one line per history
+(`memspec validate RECORD --history FILE` compares the record's estimate with it).
 """
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..memory.allocator import AllocConfError, Allocator, AllocatorConfig, OutOfMemoryError
 
@@ -115,6 +122,91 @@ def replay(
         elif action in (SEGMENT_FREE, SEGMENT_UNMAP):
             reserved -= size
     return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched, gpu_oom, model_oom)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A request the allocator served by reserving more: a new segment (under expandable
+    segments, more pages of the pool's one)."""
+
+    at: int  # the request's number among the sequence's allocations, from 1
+    request: int  # the bytes asked for
+    grew: int  # the bytes reserved for it
+    allocated: int  # the bytes allocated before it
+    reserved: int  # the bytes reserved after it
+    name: str = ""  # what the estimate calls the allocation (a GPU history has no names)
+    step: int = 0  # the estimate's training step, from 1 (0: before the first)
+
+
+def gpu_openings(history: Iterable[tuple[str, int, int]]) -> list[Opened]:
+    """The segments the GPU's own history shows, each with the allocation it was made for (the
+    trace's segment entries come before that allocation's)."""
+    out: list[Opened] = []
+    live: dict[int, int] = {}
+    allocated = reserved = allocs = pending = 0
+    for action, addr, size in history:
+        if action in (SEGMENT_ALLOC, SEGMENT_MAP):
+            reserved += size
+            pending += size
+        elif action in (SEGMENT_FREE, SEGMENT_UNMAP):
+            reserved -= size
+        elif action == ALLOC:
+            allocs += 1
+            if pending:
+                out.append(Opened(allocs, size, pending, allocated, reserved))
+                pending = 0
+            allocated += size - live.get(addr, 0)
+            live[addr] = size
+        elif action == FREE_COMPLETED and addr in live:
+            allocated -= live.pop(addr)
+    return out
+
+
+def estimate_openings(
+    events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
+) -> list[Opened]:
+    """The segments an estimate's replay (simulate.recording_replays) makes the model reserve."""
+    model = Allocator(config, device_memory=device_memory)
+    out: list[Opened] = []
+    allocs = step = 0
+    starts = list(step_starts)
+    for i, (key, nbytes) in enumerate(events):
+        while step < len(starts) and starts[step] <= i:
+            step += 1
+        if nbytes is None:
+            if key in model:
+                model.free(key)
+            continue
+        if key is not probe_key and key in model:
+            continue
+        allocs += 1
+        allocated, reserved = model.allocated, model.reserved
+        if key is probe_key:
+            model.probe(nbytes)
+        else:
+            model.malloc(key, nbytes)
+        if model.reserved > reserved:
+            name = "an allocation freed at once" if key is probe_key else " ".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+            out.append(Opened(allocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step))
+    return out
+
+
+def compare(gpu: Sequence[Opened], estimate: Sequence[Opened], min_bytes: int = 0) -> list[tuple[Opened | None, Opened | None]]:
+    """The two lists' openings of `min_bytes` or more, lined up by their requests' sizes (to the
+    MiB: under expandable segments the pages mapped for one request depend on the free end
+    before it): pairs `(gpu, estimate)`, None on the side that opened nothing there."""
+    mib = 1 << 20
+    g = [o for o in gpu if o.grew >= min_bytes]
+    e = [o for o in estimate if o.grew >= min_bytes]
+    pairs: list[tuple[Opened | None, Opened | None]] = []
+    matcher = difflib.SequenceMatcher(None, [round(o.request / mib) for o in g], [round(o.request / mib) for o in e], autojunk=False)
+    for tag, g1, g2, e1, e2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs.extend(zip(g[g1:g2], e[e1:e2]))
+        else:
+            pairs.extend((o, None) for o in g[g1:g2])
+            pairs.extend((None, o) for o in e[e1:e2])
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,7 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 
 from __future__ import annotations
 
-import functools
-
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -507,6 +506,36 @@ def _defer(events: list, mark: int, names: set[str]) -> None:
     events[mark:] = [e for e in events[mark:] if e[0] not in keys or e[1] is None]
 
 
+@dataclass(frozen=True)
+class RecordedReplay:
+    """An estimate's replay as the allocator was given it: its settings, the device memory that
+    sizes an expandable segment, the events in order (`(key, nbytes)` an allocation, `(key,
+    None)` a free, `(PROBE, nbytes)` an allocation freed at once, as `Allocator.play` takes
+    them) and where each training step's begin (indices into `events`)."""
+
+    alloc_conf: allocator.AllocatorConfig
+    device_memory: int | None
+    events: list
+    step_starts: list
+
+
+# Set by `recording_replays`: the replays run meanwhile
+_recorded: list | None = None
+
+
+@contextlib.contextmanager
+def recording_replays():
+    """Collect what every caching-allocator replay the estimates inside the block run is given:
+    a `RecordedReplay` each, the replay on a device without a limit (the one `reserved` comes
+    from); what compiler.measure.history compares with a GPU's own history."""
+    global _recorded
+    outer, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = outer
+
+
 # The training steps the replay runs, as many as every measurement does (`memspec measure`'s
 # default --steps, the GPU records' three): the allocator's cache can still open a segment in
 # the third (Aya Vision 8B projector-only on an H100: its step 3 reserved 3.61 % more than
@@ -559,7 +588,12 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory))
+    if _recorded is not None:
+        recorded = RecordedReplay(setup.alloc_conf, memory, [], [])
+        _recorded.append(recorded)
+        peak, peaks = _run_steps(Allocator(setup.alloc_conf, device_memory=memory), loaded, walk, step, first_step, made_states, recorded)
+    else:
+        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory))
     if capacity is None or peak <= capacity:
         return peak, None, False, peaks
     if verdict_only:
@@ -572,13 +606,21 @@ def _replay(
         return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False, peaks
 
 
-def _run_steps(allocator: Allocator, loaded: list, walk: list, step: list, first_step: list | None, made_states: list) -> tuple[int, tuple[int, int]]:
+def _run_steps(
+    allocator: Allocator, loaded: list, walk: list, step: list, first_step: list | None, made_states: list, recorded: RecordedReplay | None = None
+) -> tuple[int, tuple[int, int]]:
     """_replay's steps on `allocator`: its peak reserved, and the max_memory_allocated of steps
-    1 and 2 (each reset as its step begins)."""
-    live, free = allocator.live, allocator.free
+    1 and 2 (each reset as its step begins). `recorded` (recording_replays) gets its events."""
+    log = None if recorded is None else recorded.events
+    live = allocator.live
+
     # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
     # not made again; `made` collects what this step allocated
-    play = functools.partial(allocator.play, probe_key=PROBE)
+    def play(events: list, made: list) -> None:
+        if log is not None:
+            log.extend(events)
+        allocator.play(events, made, probe_key=PROBE)
+
     play(loaded, [])
     steps = []
     before = None
@@ -591,6 +633,8 @@ def _run_steps(allocator: Allocator, loaded: list, walk: list, step: list, first
                 break
             before = layout
         allocator.peak_allocated = allocator.allocated
+        if recorded is not None:
+            recorded.step_starts.append(len(recorded.events))
         made: list = []
         play(walk, made)
         if number == 1 and first_step is not None:
@@ -601,7 +645,9 @@ def _run_steps(allocator: Allocator, loaded: list, walk: list, step: list, first
             play(step, made)
         for key in made:
             if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
-                free(key)
+                if log is not None:
+                    log.append((key, None))
+                allocator.free(key)
         steps.append(allocator.peak_allocated)
     return allocator.peak_reserved, (steps[0], steps[1])
 
