@@ -11,6 +11,7 @@ from compiler.memory.allocator import (
     Allocator,
     AllocatorConfig,
     MIB,
+    OutOfMemoryError,
     allocation_size,
     replay,
     round_size,
@@ -201,6 +202,22 @@ def test_expandable_segment_out_of_address_space_opens_another():
     a.malloc("a", 170 * MIB)  # nine pages of the 180 MiB space
     a.malloc("b", 30 * MIB)  # 10 MiB free at the end, 0 unmapped: a second segment
     assert a.reserved == 220 * MIB and a._live["b"].prev is None
+
+
+def test_expandable_request_larger_than_the_address_space_runs_out_of_memory():
+    """No segment's address space (1 1/8 of the device's memory) holds a request larger than
+    it, however many open: the allocator runs out of memory, mapping nothing for it (fit met
+    one: Qwen2.5-0.5B at micro-batch 16, seq 4096 under expandable segments on a 24 GB A10G, a
+    37.1 GiB fp32 logits request)."""
+    a = Allocator(AllocatorConfig.parse("expandable_segments:True"), device_memory=160 * MIB)
+    a.malloc("a", 20 * MIB)
+    with pytest.raises(OutOfMemoryError) as error:
+        a.malloc("b", 200 * MIB)  # the space is 180 MiB
+    oom = error.value.oom
+    assert (oom.requested, oom.allocated, oom.reserved, oom.capacity) == (200 * MIB, 20 * MIB, 20 * MIB, None)
+    assert str(error.value).endswith("GiB reserved; more than an expandable segment's address space (1 1/8 of the device's memory)")
+    a.malloc("c", 150 * MIB)  # still served: the first segment's space has 160 MiB left
+    assert a.reserved == 180 * MIB
 
 
 def test_empty_cache_gives_back_only_whole_free_segments():

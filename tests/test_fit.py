@@ -353,3 +353,19 @@ def test_a_probe_past_the_budget_gets_a_lower_bound_and_the_same_verdict():
     assert replayed.estimate.reserved_bound and replayed.reserved > replayed.allocated  # one replay, without the GPU's limit
     past = run(spec, replace(setup, micro_batch=61), verdict_budget=budget)
     assert past.estimate.reserved_bound and past.reserved == past.allocated  # no replay: its allocated peak
+
+
+def test_a_request_beyond_the_cards_address_space_is_an_out_of_memory_verdict(capsys):
+    """Qwen2.5-0.5B trained whole at micro-batch 16, seq 4096 on a 24 GB A10G: under expandable
+    segments no segment's address space (1 1/8 of the card, 27 GB) holds its 37.1 GiB fp32
+    logits request. fit's lever list says the setting does not fit
+    (it ended in an internal error until the allocator model ran out of memory there)."""
+    data = _fit_json(capsys, "specs/experiments/qwen2.5-0.5b-full-h200.yaml", "--gpu", "a10g-24gb", "--dp", "2", "--zero", "1")
+    expandable = [x for x in data["levers"] if x["change"] == "--alloc-conf expandable_segments:True"]
+    assert len(expandable) == 1 and expandable[0]["fits"] is False and expandable[0]["device_bytes"] > 24 * 2**30
+    spec, setup = load_inputs(
+        "specs/experiments/qwen2.5-0.5b-full-h200.yaml", {"gpu": "a10g-24gb", "dp": 2, "zero": 1, "alloc_conf": "expandable_segments:True"}
+    )
+    oom = run(spec, setup).estimate.oom
+    assert oom is not None and oom.requested == 16 * 4096 * 151_936 * 4  # b s vocab, fp32
+    assert oom.message().endswith("more than an expandable segment's address space (1 1/8 of the device's memory)")

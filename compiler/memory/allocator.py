@@ -235,15 +235,14 @@ class OutOfMemory:
     requested: int
     allocated: int
     reserved: int
-    capacity: int
+    capacity: int | None  # None: no limit was set, and the request is more than an expandable segment's address space
 
     def message(self) -> str:
         gib = 1 << 30
-        return (
-            f"CUDA out of memory at allocation #{self.event}: tried to allocate {self.requested / gib:.2f} GiB; "
-            f"{self.allocated / gib:.2f} GiB allocated, {self.reserved / gib:.2f} GiB reserved of "
-            f"{self.capacity / gib:.2f} GiB the allocator may use"
-        )
+        head = f"CUDA out of memory at allocation #{self.event}: tried to allocate {self.requested / gib:.2f} GiB; {self.allocated / gib:.2f} GiB allocated, "
+        if self.capacity is None:
+            return head + f"{self.reserved / gib:.2f} GiB reserved; more than an expandable segment's address space (1 1/8 of the device's memory)"
+        return head + f"{self.reserved / gib:.2f} GiB reserved of {self.capacity / gib:.2f} GiB the allocator may use"
 
 
 class OutOfMemoryError(Exception):
@@ -387,6 +386,8 @@ class Allocator:
         (with the free block before it), mapped page by page until it holds `size`; None where
         the device has no room for a mapping (those made before it stay mapped, free)."""
         candidate = self._expandable_candidate(pool, size)
+        if candidate is None:
+            return None
         if not candidate.mapped:
             candidate = self._map(candidate, min(candidate.size, size))
         while candidate is not None and candidate.size < size:
@@ -396,9 +397,11 @@ class Allocator:
             pool.remove(candidate)
         return candidate
 
-    def _expandable_candidate(self, pool: _Pool, size: int) -> _Block:
+    def _expandable_candidate(self, pool: _Pool, size: int) -> _Block | None:
         """`find_expandable_block`: the lowest unmapped range that, with the free block before
-        it and the free or unmapped ones after it, spans `size`; else a new segment's."""
+        it and the free or unmapped ones after it, spans `size`; else a new segment's, or None
+        where `size` is more than a segment's whole address space (1 1/8 of the device's
+        memory): no mapping can serve it, and cuMemCreate fails as cudaMalloc would."""
         for ptr in pool.unmapped:
             candidate = pool.holes[ptr]
             if candidate.prev is not None and not candidate.prev.allocated:
@@ -409,13 +412,19 @@ class Allocator:
                 block = block.next
             if room >= size:
                 return candidate
+        if size > self._address_space(pool):
+            return None
         return self._new_segment(pool)
+
+    def _address_space(self, pool: _Pool) -> int:
+        """An expandable segment's address space: 1 1/8 of the device's memory, in whole pages."""
+        memory = self.device_memory
+        return -(-(memory + memory // 8) // pool.page) * pool.page if memory else UNBOUNDED_ADDRESS_SPACE
 
     def _new_segment(self, pool: _Pool) -> _Block:
         """An expandable segment's address space, nothing mapped: above the pool's others."""
         page = pool.page
-        memory = self.device_memory
-        space = -(-(memory + memory // 8) // page) * page if memory else UNBOUNDED_ADDRESS_SPACE
+        space = self._address_space(pool)
         start = -(-pool.end // page) * page
         hole = _unmapped(_Block(start, space, pool))
         pool.add_hole(hole)

@@ -588,12 +588,17 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
+    recorded = None
     if _recorded is not None:
         recorded = RecordedReplay(setup.alloc_conf, memory, [], [])
         _recorded.append(recorded)
+    try:
         peak, peaks = _run_steps(Allocator(setup.alloc_conf, device_memory=memory), loaded, walk, step, first_step, made_states, recorded)
-    else:
-        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory))
+    except OutOfMemoryError as error:
+        # NB: without a limit, only a request no expandable segment's address space holds (more
+        # than the device's memory) fails: the step cannot run on this GPU
+        oom = error.oom
+        return oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf)), oom, False, (0, 0)
     if capacity is None or peak <= capacity:
         return peak, None, False, peaks
     if verdict_only:
