@@ -115,7 +115,7 @@ def test_a_7b_script_picks_the_7b_spec_and_its_experiment(tmp_path, capsys):
     )
     e = _report_of(["estimate", "specs/experiments/llava-1.5-7b-finetune.yaml"])
     assert _same_setup(r.setup, e.setup) and (r.allocated, r.device) == (e.allocated, e.device)
-    assert r.allocated == 36_722_313_216  # tests/golden/SUMMARY.tsv, llava-1.5-7b-finetune
+    assert r.allocated == 36_723_222_528  # tests/golden/SUMMARY.tsv, llava-1.5-7b-finetune
     assert "note: llava-1.5-7b: LLaVA's train.py keeps Vicuna's 32000-token vocabulary" in capsys.readouterr().err
 
 
