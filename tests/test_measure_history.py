@@ -299,6 +299,15 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
     assert lines[1].startswith("  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1)")
     assert lines[2].startswith("  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314; allocated 16.29 GiB, reserved 33.90 GiB after")
     assert len(lines) == 3
+    # the same in the JSON, beside the records' comparison
+    assert main(["validate", str(record), "--history", str(GPU_HISTORIES / f"{name}.history.jsonl.gz"), "--format", "json"]) == 0
+    beside = json.loads(capsys.readouterr().out)["history"]
+    assert beside["segments"] == {"gpu": 11, "estimate": 11, "alike": 10} and beside["gpu_reserved"] == 36_398_170_112
+    assert [(o["side"], o["request"], o["name"], o["step"]) for o in beside["only"]] == [
+        ("estimate", 128 * MIB, "tensor language/mask", 1),
+        ("gpu", 4748 * MIB, "", 0),
+    ]
+    assert beside["only"][1]["after"]["name"] == "transient log_softmax_grad 924"
 
 
 def test_validate_with_a_history_it_cannot_read_says_so_before_estimating(tmp_path, capsys):

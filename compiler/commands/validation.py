@@ -447,15 +447,6 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
     }
 
 
-def _describe(o, who: str) -> str:
-    gib, mib = 2**30, 2**20
-    where = f"allocation {o.at:,}" + (f" ({o.name}, step {o.step})" if o.name else "")
-    return (
-        f"{who}: {o.grew / mib:,.2f} MiB for a {o.request / mib:,.2f} MiB request at {where}; "
-        f"allocated {o.allocated / gib:.2f} GiB, reserved {o.reserved / gib:.2f} GiB after"
-    )
-
-
 def read_history(history_path: Path) -> list:
     """A GPU's allocator history (measure.history.read), or E921."""
     from ..measure import history
@@ -476,11 +467,13 @@ def read_history(history_path: Path) -> list:
         ) from None
 
 
-def history_lines(events: list, history_name: str, record_path: Path, min_mib: float) -> list[str]:
+def history_comparison(events: list, history_name: str, record_path: Path, min_mib: float) -> dict:
     """The record's estimate beside the GPU's allocator history of its step (`events`, from
     read_history): the segments each side opened of `min_mib` or more, lined up by their
-    requests' sizes, and those only one side has (measure.history.compare); E922 where the
-    record has no estimate."""
+    requests' sizes (measure.history.compare), and those only one side has, in order, each
+    with the estimate's last alike opening before it; E922 where the record has no estimate."""
+    from dataclasses import asdict
+
     from ..measure import history
     from ..pipeline.simulate import recording_replays
     from ..pipeline.walks.timeline import PROBE
@@ -503,26 +496,45 @@ def history_lines(events: list, history_name: str, record_path: Path, min_mib: f
     # NB: one GPU's history; with several replays (a model split over GPUs) the first GPU's
     r = replays[0]
     est = history.estimate_openings(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
-    gpu = history.gpu_openings(events)
-    pairs = history.compare(gpu, est, int(min_mib * 2**20))
-    gib = 2**30
+    pairs = history.compare(history.gpu_openings(events), est, int(min_mib * 2**20))
     g = history.replay(events, r.alloc_conf)
-    lines = [
-        f"{history_name}: the GPU reserved {g.gpu_reserved / gib:.2f} GiB (the allocator model on its sequence {g.error_pct:+.2f} %), "
-        f"the estimate {report.estimate.reserved / gib:.2f} GiB; segments of {min_mib:g} MiB or more: the GPU's {sum(1 for a, _ in pairs if a)}, "
-        f"the estimate's {sum(1 for _, b in pairs if b)}, {sum(1 for a, b in pairs if a and b)} alike"
-    ]
-    last = None
+    only, last = [], None
     for a, b in pairs:
         if a and b:
             last = b
-        elif a:
-            # NB: a GPU history names no tensor: the estimate's alike opening before it places it
-            after = f"; after the estimate's allocation {last.at:,} ({last.name}, step {last.step})" if last else ""
-            lines.append(_describe(a, "  GPU only") + after)
         else:
-            lines.append(_describe(b, "  estimate only"))
-    return lines
+            # NB: a GPU history names no tensor: the estimate's alike opening before it places it
+            only.append({"side": "gpu" if a else "estimate", **asdict(a or b), "after": asdict(last) if a and last else None})
+    return {
+        "history": history_name,
+        "gpu_reserved": g.gpu_reserved,
+        "model_on_gpu_sequence_error_pct": g.error_pct,
+        "estimate_reserved": report.estimate.reserved,
+        "min_mib": min_mib,
+        "segments": {"gpu": sum(1 for a, _ in pairs if a), "estimate": sum(1 for _, b in pairs if b), "alike": sum(1 for a, b in pairs if a and b)},
+        "only": only,
+    }
+
+
+def render_history(c: dict) -> str:
+    gib, mib = 2**30, 2**20
+    n = c["segments"]
+    lines = [
+        f"{c['history']}: the GPU reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
+        f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB; segments of "
+        f"{c['min_mib']:g} MiB or more: the GPU's {n['gpu']}, the estimate's {n['estimate']}, {n['alike']} alike"
+    ]
+    for o in c["only"]:
+        where = f"allocation {o['at']:,}" + (f" ({o['name']}, step {o['step']})" if o["name"] else "")
+        line = (
+            f"  {'GPU' if o['side'] == 'gpu' else 'estimate'} only: {o['grew'] / mib:,.2f} MiB for a {o['request'] / mib:,.2f} MiB request at "
+            f"{where}; allocated {o['allocated'] / gib:.2f} GiB, reserved {o['reserved'] / gib:.2f} GiB after"
+        )
+        if o["after"]:
+            a = o["after"]
+            line += f"; after the estimate's allocation {a['at']:,} ({a['name']}, step {a['step']})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def main(args) -> int:
@@ -534,16 +546,18 @@ def main(args) -> int:
         return 1
     events = None if history_path is None else read_history(Path(history_path))
     comparisons = validate_records([Path(p) for p in args.paths], Progress(sys.stderr, "validate"))
+    beside = None if events is None else history_comparison(events, Path(history_path).name, Path(args.paths[0]), args.min_mib)
     if args.format == "json":
-        sys.stdout.write(json.dumps(as_data(comparisons), indent=2) + "\n")
+        data = as_data(comparisons)
+        if beside is not None:
+            data["history"] = beside
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        sys.stdout.write(render(comparisons))
+        sys.stdout.write(render(comparisons) + ("" if beside is None else "\n" + render_history(beside)))
     failures = gate(comparisons, args.max_mape, args.max_worst, args.max_under)
     v = verdicts(comparisons)
     if v is not None and v.missed:
         failures.append(f"{len(v.missed)} run(s) went out of memory where the estimate says fits: {', '.join(v.missed)}")
-    if events is not None:
-        sys.stdout.write("\n" + "\n".join(history_lines(events, Path(history_path).name, Path(args.paths[0]), args.min_mib)) + "\n")
     for f in failures:
         sys.stderr.write(f"validate: {f}\n")
     return 1 if failures else 0
