@@ -165,29 +165,20 @@ def gpu_openings(history: Iterable[tuple[str, int, int]]) -> list[Opened]:
 def estimate_openings(
     events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
 ) -> list[Opened]:
-    """The segments an estimate's replay (simulate.recording_replays) makes the model reserve."""
+    """The segments an estimate's replay (simulate.recording_replays) makes the model reserve:
+    each event played as the replay plays it (`Allocator.play`), one at a time."""
     model = Allocator(config, device_memory=device_memory)
     out: list[Opened] = []
-    allocs = step = 0
+    step = 0
     starts = list(step_starts)
     for i, (key, nbytes) in enumerate(events):
         while step < len(starts) and starts[step] <= i:
             step += 1
-        if nbytes is None:
-            if key in model:
-                model.free(key)
-            continue
-        if key is not probe_key and key in model:
-            continue
-        allocs += 1
         allocated, reserved = model.allocated, model.reserved
-        if key is probe_key:
-            model.probe(nbytes)
-        else:
-            model.malloc(key, nbytes)
-        if model.reserved > reserved:
+        model.play(((key, nbytes),), [], probe_key)
+        if model.reserved > reserved:  # NB: only an allocation grows it; mallocs counts it
             name = "an allocation freed at once" if key is probe_key else " ".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
-            out.append(Opened(allocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step))
+            out.append(Opened(model.mallocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step))
     return out
 
 

@@ -579,8 +579,12 @@ def _replay(
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
-    def run(allocator: Allocator) -> tuple[int, tuple[int, int]]:
-        return _run_steps(allocator, loaded, walk, step, first_step, made_states)
+    def run(allocator: Allocator, recorded: RecordedReplay | None = None) -> tuple[int, tuple[int, int]]:
+        return _run_steps(allocator, loaded, walk, step, first_step, made_states, recorded)
+
+    def failed_at(oom: OutOfMemory) -> int:
+        """What the allocator holds once the failed request's segment is counted."""
+        return oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
     # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
@@ -593,12 +597,11 @@ def _replay(
         recorded = RecordedReplay(setup.alloc_conf, memory, [], [])
         _recorded.append(recorded)
     try:
-        peak, peaks = _run_steps(Allocator(setup.alloc_conf, device_memory=memory), loaded, walk, step, first_step, made_states, recorded)
+        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory), recorded)
     except OutOfMemoryError as error:
         # NB: without a limit, only a request no expandable segment's address space holds (more
         # than the device's memory) fails: the step cannot run on this GPU
-        oom = error.oom
-        return oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf)), oom, False, (0, 0)
+        return failed_at(error.oom), error.oom, False, (0, 0)
     if capacity is None or peak <= capacity:
         return peak, None, False, peaks
     if verdict_only:
@@ -607,8 +610,7 @@ def _replay(
         run(Allocator(setup.alloc_conf, capacity, memory))
         return peak, None, False, peaks
     except OutOfMemoryError as error:
-        oom = error.oom
-        return max(peak, oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))), oom, False, peaks
+        return max(peak, failed_at(error.oom)), error.oom, False, peaks
 
 
 def _run_steps(
