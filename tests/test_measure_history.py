@@ -321,3 +321,25 @@ def test_validate_with_a_history_it_cannot_read_says_so_before_estimating(tmp_pa
     # several records and one history: which record the history is of is not known
     assert main(["validate", str(record.parent), "--history", str(tmp_path / "a.history.jsonl.gz")]) == 1
     assert "give one record file" in capsys.readouterr().err
+
+
+def test_validate_with_a_history_estimates_the_record_once(monkeypatch, capsys):
+    """The comparison with the history uses the replay of validate's own estimate; where that
+    comparison comes from the cache (which keeps no replay) the record is estimated there
+    instead: one estimate per call either way."""
+    from compiler import api
+    from compiler.cli import main
+
+    runs = []
+    real = api.run
+    monkeypatch.setattr(api, "run", lambda *a, **k: runs.append(1) or real(*a, **k))
+    name = "t5_base_b8_s1024_t128_gc-on"
+    record = Path(__file__).parent / "measured" / "gpu" / f"{name}.json"
+    history_file = str(GPU_HISTORIES / f"{name}.history.jsonl.gz")
+    outs = []
+    for _ in range(2):  # the first estimates in validate, the second reads validate's answer back
+        assert main(["validate", str(record), "--history", history_file, "--format", "json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["history"])
+        assert len(runs) == 1
+        runs.clear()
+    assert outs[0] == outs[1] and outs[0]["estimate_reserved"] == 5_943_328_768

@@ -14,6 +14,7 @@ This module never imports the measuring code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -467,21 +468,24 @@ def read_history(history_path: Path) -> list:
         ) from None
 
 
-def history_comparison(events: list, history_name: str, record_path: Path, min_mib: float) -> dict:
+def history_comparison(events: list, history_name: str, record_path: Path, min_mib: float, comparison: Comparison, replays: list) -> dict:
     """The record's estimate beside the GPU's allocator history of its step (`events`, from
     read_history): the segments each side opened of `min_mib` or more, lined up by their
     requests' sizes (measure.history.compare), and those only one side has, in order, each
-    with the estimate's last alike opening before it; E922 where the record has no estimate."""
+    with the estimate's last alike opening before it; E922 where the record has no estimate.
+    `comparison` is validate's for the record and `replays` what its estimate gave the
+    allocator (simulate.recording_replays), empty where the comparison came from the cache,
+    which keeps no replay: the record is then estimated here."""
     from dataclasses import asdict
 
     from ..measure import history
     from ..pipeline.simulate import recording_replays
     from ..pipeline.walks.timeline import PROBE
 
-    record = json.loads(record_path.read_text())
-    with recording_replays() as replays:
-        report, why = record_report(record_path, record)
-    if report is None or not replays:
+    if comparison.estimated is not None and not replays:
+        with recording_replays() as replays:
+            record_report(record_path, json.loads(record_path.read_text()))
+    if comparison.estimated is None or not replays:
         raise MemspecError(
             Diagnostic(
                 "E922",
@@ -489,7 +493,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
                 0,
                 0,
                 "$.experiment",
-                f"no estimate to compare the history with: {why or 'its estimate replays no allocator'}",
+                f"no estimate to compare the history with: {comparison.reason or 'its estimate replays no allocator'}",
                 "a record whose experiment estimates",
             )
         )
@@ -509,7 +513,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "history": history_name,
         "gpu_reserved": g.gpu_reserved,
         "model_on_gpu_sequence_error_pct": g.error_pct,
-        "estimate_reserved": report.estimate.reserved,
+        "estimate_reserved": comparison.estimated["reserved"],
         "min_mib": min_mib,
         "segments": {"gpu": sum(1 for a, _ in pairs if a), "estimate": sum(1 for _, b in pairs if b), "alike": sum(1 for a, b in pairs if a and b)},
         "only": only,
@@ -538,6 +542,7 @@ def render_history(c: dict) -> str:
 
 
 def main(args) -> int:
+    from ..pipeline.simulate import recording_replays
     from .progress import Progress
 
     history_path = getattr(args, "history", None)
@@ -545,8 +550,10 @@ def main(args) -> int:
         sys.stderr.write("validate: --history compares one record with the GPU's allocator history of its step: give one record file\n")
         return 1
     events = None if history_path is None else read_history(Path(history_path))
-    comparisons = validate_records([Path(p) for p in args.paths], Progress(sys.stderr, "validate"))
-    beside = None if events is None else history_comparison(events, Path(history_path).name, Path(args.paths[0]), args.min_mib)
+    # NB: with --history (one record) the estimate's replay is kept for the comparison with it
+    with recording_replays() if events is not None else contextlib.nullcontext([]) as replays:
+        comparisons = validate_records([Path(p) for p in args.paths], Progress(sys.stderr, "validate"))
+    beside = None if events is None else history_comparison(events, Path(history_path).name, Path(args.paths[0]), args.min_mib, comparisons[0], replays)
     if args.format == "json":
         data = as_data(comparisons)
         if beside is not None:
