@@ -296,9 +296,14 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
         f"{name}.history.jsonl.gz: the GPU reserved 33.90 GiB (the allocator model on its sequence +0.00 %), the estimate "
         "29.39 GiB; segments of 64 MiB or more: the GPU's 11, the estimate's 11, 10 alike"
     )
-    assert lines[1].startswith("  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1)")
-    assert lines[2].startswith("  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314; allocated 16.29 GiB, reserved 33.90 GiB after")
-    assert len(lines) == 3
+    # step 1 reserves what the GPU's did; step 2 is where they part
+    assert lines[1] == (
+        "  reserved by step: the GPU 29.26, 33.90, 33.90 GiB, the estimate 29.39, 29.39 GiB "
+        "(the replay stops after step 2: step 3 would begin from the cache step 2 began from)"
+    )
+    assert lines[2].startswith("  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1)")
+    assert lines[3].startswith("  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314; allocated 16.29 GiB, reserved 33.90 GiB after")
+    assert len(lines) == 4
     # the same in the JSON, beside the records' comparison
     assert main(["validate", str(record), "--history", str(GPU_HISTORIES / f"{name}.history.jsonl.gz"), "--format", "json"]) == 0
     beside = json.loads(capsys.readouterr().out)["history"]
@@ -308,6 +313,8 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
         ("gpu", 4748 * MIB, "", 0),
     ]
     assert beside["only"][1]["after"]["name"] == "transient log_softmax_grad 924"
+    # the record's max_memory_reserved of each step, and the replay's of each step it ran
+    assert beside["step_reserved"] == {"gpu": [31_419_531_264, 36_398_170_112, 36_398_170_112], "estimate": [31_553_748_992, 31_553_748_992]}
 
 
 def test_validate_with_a_history_it_cannot_read_says_so_before_estimating(tmp_path, capsys):
@@ -343,3 +350,16 @@ def test_validate_with_a_history_estimates_the_record_once(monkeypatch, capsys):
         assert len(runs) == 1
         runs.clear()
     assert outs[0] == outs[1] and outs[0]["estimate_reserved"] == 5_943_328_768
+
+
+def test_step_reserved_is_each_steps_max_memory_reserved_from_its_start():
+    """A 30 MiB tensor loaded (a 30 MiB segment: 10 MiB or more rounds to 2 MiB), step 1 a 50 MiB
+    temporary (a 50 MiB segment, kept cached when freed), step 2 a 40 MiB one served from that
+    cached block: each step's figure counts the segments kept from before, as
+    max_memory_reserved reset at the step's start reads them."""
+    from compiler.pipeline.walks.timeline import PROBE
+
+    events = [("a", 30 * MIB), ("b", 50 * MIB), ("b", None), ("c", 40 * MIB), ("c", None)]
+    assert history.step_reserved(events, PROBE, AllocatorConfig(), step_starts=[1, 3]) == [80 * MIB, 80 * MIB]
+    # no step before the loading's events end: the first step's figure is the loading's too
+    assert history.step_reserved(events, PROBE, AllocatorConfig(), step_starts=[0]) == [80 * MIB]

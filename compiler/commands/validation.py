@@ -500,6 +500,10 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
     # NB: one GPU's history; with several replays (a model split over GPUs) the first GPU's
     r = replays[0]
     est = history.estimate_openings(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
+    steps = {
+        "gpu": [s.get("reserved") for s in json.loads(record_path.read_text()).get("steps") or []],
+        "estimate": history.step_reserved(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts),
+    }
     pairs = history.compare(history.gpu_openings(events), est, int(min_mib * 2**20))
     g = history.replay(events, r.alloc_conf)
     only, last = [], None
@@ -516,8 +520,13 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "estimate_reserved": comparison.estimated["reserved"],
         "min_mib": min_mib,
         "segments": {"gpu": sum(1 for a, _ in pairs if a), "estimate": sum(1 for _, b in pairs if b), "alike": sum(1 for a, b in pairs if a and b)},
+        "step_reserved": steps,
         "only": only,
     }
+
+
+def _steps(figures: list) -> str:
+    return ", ".join("-" if f is None else f"{f / 2**30:.2f}" for f in figures) + " GiB" if figures else "-"
 
 
 def render_history(c: dict) -> str:
@@ -528,6 +537,11 @@ def render_history(c: dict) -> str:
         f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB; segments of "
         f"{c['min_mib']:g} MiB or more: the GPU's {n['gpu']}, the estimate's {n['estimate']}, {n['alike']} alike"
     ]
+    steps = c["step_reserved"]
+    if steps["gpu"] or steps["estimate"]:
+        n, same = len(steps["estimate"]), len(steps["gpu"]) > len(steps["estimate"]) > 0
+        repeat = f" (the replay stops after step {n}: step {n + 1} would begin from the cache step {n} began from)" if same else ""
+        lines.append(f"  reserved by step: the GPU {_steps(steps['gpu'])}, the estimate {_steps(steps['estimate'])}{repeat}")
     for o in c["only"]:
         where = f"allocation {o['at']:,}" + (f" ({o['name']}, step {o['step']})" if o["name"] else "")
         line = (

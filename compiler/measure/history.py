@@ -182,6 +182,21 @@ def estimate_openings(
     return out
 
 
+def step_reserved(events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()) -> list[int]:
+    """What an estimate's replay reserves at most in each training step (`step_starts`: the
+    event each step begins with), as max_memory_reserved reset at the step's start reads it:
+    the segments kept from before count too."""
+    model = Allocator(config, device_memory=device_memory)
+    starts = list(step_starts) + [len(events)]
+    peaks: list[int] = []
+    model.play(events[: starts[0]], [], probe_key)
+    for begin, end in zip(starts, starts[1:]):
+        model.peak_reserved = model.reserved
+        model.play(events[begin:end], [], probe_key)
+        peaks.append(model.peak_reserved)
+    return peaks
+
+
 def compare(gpu: Sequence[Opened], estimate: Sequence[Opened], min_bytes: int = 0) -> list[tuple[Opened | None, Opened | None]]:
     """The two lists' openings of `min_bytes` or more, lined up by their requests' sizes (to the
     MiB: under expandable segments the pages mapped for one request depend on the free end
