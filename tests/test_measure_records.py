@@ -39,6 +39,14 @@ def test_record_is_valid_and_consistent(path):
     assert (ROOT / rec["experiment"]["model"]).is_file()
 
 
+@pytest.mark.parametrize("path", sorted((MEASURED / "gpu").glob("*.json")), ids=lambda p: p.stem)
+def test_gpu_record_is_valid(path):
+    """The GPU's records too (18 measured with --alloc-conf once carried a key the schema lacked)."""
+    rec = record.read_record(path)
+    assert record.validate(rec) == []
+    assert rec["source"] == "gpu"
+
+
 def test_schema_rejects_a_float_byte_count():
     rec = record.read_record(RECORDS[0])
     rec["allocated"] = 1.5

@@ -136,11 +136,16 @@ def _made(item: tuple[Path, str, bytes]) -> Comparison:
     """The comparison of a record under its key `name`: the kept one, or made and kept."""
     from .. import checked
 
+    from ..pipeline.validate import check_loaded
+
     path, name, raw = item
     hit = checked.get(name)
     if isinstance(hit, Comparison):
         return hit
-    found = _compare(path, json.loads(raw))
+    # NB: a kept comparison's record conformed when it was made (its bytes are in the key)
+    record = json.loads(raw)
+    check_loaded(record, raw.decode("utf-8"), str(path), "record")
+    found = _compare(path, record)
     checked.put(name, found)
     return found
 

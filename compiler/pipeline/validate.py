@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from compiler import checked, paths
 from compiler.errors import Diagnostic, MemspecError, did_you_mean
-from compiler.pipeline.load import Document, child_path, load_yaml
+from compiler.pipeline.load import Document, child_path, load_yaml, load_yaml_text
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -57,6 +57,22 @@ def validate(doc: Document, schema: Mapping) -> list[Diagnostic]:
             found.setdefault(diagnostic)
     # NB: stable: diagnostics at one place keep jsonschema's order, which follows the schema.
     return sorted(found, key=lambda d: (d.line, d.col, d.path))
+
+
+def check_loaded(data: Any, text: str, file: str, kind: str) -> None:
+    """`data`, loaded from `text` without positions (json.loads), against the `kind` schema:
+    nothing when it conforms, else every violation as a MemspecError with its line (`text`
+    is loaded again with positions only then)."""
+    if _validator(kind).is_valid(data):
+        return
+    problems = validate(load_yaml_text(text, file), load_schema(kind))
+    if problems:
+        raise MemspecError(problems)
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(kind: str) -> Any:
+    return _validator_class()(load_schema(kind), registry=_registry(paths.schemas_dir()))
 
 
 def checked_document(path: str | os.PathLike, kind: str | None) -> Document:
