@@ -121,6 +121,9 @@ def test_unknown_keys_are_listed_not_dropped(tmp_path):
             "E802 $.deepspeed_config.offload_param_device: offloading parameters to cpu under ZeRO-2 is not modelled: parameter offload is a ZeRO-3 feature",
         ),
         ("mixed_precision: fp8\n", "E805 $.mixed_precision: mixed_precision 'fp8' is not modelled"),
+        # a list or a mapping where a name belongs (an internal error before)
+        ("mixed_precision: [bf16]\n", "E804 $.mixed_precision: expected mixed_precision no, bf16 or fp16, got ['bf16']"),
+        ("distributed_type: {FSDP: 2}\n", "E804 $.distributed_type: unknown distributed_type {'FSDP': 2}"),
     ],
 )
 def test_bad_values(tmp_path, text, message):

@@ -1250,3 +1250,19 @@ def test_context_length_is_the_trained_context(fixture, context, key):
     config = json.loads((hf.FIXTURES / fixture / "config.json").read_text())
     assert importer.context_length(config) == (context, key)
     assert importer.import_spec(str(hf.FIXTURES / fixture)).spec.context_length == context
+
+
+@pytest.mark.parametrize("text_config", ["x", -1, [1, "a"]])
+def test_a_sub_config_that_is_no_mapping_is_refused_not_defaulted(tmp_path, text_config):
+    """text_config holding a string, a number or a list: the family's values under it are not
+    given Hugging Face's defaults (which a missing or null text_config gets) but refused once,
+    naming the key; it ended in an internal error (exit 3) before."""
+    import shutil
+
+    shutil.copytree(FIX / "llava-1.5-7b-hf", tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**config, "text_config": text_config}))
+    err = _error(importer.import_spec, str(tmp_path / "model"))
+    assert err.count("E713") == 1, err
+    assert f"E713 folder '{tmp_path / 'model'}': config.json text_config = {text_config!r} is not a mapping (the llava family's" in err
+    assert "help: text_config holds a sub-config, a JSON object, or null for Hugging Face's defaults" in err

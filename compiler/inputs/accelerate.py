@@ -120,7 +120,9 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
         problems.append(doc.diag(code, where(key), message, help))
 
     kind = flat.get("distributed_type", "NO")
-    if kind in ACCELERATE_NOT_MODELLED_TYPES:
+    if not isinstance(kind, str):
+        bad("distributed_type", f"unknown distributed_type {kind!r}", f"one of {', '.join(ACCELERATE_TYPES)} (accelerate's DistributedType)")
+    elif kind in ACCELERATE_NOT_MODELLED_TYPES:
         bad("distributed_type", f"distributed_type {kind} is not modelled", f"modelled: {', '.join(ACCELERATE_TYPES)}", "E805")
     elif kind not in ACCELERATE_TYPES:
         bad("distributed_type", f"unknown distributed_type {kind!r}", f"one of {', '.join(ACCELERATE_TYPES)} (accelerate's DistributedType)")
@@ -130,7 +132,9 @@ def read_accelerate(path: str, modules: tuple[str, ...] = ()) -> Reading:
     else:
         out["dp"] = 1 if kind == "NO" else n
     mp = flat.get("mixed_precision", "no")
-    if mp not in ACCELERATE_PRECISION:
+    if not isinstance(mp, str):
+        bad("mixed_precision", f"expected mixed_precision no, bf16 or fp16, got {mp!r}", "write no, bf16 or fp16 (accelerate's PrecisionType)")
+    elif mp not in ACCELERATE_PRECISION:
         bad("mixed_precision", f"mixed_precision {mp!r} is not modelled", "write no, bf16 or fp16 (fp8 is not modelled)", "E805" if mp == "fp8" else "E804")
     elif "mixed_precision" in flat:
         out["precision"] = ACCELERATE_PRECISION[mp]

@@ -164,14 +164,18 @@ class Family:
         values: dict[str, Any] = {}
         origin: dict[str, str] = {}
         problems: list[Diagnostic] = []
+        malformed: set[tuple[str, str]] = set()  # (root, dotted path) of each sub-config that is no mapping
         for c in self.config:
-            found = _MISSING
-            for key in c.keys:
-                root, *parts = key.split(".")
-                found = _lookup(roots[root], parts)
-                if found is not _MISSING:
-                    origin[c.name] = ("config.json " if root == "config" else "preprocessor_config.json ") + key.split(".", 1)[1]
-                    break
+            found, source, through = _first(c.keys, roots)
+            if source is not None:
+                origin[c.name] = source
+            if found is _MISSING and through is not None:
+                # NB: no default for a value whose sub-config is malformed (text_config: "x")
+                root, key, bad = through
+                if (root, bad.where) not in malformed:
+                    malformed.add((root, bad.where))
+                    problems.append(_not_a_mapping(where, root, bad, self.name, c.name, key))
+                continue
             if found is _MISSING and c.derive is not None:
                 if not c.derive.names <= values.keys():
                     continue  # NB: what it derives from is missing, and that is reported already
@@ -232,15 +236,63 @@ class Family:
         return Values(values, origin)
 
 
-def _lookup(data: Any, parts: list[str]) -> Any:
-    for part in parts:
-        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
-            data = data[int(part)]  # a list item by index: vision_config.patch_size.0 of [14, 14]
+def _first(keys, roots: Mapping[str, Any]) -> tuple[Any, str | None, tuple | None]:
+    """The value of the first of `keys` present: (value, where it was read, None), or
+    (_MISSING, None, (root, key, _NotAMapping)) where a key ran into a sub-config that is no
+    mapping and no other key gave a value, (_MISSING, None, None) where none is set."""
+    through = None
+    for key in keys:
+        root, *parts = key.split(".")
+        try:
+            found = _lookup(roots[root], parts)
+        except _NotAMapping as bad:
+            # NB: another key may read it (processor size 224 where size.height is first)
+            through = through or (root, key, bad)
             continue
-        if not isinstance(data, Mapping) or part not in data:
-            return _MISSING
-        data = data[part]
-    return _MISSING if data is None else data
+        if found is not _MISSING:
+            return found, ("config.json " if root == "config" else "preprocessor_config.json ") + key.split(".", 1)[1], None
+    return _MISSING, None, through
+
+
+def _not_a_mapping(where: str, root: str, bad: "_NotAMapping", family: str, name: str, key: str) -> Diagnostic:
+    file = "config.json" if root == "config" else "preprocessor_config.json"
+    return Diagnostic(
+        "E713",
+        "",
+        0,
+        0,
+        "",
+        f"{where}: {file} {bad.where} = {bad.value!r} is not a mapping (the {family} family's '{name}' reads {key.split('.', 1)[1]})",
+        f"{bad.where} holds a sub-config, a JSON object, or null for Hugging Face's defaults",
+    )
+
+
+class _NotAMapping(Exception):
+    """A key's path runs through a value that is no sub-config: `where` (dotted) holds `value`."""
+
+    def __init__(self, where: str, value: Any):
+        super().__init__(where)
+        self.where, self.value = where, value
+
+
+def _lookup(data: Any, parts: list[str]) -> Any:
+    """The value at `parts`, _MISSING where a key on the way is absent or null (Hugging Face's
+    defaults then apply); _NotAMapping where one holds a value that is neither a mapping nor,
+    before an index, a list (text_config: "x")."""
+    for i, part in enumerate(parts):
+        if isinstance(data, list) and part.isdigit():
+            if int(part) >= len(data):
+                return _MISSING
+            data = data[int(part)]  # a list item by index: vision_config.patch_size.0 of [14, 14]
+        elif isinstance(data, Mapping):
+            if data.get(part) is None:
+                return _MISSING
+            data = data[part]
+        elif part.isdigit():
+            return _MISSING  # NB: a scalar where a list may be (patch_size 14 or [14, 14]): the key's alternative reads it
+        else:
+            raise _NotAMapping(".".join(parts[:i]), data)
+    return data
 
 
 def _show_names(values: Mapping[str, Any], names) -> str:

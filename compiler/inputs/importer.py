@@ -211,11 +211,14 @@ def formula_counts(spec: Spec) -> dict[str, int]:
 def trainer_hidden_size(config: Mapping[str, Any]) -> int | None:
     """The hidden size HF Trainer fills DeepSpeed's "auto" bucket sizes from, found the way
     transformers/integrations/deepspeed.py (trainer_config_finalize) looks for it."""
-    for c in (config, config.get("text_config") or {}):
+    for c in (config, config.get("text_config")):
+        if not isinstance(c, Mapping):
+            continue
         if isinstance(c.get("hidden_size"), int):
             return c["hidden_size"]
-        if c.get("hidden_sizes"):
-            return max(c["hidden_sizes"])
+        sizes = c.get("hidden_sizes")
+        if isinstance(sizes, list) and sizes and all(isinstance(n, int) for n in sizes):
+            return max(sizes)
     return None
 
 
