@@ -135,7 +135,6 @@ def compare(path: Path) -> Comparison:
 def _made(item: tuple[Path, str, bytes]) -> Comparison:
     """The comparison of a record under its key `name`: the kept one, or made and kept."""
     from .. import checked
-
     from ..pipeline.validate import check_loaded
 
     path, name, raw = item

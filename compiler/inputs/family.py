@@ -292,7 +292,7 @@ def _lookup(data: Any, parts: list[str]) -> Any:
             return _MISSING  # NB: a scalar where a list may be (patch_size 14 or [14, 14]): the key's alternative reads it
         else:
             raise _NotAMapping(".".join(parts[:i]), data)
-    return data
+    return _MISSING if data is None else data
 
 
 def _show_names(values: Mapping[str, Any], names) -> str:
