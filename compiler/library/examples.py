@@ -38,7 +38,6 @@ DEFAULT_CONTEXT: Mapping[str, Any] = {
     "fused_loss": False,
     "offloading": False,
     "autocast": False,
-    "requires_grad": False,
     "packed": False,
     "cudnn_attention": True,  # the catalog's default GPU, an H100 (sm90)
     "bias_trains": False,
