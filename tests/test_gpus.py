@@ -209,3 +209,28 @@ def test_masked_sdpa_runs_cudnn_attention_on_hopper_and_not_on_an_a100():
     assert h200.tensors == report.tensors
     # + the two GEMM threads' cuBLAS workspaces, 32 MiB on Hopper and 8,320 KiB before it
     assert h200.tensors - a100.tensors == 32 * 2048 * 3072 * 2 + 2 * (32_768 - 8_320) * 1024 == 452_722_688
+
+
+def test_a_default_gpu_the_catalog_lacks_is_refused_at_its_line(tmp_path, monkeypatch):
+    """specs/gpus.yaml's default_gpu names a catalog key; one it lacks (a typo, or every GPU
+    removed) ended in a KeyError (internal error) before."""
+    from compiler import paths
+    from compiler.errors import MemspecError
+    from compiler.pipeline import gpus
+
+    text = (ROOT / "specs" / "gpus.yaml").read_text()
+    (tmp_path / "gpus.yaml").write_text(text.replace("default_gpu: h100-80gb", "default_gpu: h100-80gib"))
+    monkeypatch.setattr(paths, "specs_dir", lambda: tmp_path)
+    gpus._catalog.cache_clear()
+    gpus.gpu_catalog.cache_clear()
+    try:
+        with pytest.raises(MemspecError) as err:
+            gpus.gpu_catalog()
+    finally:
+        monkeypatch.undo()
+        gpus._catalog.cache_clear()
+        gpus.gpu_catalog.cache_clear()
+    (d,) = err.value.diagnostics
+    line = 1 + text.splitlines().index("default_gpu: h100-80gb")
+    assert (d.code, d.line, d.path) == ("E208", line, "$.default_gpu")
+    assert d.message == "default_gpu 'h100-80gib' is not in the catalog" and "h100-80gb" in d.help

@@ -18,7 +18,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Mapping
 
-from ..errors import did_you_mean
+from ..errors import MemspecError, did_you_mean
 from .load import Document
 
 KIB = 1 << 10
@@ -170,9 +170,12 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
         kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}", " ".join(m[kind]["summary"].split()))
         for kind in ("checkpointed", "checkpointed_eager", "expandable_segments")
     }
-    consts = DeviceConstants(
-        d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[doc.data["default_gpu"]], margin, margins
-    )
+    default = doc.data["default_gpu"]
+    if default not in gpus:
+        raise MemspecError(
+            doc.diag("E208", "$.default_gpu", f"default_gpu {default!r} is not in the catalog", f"one of {', '.join(gpus) or 'the gpus: entries (none given)'}")
+        )
+    consts = DeviceConstants(d["cuda_context_mib"]["value"] * MIB, d["nccl_per_communicator_mib"]["value"] * MIB, gpus[default], margin, margins)
     return gpus, consts
 
 
