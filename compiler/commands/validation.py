@@ -486,9 +486,10 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
     from ..pipeline.simulate import recording_replays
     from ..pipeline.walks.timeline import PROBE
 
+    record = json.loads(record_path.read_text())
     if comparison.estimated is not None and not replays:
         with recording_replays() as replays:
-            record_report(record_path, json.loads(record_path.read_text()))
+            record_report(record_path, record)
     if comparison.estimated is None or not replays:
         raise MemspecError(
             Diagnostic(
@@ -505,7 +506,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
     r = replays[0]
     est = history.estimate_openings(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
     steps = {
-        "gpu": [s.get("reserved") for s in json.loads(record_path.read_text()).get("steps") or []],
+        "gpu": [s.get("reserved") for s in record.get("steps") or []],
         "estimate": history.step_reserved(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts),
     }
     pairs = history.compare(history.gpu_openings(events), est, int(min_mib * 2**20))
@@ -535,11 +536,11 @@ def _steps(figures: list) -> str:
 
 def render_history(c: dict) -> str:
     gib, mib = 2**30, 2**20
-    n = c["segments"]
+    seg = c["segments"]
     lines = [
         f"{c['history']}: the GPU reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
         f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB; segments of "
-        f"{c['min_mib']:g} MiB or more: the GPU's {n['gpu']}, the estimate's {n['estimate']}, {n['alike']} alike"
+        f"{c['min_mib']:g} MiB or more: the GPU's {seg['gpu']}, the estimate's {seg['estimate']}, {seg['alike']} alike"
     ]
     steps = c["step_reserved"]
     if steps["gpu"] or steps["estimate"]:

@@ -236,6 +236,9 @@ class Family:
         return Values(values, origin)
 
 
+_FILES = {"config": "config.json", "processor": "preprocessor_config.json"}  # a key's root -> the file it reads
+
+
 def _first(keys, roots: Mapping[str, Any]) -> tuple[Any, str | None, tuple | None]:
     """The value of the first of `keys` present: (value, where it was read, None), or
     (_MISSING, None, (root, key, _NotAMapping)) where a key ran into a sub-config that is no
@@ -250,19 +253,18 @@ def _first(keys, roots: Mapping[str, Any]) -> tuple[Any, str | None, tuple | Non
             through = through or (root, key, bad)
             continue
         if found is not _MISSING:
-            return found, ("config.json " if root == "config" else "preprocessor_config.json ") + key.split(".", 1)[1], None
+            return found, f"{_FILES[root]} {key.split('.', 1)[1]}", None
     return _MISSING, None, through
 
 
 def _not_a_mapping(where: str, root: str, bad: "_NotAMapping", family: str, name: str, key: str) -> Diagnostic:
-    file = "config.json" if root == "config" else "preprocessor_config.json"
     return Diagnostic(
         "E713",
         "",
         0,
         0,
         "",
-        f"{where}: {file} {bad.where} = {bad.value!r} is not a mapping (the {family} family's '{name}' reads {key.split('.', 1)[1]})",
+        f"{where}: {_FILES[root]} {bad.where} = {bad.value!r} is not a mapping (the {family} family's '{name}' reads {key.split('.', 1)[1]})",
         f"{bad.where} holds a sub-config, a JSON object, or null for Hugging Face's defaults",
     )
 
