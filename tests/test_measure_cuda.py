@@ -97,6 +97,26 @@ def test_each_phase_gets_its_own_reading_and_the_record_takes_steps_2_on(attach)
     assert f"{BASELINE:,} B" in rec["machine"]["note"] and rec["machine"]["accelerator"] == H100[0]
 
 
+def test_an_autocast_step_computes_in_16_bits_on_the_device_it_runs_on(attach, monkeypatch):
+    # bf16-mixed as HF Trainer and accelerate run it: fp32 weights, torch.autocast of the
+    # model's device around the forward. An autocast of another device type (the trace's CPU
+    # one on a CUDA model) leaves every matmul in fp32, and the record would measure an fp32
+    # step under a bf16-mixed name.
+    seen = []
+    build = harness.build_model
+
+    def watched(config, exp):
+        model = build(config, exp)
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.register_forward_hook(lambda mod, args, out: seen.append((mod.weight.dtype, out.dtype)))
+        return model
+
+    monkeypatch.setattr(harness, "build_model", watched)
+    cuda.measure(tiny("tiny-autocast"), steps=2, device="cpu", counters=Scripted())
+    assert seen and set(seen) == {(torch.float32, torch.bfloat16)}
+
+
 class Released(Scripted):
     """Step 1's optimizer phase (reading 4) reserves 9,000,512 B; a failed cudaMalloc then
     made the allocator free its cache (one retry), so the later steps reserve less."""

@@ -280,6 +280,8 @@ def measure(
             counters.alloc_retries(),
             shared,
         )
+    if harness.autocast(exp):
+        harness.wrap_forward_as_accelerate(model, harness.DTYPES[exp["precision"]], where.type)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, scale = harness._make_optimizer(exp, model, trainable, _Relabels())
 

@@ -136,10 +136,12 @@ def weight_dtype(exp: dict) -> torch.dtype:
     return fsdp.storage_dtype(exp["precision"]) if _fsdp(exp) else DTYPES[exp["precision"]]
 
 
-def wrap_forward_as_accelerate(model, dtype: torch.dtype) -> None:
+def wrap_forward_as_accelerate(model, dtype: torch.dtype, device_type: str = "cpu") -> None:
     """model.forward as accelerate's Accelerator.prepare_model makes it under native AMP:
-    convert_outputs_to_fp32(autocast(forward)) (accelerate/accelerator.py; the autocast is
-    CPU's, whose op policy `emulation.CudaAutocastPolicy` makes CUDA's)."""
+    convert_outputs_to_fp32(autocast(forward)) (accelerate/accelerator.py), the autocast of
+    the device the model runs on: CPU's for the trace, whose op policy
+    `emulation.CudaAutocastPolicy` makes CUDA's, and CUDA's itself on a GPU (an autocast of
+    another device type leaves the forward in fp32)."""
     from types import MethodType
 
     from accelerate.utils import convert_outputs_to_fp32
@@ -147,7 +149,7 @@ def wrap_forward_as_accelerate(model, dtype: torch.dtype) -> None:
     forward = model.forward.__func__
 
     def autocast_forward(*args, **kwargs):
-        with torch.autocast(device_type="cpu", dtype=dtype):
+        with torch.autocast(device_type=device_type, dtype=dtype):
             return forward(*args, **kwargs)
 
     model.forward = MethodType(convert_outputs_to_fp32(autocast_forward), model)
