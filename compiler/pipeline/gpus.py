@@ -101,18 +101,21 @@ class DeviceConstants:
     nccl_per_communicator: int
     default_gpu: Gpu  # whose architecture an estimate without --gpu assumes
     margin: Margin = Margin(Fraction(0), None, "")  # what a verdict keeps free unless --margin says
-    # the margins of other kinds of step: "checkpointed", "checkpointed_eager",
+    # the margins of other kinds of step: "checkpointed", "checkpointed_eager", "packed",
     # "expandable_segments" (see margin_for)
     margins: Mapping[str, Margin] = field(default_factory=dict)
 
-    def margin_for(self, checkpointing: bool, attention: str, expandable_segments: bool = False) -> Margin:
+    def margin_for(self, checkpointing: bool, attention: str, expandable_segments: bool = False, packed: bool = False) -> Margin:
         """The catalog's margin for a step of this kind: checkpointed steps fragment the cache
-        unlike the estimate's replay, those with eager attention the most; under
-        expandable_segments:True a block has no other segment's hole to land in, and one
-        margin covers every kind (specs/gpus.yaml device.margin_pct; `expandable_segments`:
-        that setting alone, as measured, AllocatorConfig.only_expandable)."""
+        unlike the estimate's replay, those with eager attention more; a packed batch (one row
+        of b x s tokens whose sequences each layer masks apart) more still, whatever its
+        checkpointing; under expandable_segments:True a block has no other segment's hole to
+        land in, and one margin covers every kind (specs/gpus.yaml device.margin_pct;
+        `expandable_segments`: that setting alone, as measured, AllocatorConfig.only_expandable)."""
         if expandable_segments:
             return self.margins.get("expandable_segments", self.margin)
+        if packed:
+            return self.margins.get("packed", self.margin)
         if not checkpointing:
             return self.margin
         return self.margins.get("checkpointed_eager" if attention == "eager" else "checkpointed", self.margin)
@@ -168,7 +171,7 @@ def gpu_catalog() -> tuple[Mapping[str, Gpu], DeviceConstants]:
     margin = Margin(Fraction(str(m["value"])), None, "specs/gpus.yaml device.margin_pct", " ".join(m["summary"].split()))
     margins = {
         kind: Margin(Fraction(str(m[kind]["value"])), None, f"specs/gpus.yaml device.margin_pct.{kind}", " ".join(m[kind]["summary"].split()))
-        for kind in ("checkpointed", "checkpointed_eager", "expandable_segments")
+        for kind in ("checkpointed", "checkpointed_eager", "packed", "expandable_segments")
     }
     default = doc.data["default_gpu"]
     if default not in gpus:

@@ -519,7 +519,7 @@ class Resolution:
                 gpu = found
             else:
                 complain("gpu", *found)
-        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), alloc_conf.only_expandable)
+        margin = consts.margin_for(bool(data.get("gradient_checkpointing")), data.get("attention"), alloc_conf.only_expandable, bool(data.get("packing")))
         if data.get("margin") is not None:
             try:
                 margin = parse_margin(str(data["margin"]))
