@@ -142,6 +142,16 @@ def test_the_default_margin_is_the_catalogs_and_fit_says_so(capsys):
     ) in capsys.readouterr().out
 
 
+def test_a_packed_batch_takes_the_packed_margin(capsys):
+    """`packing: true` (one row of b x s tokens): the catalog's packed margin, 14 %, whatever
+    the checkpointing and attention (specs/gpus.yaml device.margin_pct.packed: the two packed
+    GPU records are the furthest under of all)."""
+    data = _fit_json(capsys, "specs/experiments/qwen2.5-7b-liger-packed.yaml", "--gpu", "h100-80gb")
+    # 14 % of 85,520,809,984 B = 11,972,913,397.76 B, rounded up
+    assert data["margin"]["source"] == "specs/gpus.yaml device.margin_pct.packed"
+    assert (data["margin"]["percent"], data["margin"]["bytes"]) == (14, 11_972_913_398)
+
+
 def test_margin_zero_and_absolute_margins(capsys):
     assert _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "0")["budget"] == H100  # nothing kept free
     data = _fit_json(capsys, TINY, "--gpu", "h100-80gb", "--margin", "2GiB")
