@@ -244,7 +244,8 @@ def test_the_request_that_ran_out_of_memory_is_kept_and_replayed_within_the_capa
 
 def test_the_gpus_openings_are_its_segment_entries_with_the_allocation_each_was_for():
     # a 100 MiB segment for the first request; the 60 MiB request after its free is served
-    # from it (split); the next 60 MiB request finds 40 MiB cached and gets a segment of its own
+    # from it (split); the next 60 MiB request finds 40 MiB cached (the largest free block then,
+    # as the allocator model has it on this sequence) and gets a segment of its own
     seq = [
         ("segment_alloc", 1 << 40, 100 * MIB),
         ("alloc", 1 << 40, 100 * MIB),
@@ -255,7 +256,7 @@ def test_the_gpus_openings_are_its_segment_entries_with_the_allocation_each_was_
     ]
     assert history.gpu_openings(seq) == [
         history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB),
-        history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB),
+        history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, largest_free=40 * MIB),
     ]
 
 
@@ -263,10 +264,13 @@ def test_an_estimates_openings_name_the_allocation_and_its_step():
     probe = object()
     events = [(("tensor", "x"), 100 * MIB), (("tensor", "x"), None), (("tensor", "y"), 60 * MIB), (probe, 60 * MIB), (("tensor", "z"), 60 * MIB)]
     # x opens 100 MiB (10 MiB or more: its own segment, rounded to 2 MiB); y splits x's freed
-    # block, leaving 40 MiB; the probe (made and freed at once) opens 60 MiB, which z reuses
+    # block, leaving 40 MiB, too small for the probe (made and freed at once), which opens
+    # 60 MiB; z reuses it
     assert history.estimate_openings(events, probe, AllocatorConfig(), step_starts=[0, 3]) == [
         history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB, name="tensor x", step=1),
-        history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, name="an allocation freed at once", step=2),
+        history.Opened(
+            at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, name="an allocation freed at once", step=2, largest_free=40 * MIB
+        ),
     ]
 
 
@@ -301,16 +305,24 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
         "  reserved by step: the GPU 29.26, 33.90, 33.90 GiB, the estimate 29.39, 29.39 GiB "
         "(the replay stops after step 2: step 3 would begin from the cache step 2 began from)"
     )
-    assert lines[2].startswith("  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1)")
-    assert lines[3].startswith("  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314; allocated 16.29 GiB, reserved 33.90 GiB after")
+    # each with the largest free block its side had then: the mask's 128 MiB missed a 118 MiB
+    # one; the GPU's 4,748 MiB request was no near miss (3,592.31 MiB), the estimate's cache had a
+    # hole that fits
+    assert lines[2].startswith(
+        "  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1), the largest free block then 118.00 MiB"
+    )
+    assert lines[3].startswith(
+        "  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314, the largest free block then 3,592.31 MiB; "
+        "allocated 16.29 GiB, reserved 33.90 GiB after"
+    )
     assert len(lines) == 4
     # the same in the JSON, beside the records' comparison
     assert main(["validate", str(record), "--history", str(GPU_HISTORIES / f"{name}.history.jsonl.gz"), "--format", "json"]) == 0
     beside = json.loads(capsys.readouterr().out)["history"]
     assert beside["segments"] == {"gpu": 11, "estimate": 11, "alike": 10} and beside["gpu_reserved"] == 36_398_170_112
-    assert [(o["side"], o["request"], o["name"], o["step"]) for o in beside["only"]] == [
-        ("estimate", 128 * MIB, "tensor language/mask", 1),
-        ("gpu", 4748 * MIB, "", 0),
+    assert [(o["side"], o["request"], o["name"], o["step"], o["largest_free"]) for o in beside["only"]] == [
+        ("estimate", 128 * MIB, "tensor language/mask", 1, 118 * MIB),
+        ("gpu", 4748 * MIB, "", 0, 3_766_812_672),  # 3,592.31 MiB
     ]
     assert beside["only"][1]["after"]["name"] == "transient log_softmax_grad 924"
     # the record's max_memory_reserved of each step, and the replay's of each step it ran

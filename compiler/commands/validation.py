@@ -509,7 +509,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "gpu": [s.get("reserved") for s in record.get("steps") or []],
         "estimate": history.step_reserved(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts),
     }
-    pairs = history.compare(history.gpu_openings(events), est, int(min_mib * 2**20))
+    pairs = history.compare(history.gpu_openings(events, r.alloc_conf), est, int(min_mib * 2**20))
     g = history.replay(events, r.alloc_conf)
     only, last = [], None
     for a, b in pairs:
@@ -551,7 +551,8 @@ def render_history(c: dict) -> str:
         where = f"allocation {o['at']:,}" + (f" ({o['name']}, step {o['step']})" if o["name"] else "")
         line = (
             f"  {'GPU' if o['side'] == 'gpu' else 'estimate'} only: {o['grew'] / mib:,.2f} MiB for a {o['request'] / mib:,.2f} MiB request at "
-            f"{where}; allocated {o['allocated'] / gib:.2f} GiB, reserved {o['reserved'] / gib:.2f} GiB after"
+            f"{where}, the largest free block then {o['largest_free'] / mib:,.2f} MiB; allocated {o['allocated'] / gib:.2f} GiB, "
+            f"reserved {o['reserved'] / gib:.2f} GiB after"
         )
         if o["after"]:
             a = o["after"]

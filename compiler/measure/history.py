@@ -136,13 +136,16 @@ class Opened:
     reserved: int  # the bytes reserved after it
     name: str = ""  # what the estimate calls the allocation (a GPU history has no names)
     step: int = 0  # the estimate's training step, from 1 (0: before the first)
+    largest_free: int = 0  # the largest cached free block of the request's pool before it (Allocator.largest_free)
 
 
-def gpu_openings(history: Iterable[tuple[str, int, int]]) -> list[Opened]:
+def gpu_openings(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None) -> list[Opened]:
     """The segments the GPU's own history shows, each with the allocation it was made for (the
-    trace's segment entries come before that allocation's)."""
+    trace's segment entries come before that allocation's) and the largest free block then, as
+    the allocator model has it on the GPU's own sequence (which it reserves to the byte)."""
     out: list[Opened] = []
     live: dict[int, int] = {}
+    model = Allocator(config or AllocatorConfig())
     allocated = reserved = allocs = pending = 0
     for action, addr, size in history:
         if action in (SEGMENT_ALLOC, SEGMENT_MAP):
@@ -153,12 +156,16 @@ def gpu_openings(history: Iterable[tuple[str, int, int]]) -> list[Opened]:
         elif action == ALLOC:
             allocs += 1
             if pending:
-                out.append(Opened(allocs, size, pending, allocated, reserved))
+                out.append(Opened(allocs, size, pending, allocated, reserved, largest_free=model.largest_free(size)))
                 pending = 0
             allocated += size - live.get(addr, 0)
+            if addr in live:
+                model.free(addr)
+            model.malloc(addr, size)
             live[addr] = size
         elif action == FREE_COMPLETED and addr in live:
             allocated -= live.pop(addr)
+            model.free(addr)
     return out
 
 
@@ -175,10 +182,11 @@ def estimate_openings(
         while step < len(starts) and starts[step] <= i:
             step += 1
         allocated, reserved = model.allocated, model.reserved
+        largest = model.largest_free(nbytes) if nbytes is not None else 0
         model.play(((key, nbytes),), [], probe_key)
         if model.reserved > reserved:  # NB: only an allocation grows it; mallocs counts it
             name = "an allocation freed at once" if key is probe_key else " ".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
-            out.append(Opened(model.mallocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step))
+            out.append(Opened(model.mallocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step, largest))
     return out
 
 

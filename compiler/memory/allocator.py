@@ -340,6 +340,12 @@ class Allocator:
         self.malloc(_PROBE, nbytes)
         self.free(_PROBE)
 
+    def largest_free(self, nbytes: int) -> int:
+        """The largest cached free block of the pool a request of `nbytes` draws from (0:
+        none): what a request that opens a segment could not fit into (a diagnostic)."""
+        pool = self._request(nbytes)[1]
+        return pool.order[-1] >> _PTR_BITS if pool.order else 0
+
     def _request(self, nbytes: int) -> tuple[int, _Pool]:
         """`round_size` and `get_pool`: the rounded size and the pool it comes from."""
         size = round_size(nbytes, self.config)
