@@ -504,13 +504,12 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         )
     # NB: one GPU's history; with several replays (a model split over GPUs) the first GPU's
     r = replays[0]
-    est = history.estimate_openings(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
-    steps = {
-        "gpu": [s.get("reserved") for s in record.get("steps") or []],
-        "estimate": history.step_reserved(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts),
-    }
-    pairs = history.compare(history.gpu_openings(events, r.alloc_conf), est, int(min_mib * 2**20))
+    # NB: one pass over each side's sequence: the estimate's openings and step figures, the
+    # GPU's openings and the model's reserved on them
+    est = history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
+    steps = {"gpu": [s.get("reserved") for s in record.get("steps") or []], "estimate": est.step_reserved}
     g = history.replay(events, r.alloc_conf)
+    pairs = history.compare(g.openings, est.openings, int(min_mib * 2**20))
     only, last = [], None
     for a, b in pairs:
         if a and b:

@@ -74,6 +74,7 @@ class Replay:
     unmatched_frees: int  # frees of blocks allocated before the history began
     gpu_out_of_memory: int | None = None  # the request the GPU could not serve, in bytes
     model_out_of_memory: bool | None = None  # with a capacity: whether the model fails it too
+    openings: tuple["Opened", ...] = ()  # the segments the GPU added, in order (gpu_openings)
 
     @property
     def error_pct(self) -> float:
@@ -92,8 +93,9 @@ def replay(
     model = Allocator(config or AllocatorConfig(), capacity, device_memory)
     live: dict[int, int] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
-    allocs = unmatched = 0
+    allocs = unmatched = pending = 0
     gpu_oom = model_oom = None
+    openings: list[Opened] = []
     for action, addr, size in history:
         if action == OOM:
             gpu_oom = size
@@ -105,9 +107,13 @@ def replay(
                     model_oom = True
             continue
         if action == ALLOC:
+            allocs += 1
+            if pending:
+                # NB: the trace's segment entries come before the allocation they were made for
+                openings.append(Opened(allocs, size, pending, allocated, reserved, largest_free=model.largest_free(size)))
+                pending = 0
             model.malloc(addr, size)
             live[addr] = size
-            allocs += 1
             allocated += size
             peak_allocated = max(peak_allocated, allocated)
         elif action == FREE_COMPLETED:
@@ -118,10 +124,11 @@ def replay(
                 unmatched += 1
         elif action in (SEGMENT_ALLOC, SEGMENT_MAP):
             reserved += size
+            pending += size
             peak_reserved = max(peak_reserved, reserved)
         elif action in (SEGMENT_FREE, SEGMENT_UNMAP):
             reserved -= size
-    return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched, gpu_oom, model_oom)
+    return Replay(allocs, model.peak_reserved, model.peak_allocated, peak_reserved, peak_allocated, unmatched, gpu_oom, model_oom, tuple(openings))
 
 
 @dataclass(frozen=True)
@@ -142,67 +149,63 @@ class Opened:
 def gpu_openings(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None) -> list[Opened]:
     """The segments the GPU's own history shows, each with the allocation it was made for (the
     trace's segment entries come before that allocation's) and the largest free block then, as
-    the allocator model has it on the GPU's own sequence (which it reserves to the byte)."""
-    out: list[Opened] = []
-    live: dict[int, int] = {}
-    model = Allocator(config or AllocatorConfig())
-    allocated = reserved = allocs = pending = 0
-    for action, addr, size in history:
-        if action in (SEGMENT_ALLOC, SEGMENT_MAP):
-            reserved += size
-            pending += size
-        elif action in (SEGMENT_FREE, SEGMENT_UNMAP):
-            reserved -= size
-        elif action == ALLOC:
-            allocs += 1
-            if pending:
-                out.append(Opened(allocs, size, pending, allocated, reserved, largest_free=model.largest_free(size)))
-                pending = 0
-            allocated += size - live.get(addr, 0)
-            if addr in live:
-                model.free(addr)
-            model.malloc(addr, size)
-            live[addr] = size
-        elif action == FREE_COMPLETED and addr in live:
-            allocated -= live.pop(addr)
-            model.free(addr)
-    return out
+    the allocator model has it on the GPU's own sequence (which it reserves to the byte):
+    `replay`'s openings."""
+    return list(replay(history, config).openings)
 
 
-def estimate_openings(
+@dataclass(frozen=True)
+class EstimateReplay:
+    openings: list[Opened]  # the segments the estimate's replay makes the model reserve
+    step_reserved: list[int]  # what it reserves at most in each training step
+
+
+def replay_estimate(
     events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
-) -> list[Opened]:
-    """The segments an estimate's replay (simulate.recording_replays) makes the model reserve:
-    each event played as the replay plays it (`Allocator.play`), one at a time."""
+) -> EstimateReplay:
+    """An estimate's replay (simulate.recording_replays), each event played as the replay plays
+    it (`Allocator.play`), one at a time: the segments it makes the model reserve, and what it
+    reserves at most in each training step (`step_starts`: the event each step begins with), as
+    max_memory_reserved reset at the step's start reads it: the segments kept from before count
+    too."""
     model = Allocator(config, device_memory=device_memory)
     out: list[Opened] = []
+    peaks: list[int] = []
     step = 0
     starts = list(step_starts)
-    for i, (key, nbytes) in enumerate(events):
-        while step < len(starts) and starts[step] <= i:
+
+    def begin_steps(upto: int) -> None:
+        nonlocal step
+        while step < len(starts) and starts[step] <= upto:
+            if step:
+                peaks.append(model.peak_reserved)
+            model.peak_reserved = model.reserved
             step += 1
+
+    for i, (key, nbytes) in enumerate(events):
+        begin_steps(i)
         allocated, reserved = model.allocated, model.reserved
         largest = model.largest_free(nbytes) if nbytes is not None else 0
         model.play(((key, nbytes),), [], probe_key)
         if model.reserved > reserved:  # NB: only an allocation grows it; mallocs counts it
             name = "an allocation freed at once" if key is probe_key else " ".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
             out.append(Opened(model.mallocs, nbytes, model.reserved - reserved, allocated, model.reserved, name, step, largest))
-    return out
+    begin_steps(len(events))  # NB: a step that begins where the events end
+    if step:
+        peaks.append(model.peak_reserved)
+    return EstimateReplay(out, peaks)
+
+
+def estimate_openings(
+    events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
+) -> list[Opened]:
+    """The segments an estimate's replay makes the model reserve (`replay_estimate`)."""
+    return replay_estimate(events, probe_key, config, device_memory, step_starts).openings
 
 
 def step_reserved(events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()) -> list[int]:
-    """What an estimate's replay reserves at most in each training step (`step_starts`: the
-    event each step begins with), as max_memory_reserved reset at the step's start reads it:
-    the segments kept from before count too."""
-    model = Allocator(config, device_memory=device_memory)
-    starts = list(step_starts) + [len(events)]
-    peaks: list[int] = []
-    model.play(events[: starts[0]], [], probe_key)
-    for begin, end in zip(starts, starts[1:]):
-        model.peak_reserved = model.reserved
-        model.play(events[begin:end], [], probe_key)
-        peaks.append(model.peak_reserved)
-    return peaks
+    """What an estimate's replay reserves at most in each training step (`replay_estimate`)."""
+    return replay_estimate(events, probe_key, config, device_memory, step_starts).step_reserved
 
 
 def compare(gpu: Sequence[Opened], estimate: Sequence[Opened], min_bytes: int = 0) -> list[tuple[Opened | None, Opened | None]]:
