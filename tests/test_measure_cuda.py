@@ -293,3 +293,15 @@ def test_jobs_run_the_entries_side_by_side_and_name_each_that_failed(tmp_path, c
     assert "m_b1: the measuring process failed" in err and "m_b2: the measuring process failed" in err
     assert "2 failed: m_b1, m_b2" in err
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_a_record_check_refuses_a_byte_count_written_as_a_float():
+    """record.validate applies memspec's own validator, whose integers are whole numbers
+    written as one: a record with reserved 4096.0 is refused there as `memspec validate`
+    refuses it (plain Draft 2020-12 takes 4096.0 as an integer)."""
+    exp = tiny()
+    m = cuda.measure(exp, steps=3, device="cpu", counters=Scripted())
+    rec = record.build_gpu_record("tiny", exp, m, harness.config_sha256(exp["config"]))
+    assert record.validate(rec) == []
+    rec["reserved"] = float(rec["reserved"])
+    assert record.validate(rec) == ["$.reserved: 12512.0 is not of type 'integer', 'null'"]

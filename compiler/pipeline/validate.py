@@ -63,7 +63,7 @@ def check_loaded(data: Any, text: str, file: str, kind: str) -> None:
     """`data`, loaded from `text` without positions (json.loads), against the `kind` schema:
     nothing when it conforms, else every violation as a MemspecError with its line (`text`
     is loaded again with positions only then)."""
-    if _validator(kind).is_valid(data):
+    if schema_validator(kind).is_valid(data):
         return
     problems = validate(load_yaml_text(text, file), load_schema(kind))
     if problems:
@@ -71,7 +71,9 @@ def check_loaded(data: Any, text: str, file: str, kind: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _validator(kind: str) -> Any:
+def schema_validator(kind: str) -> Any:
+    """The `kind` schema's validator, as every check of memspec applies it (`_validator_class`:
+    an integer is a whole number written as one)."""
     return _validator_class()(load_schema(kind), registry=_registry(paths.schemas_dir()))
 
 
