@@ -1,19 +1,12 @@
-"""benchmarks/replay_orders.py's swapped orders: only neighbouring allocations trade places,
-so every allocated figure of the replay stays what it was and only the layout can move."""
+"""The replay's swapped orders (simulate.swapped_neighbours): only neighbouring allocations
+trade places, so every allocated figure of the replay stays what it was and only the layout
+can move; reserved is the largest over the formulas' order and REPLAYED_ORDERS swapped ones."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from compiler.memory.allocator import Allocator, AllocatorConfig
+from compiler.pipeline.simulate import PROBE, swapped_neighbours
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("replay_orders", ROOT / "benchmarks" / "replay_orders.py")
-replay_orders = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(replay_orders)
-
-PROBE = ("probe",)
 MIB = 1 << 20
 
 
@@ -47,14 +40,14 @@ def _allocated_levels(events: list) -> list[int]:
 def test_a_swapped_order_moves_only_neighbouring_allocations():
     events = _events()
     for seed in range(1, 9):
-        order = replay_orders.swapped(events, seed, PROBE)
+        order = swapped_neighbours(events, seed)
         assert sorted(order, key=repr) == sorted(events, key=repr)
         # frees and probes keep their places; an allocation moves by one place at most
         assert [i for i, (k, n) in enumerate(order) if n is None or k == PROBE] == [i for i, (k, n) in enumerate(events) if n is None or k == PROBE]
         assert all(order[i] == events[i] or order[i] in events[max(i - 1, 0) : i + 2] for i in range(len(events)))
         assert _allocated_levels(order) == _allocated_levels(events)
-    assert replay_orders.swapped(events, 1, PROBE) == replay_orders.swapped(events, 1, PROBE)  # seeded
-    assert any(replay_orders.swapped(events, seed, PROBE) != events for seed in range(1, 9))
+    assert swapped_neighbours(events, 1) == swapped_neighbours(events, 1)  # seeded
+    assert any(swapped_neighbours(events, seed) != events for seed in range(1, 9))
 
 
 def test_a_swap_can_move_reserved_and_never_allocated():

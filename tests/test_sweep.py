@@ -121,15 +121,15 @@ def test_json_rows_lora_ranks(capsys):
     assert data["schema"] == "memspec/sweep/v1"
     assert data["knobs"] == {"micro_batch": [2], "lora_rank": ["off", 8, 64]}
     # the experiment's gpu:, 40 GiB = 42,949,672,960 B; the experiment checkpoints, so the
-    # catalog's checkpointed margin, 6 % of it = 2,576,980,377.6 B, rounded up to
-    # 2,576,980,378 B kept free: a device figure up to 40,372,692,582 B fits
+    # catalog's checkpointed margin, 4 % of it = 1,717,986,918.4 B, rounded up to
+    # 1,717,986,919 B kept free: a device figure up to 41,231,686,041 B fits
     assert data["gpu"] == {
         "key": "a100-40gb",
         "memory": 40 * 2**30,
-        "budget": 40_372_692_582,
+        "budget": 41_231_686_041,
         "margin": {
-            "percent": 6,
-            "bytes": 2_576_980_378,
+            "percent": 4,
+            "bytes": 1_717_986_919,
             "source": "specs/gpus.yaml device.margin_pct.checkpointed",
             "summary": "the worst under-estimate measured on a GPU for a checkpointed step",
         },
@@ -274,12 +274,12 @@ def test_choices_are_the_estimators():
 
 def test_a_sweep_over_checkpointing_keeps_each_points_margin(capsys):
     """The catalog's margin depends on the kind of step: each point is judged with its own
-    (checkpointed 6 %, plain 5 %), the JSON gives each point's budget and the text names both."""
+    (checkpointed 4 %, plain 5 %), the JSON gives each point's budget and the text names both."""
     tiny = "tests/measured/tiny/tiny-finetune.yaml"
     data = json.loads(_run(capsys, tiny, "--gradient-checkpointing", "on,off", "--gpu", "h100-80gb", "--format", "json"))
     h100 = 81_559 * 2**20  # 85,520,809,984 B
-    # 6 % of it rounds up to 5,131,248,600 B kept free; 5 % to 4,276,040,500 B
-    assert [(r["gradient_checkpointing"], r["budget"]) for r in data["rows"]] == [("on", h100 - 5_131_248_600), ("off", h100 - 4_276_040_500)]
+    # 4 % of it rounds up to 3,420,832,400 B kept free; 5 % to 4,276,040,500 B
+    assert [(r["gradient_checkpointing"], r["budget"]) for r in data["rows"]] == [("on", h100 - 3_420_832_400), ("off", h100 - 4_276_040_500)]
     text = _run(capsys, tiny, "--gradient-checkpointing", "on,off", "--gpu", "h100-80gb")
-    assert "margins by kind of step: 6 % = 4.78 GiB kept free (specs/gpus.yaml device.margin_pct.checkpointed:" in text
+    assert "margins by kind of step: 4 % = 3.19 GiB kept free (specs/gpus.yaml device.margin_pct.checkpointed:" in text
     assert "; 5 % = 3.98 GiB kept free (specs/gpus.yaml device.margin_pct: " in text

@@ -144,9 +144,10 @@ def largest_fitting(probe: _Probe, low: int, high: int, start: int | None = None
     overshoots by orders of magnitude.
 
     NB: the device figure is not monotone everywhere (the caching allocator's segments make
-    it step down here and there; specs/experiments/llava-1.5-7b-seed-s1024-b16-dp4.yaml on an
-    H100: seq 3388, 3728 and 3867 fit, 3389, 3456, 3525 and 3868 do not; and in dp,
-    qwen2.5-7b-liger-packed.yaml on A100-40GBs at ZeRO-2: 10 and 15 fit, 14 does not), so
+    it step down here and there; with the replay in the formulas' order alone and a 6 %
+    margin, specs/experiments/llava-1.5-7b-seed-s1024-b16-dp4.yaml on an H100: seq 3388, 3728
+    and 3867 fit, 3389, 3456, 3525 and 3868 do not; and in dp, qwen2.5-7b-liger-packed.yaml
+    on A100-40GBs at ZeRO-2: 10 and 15 fit, 14 does not), so
     where the budget meets such a stretch the answer is the boundary this search's probes
     meet, and a search with other probes (a line through the allocated peaks, say) answers
     another one."""
