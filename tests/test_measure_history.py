@@ -254,7 +254,7 @@ def test_the_gpus_openings_are_its_segment_entries_with_the_allocation_each_was_
         ("segment_alloc", 1 << 41, 60 * MIB),
         ("alloc", 1 << 41, 60 * MIB),
     ]
-    assert history.gpu_openings(seq) == [
+    assert list(history.replay(seq).openings) == [
         history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB),
         history.Opened(at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, largest_free=40 * MIB),
     ]
@@ -266,7 +266,7 @@ def test_an_estimates_openings_name_the_allocation_and_its_step():
     # x opens 100 MiB (10 MiB or more: its own segment, rounded to 2 MiB); y splits x's freed
     # block, leaving 40 MiB, too small for the probe (made and freed at once), which opens
     # 60 MiB; z reuses it
-    assert history.estimate_openings(events, probe, AllocatorConfig(), step_starts=[0, 3]) == [
+    assert history.replay_estimate(events, probe, AllocatorConfig(), step_starts=[0, 3]).openings == [
         history.Opened(at=1, request=100 * MIB, grew=100 * MIB, allocated=0, reserved=100 * MIB, name="tensor x", step=1),
         history.Opened(
             at=3, request=60 * MIB, grew=60 * MIB, allocated=60 * MIB, reserved=160 * MIB, name="an allocation freed at once", step=2, largest_free=40 * MIB
@@ -372,6 +372,6 @@ def test_step_reserved_is_each_steps_max_memory_reserved_from_its_start():
     from compiler.pipeline.walks.timeline import PROBE
 
     events = [("a", 30 * MIB), ("b", 50 * MIB), ("b", None), ("c", 40 * MIB), ("c", None)]
-    assert history.step_reserved(events, PROBE, AllocatorConfig(), step_starts=[1, 3]) == [80 * MIB, 80 * MIB]
+    assert history.replay_estimate(events, PROBE, AllocatorConfig(), step_starts=[1, 3]).step_reserved == [80 * MIB, 80 * MIB]
     # no step before the loading's events end: the first step's figure is the loading's too
-    assert history.step_reserved(events, PROBE, AllocatorConfig(), step_starts=[0]) == [80 * MIB]
+    assert history.replay_estimate(events, PROBE, AllocatorConfig(), step_starts=[0]).step_reserved == [80 * MIB]

@@ -10,9 +10,9 @@ allocations and frees summed, and its blocks). Where the two reserved figures di
 allocator model is wrong for that sequence; where they agree and the trace's replay does not,
 the traced sequence is (the order or sizes of the CPU trace's allocations).
 
-`gpu_openings` lists the segments a history shows the GPU adding (its own segment entries),
-`estimate_openings` those an estimate's replay makes the model add, and `compare` lines the two
-lists up by their requests' sizes: a segment the GPU opened and the estimate's replay did not
+`replay(...).openings` lists the segments a history shows the GPU adding (its own segment
+entries), `replay_estimate(...).openings` those an estimate's replay makes the model add, and
+`compare` lines the two lists up by their requests' sizes: a segment the GPU opened and the estimate's replay did not
 (or the other way) is where the estimate's sequence leaves the GPU's.
 
 Run as `python -m compiler.measure.history FILE...` it prints one line per history
@@ -74,7 +74,7 @@ class Replay:
     unmatched_frees: int  # frees of blocks allocated before the history began
     gpu_out_of_memory: int | None = None  # the request the GPU could not serve, in bytes
     model_out_of_memory: bool | None = None  # with a capacity: whether the model fails it too
-    openings: tuple["Opened", ...] = ()  # the segments the GPU added, in order (gpu_openings)
+    openings: tuple["Opened", ...] = ()  # the segments the GPU added, each with the allocation it was made for, in order
 
     @property
     def error_pct(self) -> float:
@@ -146,14 +146,6 @@ class Opened:
     largest_free: int = 0  # the largest cached free block of the request's pool before it (Allocator.largest_free)
 
 
-def gpu_openings(history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None) -> list[Opened]:
-    """The segments the GPU's own history shows, each with the allocation it was made for (the
-    trace's segment entries come before that allocation's) and the largest free block then, as
-    the allocator model has it on the GPU's own sequence (which it reserves to the byte):
-    `replay`'s openings."""
-    return list(replay(history, config).openings)
-
-
 @dataclass(frozen=True)
 class EstimateReplay:
     openings: list[Opened]  # the segments the estimate's replay makes the model reserve
@@ -194,18 +186,6 @@ def replay_estimate(
     if step:
         peaks.append(model.peak_reserved)
     return EstimateReplay(out, peaks)
-
-
-def estimate_openings(
-    events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
-) -> list[Opened]:
-    """The segments an estimate's replay makes the model reserve (`replay_estimate`)."""
-    return replay_estimate(events, probe_key, config, device_memory, step_starts).openings
-
-
-def step_reserved(events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()) -> list[int]:
-    """What an estimate's replay reserves at most in each training step (`replay_estimate`)."""
-    return replay_estimate(events, probe_key, config, device_memory, step_starts).step_reserved
 
 
 def compare(gpu: Sequence[Opened], estimate: Sequence[Opened], min_bytes: int = 0) -> list[tuple[Opened | None, Opened | None]]:
