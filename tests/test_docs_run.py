@@ -5,7 +5,8 @@ write into it), the checked-in `formulas/`, `schemas/`, `tests/` and `docs/` bes
 YAML files a page shows under a `# path` header written where it says, the hub models the
 pages name in an offline Hugging Face cache (their real config.json and safetensors
 headers from tests/fixtures/hub), `./Llama-2-7b-hf/` as a downloaded folder and
-`gpu-records/` holding the project's GPU records. The review page runs in a clone of this
+`gpu-records/` holding 16 of the project's GPU records (a user's folder holds a few; `memspec
+validate tests/measured/gpu` of measuring.md runs them all). The review page runs in a clone of this
 repository, since `memspec diff` reads git. A command passes when it exits 0; one whose
 comment says it exits with another code (`# exit 1` past a threshold, `# exit 4` when it
 does not fit) may exit with that code too. tests/test_docs.py checks that
@@ -80,7 +81,10 @@ def _environment(tmp: Path, work: Path) -> dict[str, str]:
     for repo, fixture in HUB_MODELS.items():
         hf.hub_cache(cache, repo, fixture)
     shutil.copytree(hf.FIXTURES / "Llama-2-7b-hf", work / "Llama-2-7b-hf")
-    shutil.copytree(ROOT / "tests" / "measured" / "gpu", work / "gpu-records")
+    (work / "gpu-records").mkdir()
+    gpu = sorted((ROOT / "tests" / "measured" / "gpu").glob("*.json"))
+    for record in gpu[:: len(gpu) // 16][:16]:
+        shutil.copy(record, work / "gpu-records")
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "MEMSPEC_CACHE": str(tmp / "memspec-cache")}
 
 
