@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import re
 import statistics
@@ -502,11 +503,15 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
                 "a record whose experiment estimates",
             )
         )
-    # NB: one GPU's history; with several replays (a model split over GPUs) the first GPU's
-    r = replays[0]
-    # NB: one pass over each side's sequence: the estimate's openings and step figures, the
-    # GPU's openings and the model's reserved on them
-    est = history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
+    # NB: one GPU's history; with several GPUs (a model split over them) the first GPU's
+    # replays: its formulas' order and the swapped ones after it, up to the next GPU's
+    first = [replays[0]] + list(itertools.takewhile(lambda r: r.seed, replays[1:]))
+    # NB: one pass over each side's sequence: the estimate's openings and step figures (of the
+    # order that reserves the most, whose figure the estimate's reserved is), the GPU's
+    # openings and the model's reserved on them
+    ests = [history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts) for r in first]
+    i = max(range(len(ests)), key=lambda i: (max(ests[i].step_reserved, default=0), -i))
+    r, est = first[i], ests[i]
     steps = {"gpu": [s.get("reserved") for s in record.get("steps") or []], "estimate": est.step_reserved}
     g = history.replay(events, r.alloc_conf)
     pairs = history.compare(g.openings, est.openings, int(min_mib * 2**20))
@@ -522,6 +527,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "gpu_reserved": g.gpu_reserved,
         "model_on_gpu_sequence_error_pct": g.error_pct,
         "estimate_reserved": comparison.estimated["reserved"],
+        "estimate_order": r.seed,
         "min_mib": min_mib,
         "segments": {"gpu": sum(1 for a, _ in pairs if a), "estimate": sum(1 for _, b in pairs if b), "alike": sum(1 for a, b in pairs if a and b)},
         "step_reserved": steps,
@@ -536,9 +542,11 @@ def _steps(figures: list) -> str:
 def render_history(c: dict) -> str:
     gib, mib = 2**30, 2**20
     seg = c["segments"]
+    order = f"swapped order {c['estimate_order']}" if c["estimate_order"] else "the formulas' order"
     lines = [
         f"{c['history']}: the GPU reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
-        f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB; segments of "
+        f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB "
+        f"({order}, the largest of its orders); segments of "
         f"{c['min_mib']:g} MiB or more: the GPU's {seg['gpu']}, the estimate's {seg['estimate']}, {seg['alike']} alike"
     ]
     steps = c["step_reserved"]

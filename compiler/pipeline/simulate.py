@@ -512,12 +512,14 @@ class RecordedReplay:
     """An estimate's replay as the allocator was given it: its settings, the device memory that
     sizes an expandable segment, the events in order (`(key, nbytes)` an allocation, `(key,
     None)` a free, `(PROBE, nbytes)` an allocation freed at once, as `Allocator.play` takes
-    them) and where each training step's begin (indices into `events`)."""
+    them), where each training step's begin (indices into `events`) and the order it ran in
+    (`seed`: 0 the formulas', n the n-th swapped one, `swapped_neighbours`)."""
 
     alloc_conf: allocator.AllocatorConfig
     device_memory: int | None
     events: list
     step_starts: list
+    seed: int = 0
 
 
 # Set by `recording_replays`: the replays run meanwhile
@@ -527,8 +529,9 @@ _recorded: list | None = None
 @contextlib.contextmanager
 def recording_replays():
     """Collect what every caching-allocator replay the estimates inside the block run is given:
-    a `RecordedReplay` each, the replay on a device without a limit (the one `reserved` comes
-    from); what compiler.measure.history compares with a GPU's own history."""
+    a `RecordedReplay` for each order the replay on a device without a limit runs in (the ones
+    `reserved` comes from: the formulas' order, then each swapped one); what
+    compiler.measure.history compares with a GPU's own history."""
     global _recorded
     outer, _recorded = _recorded, []
     try:
@@ -593,12 +596,14 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    recorded = None
-    if _recorded is not None:
-        recorded = RecordedReplay(setup.alloc_conf, memory, [], [])
-        _recorded.append(recorded)
+    def recording(seed: int) -> RecordedReplay | None:
+        if _recorded is None:
+            return None
+        _recorded.append(RecordedReplay(setup.alloc_conf, memory, [], [], seed))
+        return _recorded[-1]
+
     try:
-        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory), recorded)
+        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory), recording(0))
     except OutOfMemoryError as error:
         # NB: without a limit, only a request no expandable segment's address space holds (more
         # than the device's memory) fails: the step cannot run on this GPU
@@ -609,7 +614,7 @@ def _replay(
         if verdict_only and capacity is not None and peak > capacity:
             break
         try:
-            peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), seed=seed)[0])
+            peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(seed), seed)[0])
         except OutOfMemoryError as error:
             peak = max(peak, failed_at(error.oom))
     if capacity is None or peak <= capacity:
