@@ -19,5 +19,13 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path_factory, monkeypatch):
-    """memspec's user cache (hub headers, diff evaluations) in a folder of the test run, never the home one."""
-    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "memspec-cache"))
+    """memspec's user cache (hub headers, checked inputs, validate's comparisons) in a folder of
+    the test run, never the home one: one folder for every pytest-xdist worker of the run (the
+    workers' temporary folders share a parent), as one user's runs share theirs, so that what one
+    worker estimated another reads back. Its writes are atomic (compiler/checked.py)."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    monkeypatch.setenv("MEMSPEC_CACHE", str(base / "memspec-cache"))
