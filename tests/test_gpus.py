@@ -7,11 +7,10 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-import yaml
 
 from compiler import api
 from compiler.cli import EXIT_DOES_NOT_FIT, main
-from compiler.commands.validation import as_data, margin_checks, record_report, render, validate_records
+from compiler.commands.validation import record_report, validate_records
 from compiler.pipeline.resolve import MIB, catalog_constants, gpu_catalog, parse_margin, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,50 +49,6 @@ def test_a_margin_is_a_percentage_or_a_size():
     assert parse_margin("4.5") == m  # a bare number is a percentage
     assert parse_margin("2GiB").reserve(h100) == 2_147_483_648 and parse_margin("2GB").reserve(h100) == 2_000_000_000
     assert parse_margin("0").budget(h100) == h100
-
-
-def test_the_default_margin_covers_every_gpu_record():
-    """specs/gpus.yaml device.margin_pct is the worst under-estimate measured on a real GPU,
-    per kind of step (without checkpointing; checkpointed; checkpointed with eager attention;
-    a packed batch; under expandable_segments:True):
-    no GPU record's allocated, reserved or device figure is estimated further below its
-    measurement than its kind's margin, and each margin is no wider than that needs (the
-    worst record of its kind within one percentage point of it)."""
-    consts = gpu_catalog()[1]
-    assert consts.margin.percent == 5 and consts.margin.source == "specs/gpus.yaml device.margin_pct"
-    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(4)] * 3
-    # a packed batch, checkpointed or not, whatever its attention
-    assert {consts.margin_for(c, a, packed=True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(14)}
-    # under expandable_segments:True one margin, whatever the kind of step
-    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(5)}
-    gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
-    # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
-    assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
-    comparisons = validate_records([MEASURED / "gpu"])
-    checks = margin_checks(comparisons)
-    assert all(k.covered for k in checks), [(k.margin.text, k.worst) for k in checks if not k.covered]
-    # Gemma-3-1B b 4, T5-large LoRA, Phi-3-mini LoRA b 4 eager, Qwen2.5-0.5B packed eager,
-    # Qwen2.5-VL-7B SGD under expandable segments: reserved
-    assert {k.margin.source: (round(k.worst[0], 2), k.worst[2]) for k in checks} == {
-        "specs/gpus.yaml device.margin_pct": (-4.96, "reserved"),
-        "specs/gpus.yaml device.margin_pct.checkpointed": (-3.22, "reserved"),
-        "specs/gpus.yaml device.margin_pct.checkpointed_eager": (-3.94, "reserved"),
-        "specs/gpus.yaml device.margin_pct.packed": (-13.31, "reserved"),
-        "specs/gpus.yaml device.margin_pct.expandable_segments": (-4.12, "reserved"),
-    }
-    # each margin no wider than it needs: its worst record within one percentage point of it
-    assert all(k.margin.percent + Fraction(str(k.worst[0])) < 1 for k in checks)
-    # the same check is what `memspec validate` prints and gives in its JSON
-    text = render(comparisons)
-    assert "  packed                 margin 14 %  n=2    worst -13.31% (qwen2-packing_2.5-0.5b_b4_s2048_eager_gc-on, reserved)" in text
-    data = as_data(comparisons)["margins"]
-    assert [(m["source"].rsplit(".", 1)[-1], m["percent"], m["covered"]) for m in data] == [
-        ("margin_pct", 5.0, True),
-        ("packed", 14.0, True),
-        ("checkpointed", 4.0, True),
-        ("checkpointed_eager", 4.0, True),
-        ("expandable_segments", 5.0, True),
-    ]
 
 
 # nvidia-smi's memory.total (MiB) and the architecture of each card added with the margin work

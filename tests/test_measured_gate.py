@@ -3,12 +3,14 @@
 The thresholds live in tests/measured/thresholds.yaml and only ever tighten.
 """
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
-from compiler.commands.validation import gate, render, validate_records, verdicts
+from compiler.commands.validation import as_data, gate, margin_checks, render, validate_records, verdicts
+from compiler.pipeline.resolve import gpu_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "tests" / "measured"
@@ -115,3 +117,48 @@ def test_a_record_replayed_before_the_gpu_rules_is_summarised_apart():
     summary = render([new, old]).splitlines()
     assert any(line.startswith("reserved              n=1    MAPE 1.00%") for line in summary), summary
     assert any(line.startswith("reserved, old replay  n=1    MAPE 5.00%") for line in summary), summary
+
+
+def test_the_default_margin_covers_every_gpu_record(gpu):
+    """specs/gpus.yaml device.margin_pct is the worst under-estimate measured on a real GPU,
+    per kind of step (without checkpointing; checkpointed; checkpointed with eager attention;
+    a packed batch; under expandable_segments:True):
+    no GPU record's allocated, reserved or device figure is estimated further below its
+    measurement than its kind's margin, and each margin is no wider than that needs (the
+    worst record of its kind within one percentage point of it)."""
+    consts = gpu_catalog()[1]
+    assert consts.margin.percent == 5 and consts.margin.source == "specs/gpus.yaml device.margin_pct"
+    assert [consts.margin_for(True, a).percent for a in ("sdpa", "flash_attention_2", "eager")] == [Fraction(4)] * 3
+    # a packed batch, checkpointed or not, whatever its attention
+    assert {consts.margin_for(c, a, packed=True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(14)}
+    # under expandable_segments:True one margin, whatever the kind of step
+    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(5)}
+    gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
+    # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
+    assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
+    # NB: here, not in test_gpus.py: the module's one validation of every record serves it
+    comparisons = gpu
+    checks = margin_checks(comparisons)
+    assert all(k.covered for k in checks), [(k.margin.text, k.worst) for k in checks if not k.covered]
+    # Gemma-3-1B b 4, T5-large LoRA, Phi-3-mini LoRA b 4 eager, Qwen2.5-0.5B packed eager,
+    # Qwen2.5-VL-7B SGD under expandable segments: reserved
+    assert {k.margin.source: (round(k.worst[0], 2), k.worst[2]) for k in checks} == {
+        "specs/gpus.yaml device.margin_pct": (-4.96, "reserved"),
+        "specs/gpus.yaml device.margin_pct.checkpointed": (-3.22, "reserved"),
+        "specs/gpus.yaml device.margin_pct.checkpointed_eager": (-3.94, "reserved"),
+        "specs/gpus.yaml device.margin_pct.packed": (-13.31, "reserved"),
+        "specs/gpus.yaml device.margin_pct.expandable_segments": (-4.12, "reserved"),
+    }
+    # each margin no wider than it needs: its worst record within one percentage point of it
+    assert all(k.margin.percent + Fraction(str(k.worst[0])) < 1 for k in checks)
+    # the same check is what `memspec validate` prints and gives in its JSON
+    text = render(comparisons)
+    assert "  packed                 margin 14 %  n=2    worst -13.31% (qwen2-packing_2.5-0.5b_b4_s2048_eager_gc-on, reserved)" in text
+    data = as_data(comparisons)["margins"]
+    assert [(m["source"].rsplit(".", 1)[-1], m["percent"], m["covered"]) for m in data] == [
+        ("margin_pct", 5.0, True),
+        ("packed", 14.0, True),
+        ("checkpointed", 4.0, True),
+        ("checkpointed_eager", 4.0, True),
+        ("expandable_segments", 5.0, True),
+    ]
