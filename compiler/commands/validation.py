@@ -506,12 +506,11 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
     # NB: one GPU's history; with several GPUs (a model split over them) the first GPU's
     # replays: its formulas' order and the swapped ones after it, up to the next GPU's
     first = [replays[0]] + list(itertools.takewhile(lambda r: r.seed, replays[1:]))
-    # NB: one pass over each side's sequence: the estimate's openings and step figures (of the
-    # order that reserves the most, whose figure the estimate's reserved is), the GPU's
-    # openings and the model's reserved on them
-    ests = [history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts) for r in first]
-    i = max(range(len(ests)), key=lambda i: (max(ests[i].step_reserved, default=0), -i))
-    r, est = first[i], ests[i]
+    # NB: the order that reserved the most (the first of equals), whose figure the estimate's
+    # reserved is; one pass over each side's sequence: that order's openings and step figures,
+    # the GPU's openings and the model's reserved on them
+    r = max(first, key=lambda r: (r.reserved, -r.seed))
+    est = history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
     steps = {"gpu": [s.get("reserved") for s in record.get("steps") or []], "estimate": est.step_reserved}
     g = history.replay(events, r.alloc_conf)
     pairs = history.compare(g.openings, est.openings, int(min_mib * 2**20))

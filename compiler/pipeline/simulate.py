@@ -507,19 +507,21 @@ def _defer(events: list, mark: int, names: set[str]) -> None:
     events[mark:] = [e for e in events[mark:] if e[0] not in keys or e[1] is None]
 
 
-@dataclass(frozen=True)
+@dataclass
 class RecordedReplay:
     """An estimate's replay as the allocator was given it: its settings, the device memory that
     sizes an expandable segment, the events in order (`(key, nbytes)` an allocation, `(key,
     None)` a free, `(PROBE, nbytes)` an allocation freed at once, as `Allocator.play` takes
-    them), where each training step's begin (indices into `events`) and the order it ran in
-    (`seed`: 0 the formulas', n the n-th swapped one, `swapped_neighbours`)."""
+    them), where each training step's begin (indices into `events`), the order it ran in
+    (`seed`: 0 the formulas', n the n-th swapped one, `swapped_neighbours`) and the peak it
+    reserved (set as the replay ends; 0 where it ran out of memory)."""
 
     alloc_conf: allocator.AllocatorConfig
     device_memory: int | None
     events: list
     step_starts: list
     seed: int = 0
+    reserved: int = 0
 
 
 # Set by `recording_replays`: the replays run meanwhile
@@ -710,6 +712,8 @@ def _run_steps(
                     log.append((key, None))
                 allocator.free(key)
         steps.append(allocator.peak_allocated)
+    if recorded is not None:
+        recorded.reserved = allocator.peak_reserved
     return allocator.peak_reserved, (steps[0], steps[1])
 
 
