@@ -132,7 +132,7 @@ def test_the_default_margin_covers_every_gpu_record(gpu):
     # a packed batch, checkpointed or not, whatever its attention
     assert {consts.margin_for(c, a, packed=True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(14)}
     # under expandable_segments:True one margin, whatever the kind of step
-    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(5)}
+    assert {consts.margin_for(c, a, True).percent for c in (False, True) for a in ("sdpa", "eager")} == {Fraction(2)}
     gate = yaml.safe_load((MEASURED / "thresholds.yaml").read_text())["gpu"]
     # the gate lets an allocated figure be off by at most 1 % either way: the plain margin covers it
     assert consts.margin.percent >= Fraction(str(gate["allocated"]["max_worst_pct"]))
@@ -140,14 +140,14 @@ def test_the_default_margin_covers_every_gpu_record(gpu):
     comparisons = gpu
     checks = margin_checks(comparisons)
     assert all(k.covered for k in checks), [(k.margin.text, k.worst) for k in checks if not k.covered]
-    # Gemma-3-1B b 4, T5-large LoRA, Phi-3-mini LoRA b 4 eager, Qwen2.5-0.5B packed eager,
+    # Pythia-1.4B LoRA, T5-large LoRA, Phi-3-mini LoRA b 4 eager, Qwen2.5-0.5B packed eager,
     # Qwen2.5-VL-7B SGD under expandable segments: reserved
     assert {k.margin.source: (round(k.worst[0], 2), k.worst[2]) for k in checks} == {
-        "specs/gpus.yaml device.margin_pct": (-4.91, "reserved"),
+        "specs/gpus.yaml device.margin_pct": (-4.69, "reserved"),
         "specs/gpus.yaml device.margin_pct.checkpointed": (-3.22, "reserved"),
         "specs/gpus.yaml device.margin_pct.checkpointed_eager": (-3.94, "reserved"),
         "specs/gpus.yaml device.margin_pct.packed": (-13.31, "reserved"),
-        "specs/gpus.yaml device.margin_pct.expandable_segments": (-4.12, "reserved"),
+        "specs/gpus.yaml device.margin_pct.expandable_segments": (-1.81, "reserved"),
     }
     # each margin no wider than it needs: its worst record within one percentage point of it
     assert all(k.margin.percent + Fraction(str(k.worst[0])) < 1 for k in checks)
@@ -160,5 +160,5 @@ def test_the_default_margin_covers_every_gpu_record(gpu):
         ("packed", 14.0, True),
         ("checkpointed", 4.0, True),
         ("checkpointed_eager", 4.0, True),
-        ("expandable_segments", 5.0, True),
+        ("expandable_segments", 2.0, True),
     ]

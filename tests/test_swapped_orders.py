@@ -1,11 +1,13 @@
-"""The replay's swapped orders (simulate.swapped_neighbours): only neighbouring allocations
-trade places, so every allocated figure of the replay stays what it was and only the layout
-can move; reserved is the largest over the formulas' order and REPLAYED_ORDERS swapped ones."""
+"""The replay's orders (compiler/pipeline/orders.py): in a swapped order only neighbouring
+allocations trade places, and a result handed on keeps its block for the tensor its reader
+saves, so every allocated figure of the replay stays what it was and only the layout can
+move; reserved is the largest over orders.ORDERS."""
 
 from __future__ import annotations
 
 from compiler.memory.allocator import Allocator, AllocatorConfig
-from compiler.pipeline.simulate import PROBE, swapped_neighbours
+from compiler.pipeline.orders import ORDERS, Order, arranged, handed_on, swapped_neighbours
+from compiler.pipeline.simulate import PROBE
 
 MIB = 1 << 20
 
@@ -65,3 +67,56 @@ def test_a_swap_can_move_reserved_and_never_allocated():
         allocator.play(warm + order, [], probe_key=PROBE)
         peaks.append((allocator.peak_allocated, allocator.peak_reserved))
     assert peaks == [(32 * MIB, 46 * MIB), (32 * MIB, 32 * MIB)]
+
+
+def test_a_result_handed_on_keeps_its_block_for_its_reader():
+    """A norm's order: its saved fp32 copy, a transient, its result (an `output`), the
+    transient freed, then the result freed as the order ends; its reader then allocates the
+    tensor it saves, the result's size. Handed on, that tensor is the result's allocation
+    renamed: its free and the reader's allocation are left out, nothing else moves."""
+    x32, scaled, result, attn_in = ("tensor", "x32"), ("transient", "scaled", 1), ("output", "result", 2), ("tensor", "attn_in")
+    hold = ("transient", "self_attn", 3)
+    events = [(x32, 28 * MIB), (scaled, 28 * MIB), (result, 14 * MIB), (scaled, None), (result, None), (hold, 1 * MIB), (attn_in, 14 * MIB), (hold, None)]
+    assert handed_on(events) == [(x32, 28 * MIB), (scaled, 28 * MIB), (attn_in, 14 * MIB), (scaled, None), (hold, 1 * MIB), (hold, None)]
+    # a reader saving a tensor of another size (in 512-byte blocks) does not take it
+    other = [*events[:6], (attn_in, 15 * MIB), (hold, None)]
+    assert handed_on(other) == other
+    # only the first saved tensor after the free is the reader's: a later one of the size is not
+    later = [*events[:6], (("tensor", "q_rot"), 2 * MIB), (attn_in, 14 * MIB), (hold, None)]
+    assert handed_on(later) == later
+    # a block of 14 MiB + 100 B is 14 MiB + 512 B, as the reader's 14 MiB + 400 B
+    odd = [(result, 14 * MIB + 100), (result, None), (attn_in, 14 * MIB + 400)]
+    assert handed_on(odd) == [(attn_in, 14 * MIB + 100)]
+
+
+def test_handed_on_moves_reserved_and_never_allocated():
+    """A cache of two free segments, 40 and 12 MiB. A layer's transient takes the 12 MiB one,
+    its 12 MiB result the 40 MiB one (28 MiB left beside it); both are freed, the result's
+    block merging back into a whole 40 MiB. Made anew, the reader's 12 MiB tensor takes the
+    12 MiB segment (best fit) and a 40 MiB request finds the 40 MiB one: 52 MiB reserved.
+    Handed on, the tensor is the result's block, and the 40 MiB request finds 28 and 12 MiB
+    free: a segment of its own, 92 MiB. Allocated peaks at 52 MiB either way."""
+    warm = [(("w", 1), 40 * MIB), (("w", 2), 12 * MIB), (("w", 1), None), (("w", 2), None)]
+    tmp, result, saved, big = ("transient", "t", 1), ("output", "result", 2), ("tensor", "attn_in"), ("tensor", "next")
+    events = [(tmp, 12 * MIB), (result, 12 * MIB), (tmp, None), (result, None), (saved, 12 * MIB), (big, 40 * MIB)]
+    peaks = []
+    for order in (events, handed_on(events)):
+        allocator = Allocator(AllocatorConfig())
+        allocator.play(warm + order, [], probe_key=PROBE)
+        peaks.append((allocator.peak_allocated, allocator.peak_reserved))
+    assert peaks == [(52 * MIB, 52 * MIB), (52 * MIB, 92 * MIB)]
+
+
+def test_the_orders_are_two_swapped_each_with_and_without_results_handed_on():
+    assert ORDERS == (Order(0, False), Order(1, False), Order(0, True), Order(1, True))
+    assert [o.name for o in ORDERS] == [
+        "the formulas' order",
+        "swapped order 1",
+        "the formulas' order, results handed on",
+        "swapped order 1, results handed on",
+    ]
+    result, saved = ("output", "result", 1), ("tensor", "attn_in")
+    events = [(result, 12 * MIB), (result, None), (saved, 12 * MIB)]
+    assert arranged(events, ORDERS[0]) == events
+    assert arranged(events, ORDERS[2]) == [(saved, 12 * MIB)]
+    assert arranged(events, ORDERS[2], handed=False) == events

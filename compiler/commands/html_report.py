@@ -134,7 +134,7 @@ def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             "label": "reserved",
             "bytes": peak["reserved"],
             "what": "torch.cuda.max_memory_reserved()",
-            "where": "the caching allocator replayed over three steps, the largest of three orders",
+            "where": "the caching allocator replayed over three steps, the largest of four orders",
         },
         {"key": "peak.device", "label": "device", "bytes": peak["device"], "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
         {

@@ -504,12 +504,12 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
             )
         )
     # NB: one GPU's history; with several GPUs (a model split over them) the first GPU's
-    # replays: its formulas' order and the swapped ones after it, up to the next GPU's
-    first = [replays[0]] + list(itertools.takewhile(lambda r: r.seed, replays[1:]))
+    # replays: its formulas' order and the other orders after it, up to the next GPU's
+    first = [replays[0]] + list(itertools.takewhile(lambda r: r.order, replays[1:]))
     # NB: the order that reserved the most (the first of equals), whose figure the estimate's
     # reserved is; one pass over each side's sequence: that order's openings and step figures,
     # the GPU's openings and the model's reserved on them
-    r = max(first, key=lambda r: (r.reserved, -r.seed))
+    r = max(first, key=lambda r: (r.reserved, -r.order))
     est = history.replay_estimate(r.events, PROBE, r.alloc_conf, r.device_memory, r.step_starts)
     steps = {"gpu": [s.get("reserved") for s in record.get("steps") or []], "estimate": est.step_reserved}
     g = history.replay(events, r.alloc_conf)
@@ -526,7 +526,7 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "gpu_reserved": g.gpu_reserved,
         "model_on_gpu_sequence_error_pct": g.error_pct,
         "estimate_reserved": comparison.estimated["reserved"],
-        "estimate_order": r.seed,
+        "estimate_order": r.order,
         "min_mib": min_mib,
         "segments": {"gpu": sum(1 for a, _ in pairs if a), "estimate": sum(1 for _, b in pairs if b), "alike": sum(1 for a, b in pairs if a and b)},
         "step_reserved": steps,
@@ -541,7 +541,9 @@ def _steps(figures: list) -> str:
 def render_history(c: dict) -> str:
     gib, mib = 2**30, 2**20
     seg = c["segments"]
-    order = f"swapped order {c['estimate_order']}" if c["estimate_order"] else "the formulas' order"
+    from ..pipeline.orders import ORDERS
+
+    order = ORDERS[c["estimate_order"]].name
     lines = [
         f"{c['history']}: the GPU reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
         f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB "

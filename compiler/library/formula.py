@@ -182,7 +182,8 @@ class Saved:
 @dataclass(frozen=True)
 class Allocation:
     """One entry of a layer's allocation order (the caching allocator's replay): `op` alloc
-    (a transient tensor `name` of `bytes`), free (the alloc of that name), grad (the alloc of
+    (a transient tensor `name` of `bytes`), output (an alloc that is the layer's result, which
+    the orders that hand results on give its reader), free (the alloc of that name), grad (the alloc of
     that name becomes the layer's shared gradient, State._regrad), or saved (the layer's
     activation `name`: allocated here in forward, freed here in backward)."""
 
@@ -310,7 +311,8 @@ def _compile_allocations(data, doc, scope, activations, problems) -> dict[str, t
             path = child_path(child_path("$.allocations", phase), i)
             if "alloc" in entry:
                 made.append(entry["alloc"])
-                order.append(Allocation("alloc", entry["alloc"], compile_expr(entry["bytes"], doc, child_path(path, "bytes"), scope, problems)))
+                op = "output" if entry.get("output") else "alloc"
+                order.append(Allocation(op, entry["alloc"], compile_expr(entry["bytes"], doc, child_path(path, "bytes"), scope, problems)))
             elif "free" in entry or "grad" in entry:
                 op = "free" if "free" in entry else "grad"
                 if entry[op] not in made and (op == "grad" or entry[op] not in unkept):

@@ -35,7 +35,6 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 from __future__ import annotations
 
 import contextlib
-import random
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -43,6 +42,7 @@ from ..memory import allocator, optimizers
 from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
 from .evaluate import Node, first_charges
 from .expand import forward_order
+from .orders import ORDERS, Order, arranged
 from .resolve import Constant, Setup, gpu_catalog
 from .walks import device_map, strategies
 from .walks.base import Step, Walk
@@ -513,14 +513,14 @@ class RecordedReplay:
     sizes an expandable segment, the events in order (`(key, nbytes)` an allocation, `(key,
     None)` a free, `(PROBE, nbytes)` an allocation freed at once, as `Allocator.play` takes
     them), where each training step's begin (indices into `events`), the order it ran in
-    (`seed`: 0 the formulas', n the n-th swapped one, `swapped_neighbours`) and the peak it
-    reserved (set as the replay ends; 0 where it ran out of memory)."""
+    (`order`: an index into orders.ORDERS, 0 the formulas') and the peak it reserved (set as
+    the replay ends; 0 where it ran out of memory)."""
 
     alloc_conf: allocator.AllocatorConfig
     device_memory: int | None
     events: list
     step_starts: list
-    seed: int = 0
+    order: int = 0
     reserved: int = 0
 
 
@@ -585,8 +585,8 @@ def _replay(
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
-    def run(allocator: Allocator, recorded: RecordedReplay | None = None, seed: int = 0) -> tuple[int, tuple[int, int]]:
-        return _run_steps(allocator, loaded, walk, step, first_step, made_states, recorded, seed)
+    def run(allocator: Allocator, recorded: RecordedReplay | None = None, order: int = 0) -> tuple[int, tuple[int, int]]:
+        return _run_steps(allocator, loaded, walk, step, first_step, made_states, recorded, ORDERS[order])
 
     def failed_at(oom: OutOfMemory) -> int:
         """What the allocator holds once the failed request's segment is counted."""
@@ -598,10 +598,10 @@ def _replay(
     # step that gets through only by that release is not counted on to fit: the replay's
     # blocks are coarser than the step's tensors, so more of its segments are wholly free
     # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    def recording(seed: int) -> RecordedReplay | None:
+    def recording(order: int) -> RecordedReplay | None:
         if _recorded is None:
             return None
-        _recorded.append(RecordedReplay(setup.alloc_conf, memory, [], [], seed))
+        _recorded.append(RecordedReplay(setup.alloc_conf, memory, [], [], order))
         return _recorded[-1]
 
     try:
@@ -610,13 +610,13 @@ def _replay(
         # NB: without a limit, only a request no expandable segment's address space holds (more
         # than the device's memory) fails: the step cannot run on this GPU
         return failed_at(error.oom), error.oom, False, (0, 0)
-    # NB: the largest over the formulas' order and REPLAYED_ORDERS swapped ones (the allocated
-    # peaks are the formulas' order's); a verdict's replay stops at the first past the GPU
-    for seed in range(1, REPLAYED_ORDERS + 1):
+    # NB: the largest over the orders (orders.ORDERS; the allocated peaks are the formulas'
+    # order's); a verdict's replay stops at the first past the GPU
+    for order in range(1, len(ORDERS)):
         if verdict_only and capacity is not None and peak > capacity:
             break
         try:
-            peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(seed), seed)[0])
+            peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(order), order)[0])
         except OutOfMemoryError as error:
             peak = max(peak, failed_at(error.oom))
     if capacity is None or peak <= capacity:
@@ -630,34 +630,6 @@ def _replay(
         return max(peak, failed_at(error.oom)), error.oom, False, peaks
 
 
-# The orders beside its own that the replay runs each step in (seeds 1, 2, ...): in each,
-# every two allocations made back to back (no free between them, neither a probe) swap places
-# with probability 1/2 (`swapped_neighbours`). Which of two such tensors a GPU makes first is
-# its kernels' and autograd's choice where a formula's order is the formula's; a swap leaves
-# every allocated figure as it was and can move the layout, and reserved is the largest over
-# the orders (benchmarks/replay_orders.py: of the GPU records, 22 under by more than 2 % in
-# the formulas' order alone, 15 with two more orders, 13 with eight; each order is one more
-# replay, about half an estimate's time).
-REPLAYED_ORDERS = 2
-
-
-def swapped_neighbours(events: list, seed: int) -> list:
-    """`events` with each pair of neighbouring allocations (neither a probe) swapped with
-    probability 1/2, drawn from `random.Random(seed)`; a swapped pair is not swapped again
-    with the event after it."""
-    rng = random.Random(seed)
-    out = list(events)
-    i = 0
-    while i < len(out) - 1:
-        (k1, n1), (k2, n2) = out[i], out[i + 1]
-        if n1 is not None and n2 is not None and k1 is not PROBE and k2 is not PROBE and rng.random() < 0.5:
-            out[i], out[i + 1] = out[i + 1], out[i]
-            i += 2
-        else:
-            i += 1
-    return out
-
-
 def _run_steps(
     allocator: Allocator,
     loaded: list,
@@ -666,14 +638,15 @@ def _run_steps(
     first_step: list | None,
     made_states: list,
     recorded: RecordedReplay | None = None,
-    seed: int = 0,
+    order: Order = ORDERS[0],
 ) -> tuple[int, tuple[int, int]]:
     """_replay's steps on `allocator`: its peak reserved, and the max_memory_allocated of steps
     1 and 2 (each reset as its step begins). `recorded` (recording_replays) gets its events.
-    `seed` > 0: each list in that swapped order (`swapped_neighbours`), every step alike."""
-    if seed:
-        loaded, walk, step = (swapped_neighbours(events, seed) for events in (loaded, walk, step))
-        first_step = None if first_step is None else swapped_neighbours(first_step, seed)
+    Each list in `order` (orders.arranged), every step alike; the walk's and the step's
+    results handed on in an order that hands them."""
+    if order != ORDERS[0]:
+        loaded, first_step = (None if events is None else arranged(events, order, handed=False) for events in (loaded, first_step))
+        walk, step = (arranged(events, order) for events in (walk, step))
     log = None if recorded is None else recorded.events
     live = allocator.live
 

@@ -274,11 +274,12 @@ class State:
         made: dict[str, tuple] = {}
         sizes: dict[tuple, int] = {}
         for op, name, size in order:
-            if op == "alloc":
+            if op == "alloc" or op == "output":
                 if name in self.incoming:
                     made[name] = self.incoming.pop(name)
                 elif size:
-                    made[name] = key = self._new_key("transient", name)
+                    # NB: an output's key kind marks it for orders.handed_on
+                    made[name] = key = self._new_key("transient" if op == "alloc" else "output", name)
                     sizes[key] = size
                     self.events.append((key, size))
             elif op == "free":
