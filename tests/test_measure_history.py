@@ -331,8 +331,8 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
 
 
 def test_validate_with_a_history_sets_the_gpu_beside_the_order_that_reserves_the_most(capsys):
-    """The estimate's reserved is the largest over the formulas' order and the swapped ones
-    (simulate.REPLAYED_ORDERS): the history is set beside that order's replay, so that its
+    """The estimate's reserved is the largest over its orders
+    (compiler/pipeline/orders.py ORDERS): the history is set beside that order's replay, so that its
     steps' figures are the record's. Flan-T5-base b 8 checkpointed: the first swapped order
     reserves the most, 5.54 GiB (-3.08 % against the GPU's 5.71 GiB)."""
     from compiler.cli import main

@@ -50,7 +50,7 @@ def _replayed(monkeypatch, record: Path, names: set[str]) -> list[tuple[str, int
 def _named(events: list, names: set[str]) -> list[tuple[str, int]]:
     sizes, out = {}, []
     for key, nbytes in events:
-        if not (isinstance(key, tuple) and key and key[0] in ("transient", "tensor")):
+        if not (isinstance(key, tuple) and key and key[0] in ("transient", "output", "tensor")):
             continue
         name = str(key[1]).rsplit("/", 1)[-1]
         if name not in names:
