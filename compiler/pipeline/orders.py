@@ -8,16 +8,18 @@ later tensor lands in, while every allocated figure stays as it is:
 - which of two tensors made back to back a GPU makes first, its kernels' and autograd's
   choice where a formula's order is the formula's (`swapped_neighbours`);
 - whether a layer's result keeps its block for the layer that reads it (`handed_on`): on the
-  GPU a norm's output is the tensor q, k and v (or the MLP) read and save, where the walk frees
-  the norm's result as its order ends and its reader allocates its saved input anew, which a
-  best fit may place elsewhere.
+  GPU a norm's output (or a LoRA adapter's sum) is the tensor q, k and v (or the MLP) read and
+  save, where the walk frees the result as its layer's order ends and its reader allocates its
+  saved input anew, which a best fit may place elsewhere.
 
 ORDERS are the formulas' order and one swapped order, each with and without the hand-on:
 of the GPU records (benchmarks/replay_orders.py), 22 under by more than 2 % in the formulas'
-order alone, 12 over it and two swapped orders, 9 over these four (Gemma-3-1B b 4 -4.91 % ->
--0.05 %, PaliGemma 2 -3.31 % -> +0.04 %, Qwen2.5-VL-7B SGD under expandable segments
--4.12 % -> -1.81 %; Qwen3-VL-2B video +0.16 % -> +11.76 %). Each order is one more replay,
-about a tenth of an estimate's time.
+order alone, 12 over it and two swapped orders, 9 over these four with the norms' results
+handed on (Gemma-3-1B b 4 -4.91 % -> -0.05 %, PaliGemma 2 -3.31 % -> +0.04 %, Qwen2.5-VL-7B SGD
+under expandable segments -4.12 % -> -1.81 %; Qwen3-VL-2B video +0.16 % -> +11.76 %), 7 with
+LoRA adapters' sums too (Phi-3-mini LoRA b 4 eager -3.94 % -> +0.13 %; LLaVA-1.5-7B LoRA under
+expandable segments -0.58 % -> +3.99 %). Each order is one more replay, about a tenth of an
+estimate's time.
 """
 
 from __future__ import annotations
