@@ -47,13 +47,6 @@ class Order:
 ORDERS = (Order(0, False), Order(1, False), Order(0, True), Order(1, True))
 
 
-def arranged(events: list, order: Order, handed: bool = True) -> list:
-    """`events` in `order`; `handed` False leaves the hand-on out (lists with no layer's results)."""
-    if order.handed and handed:
-        events = handed_on(events)
-    return swapped_neighbours(events, order.seed) if order.seed else events
-
-
 def swapped_neighbours(events: list, seed: int) -> list:
     """`events` with each pair of neighbouring allocations (neither a probe) swapped with
     probability 1/2, drawn from `random.Random(seed)`; a swapped pair is not swapped again

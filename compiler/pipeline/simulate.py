@@ -35,6 +35,7 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -42,7 +43,7 @@ from ..memory import allocator, optimizers
 from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
 from .evaluate import Node, first_charges
 from .expand import forward_order
-from .orders import ORDERS, Order, arranged
+from .orders import ORDERS, Order, handed_on, swapped_neighbours
 from .resolve import Constant, Setup, gpu_catalog
 from .walks import device_map, strategies
 from .walks.base import Step, Walk
@@ -585,12 +586,12 @@ def _replay(
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
 
-    def run(allocator: Allocator, recorded: RecordedReplay | None = None, order: int = 0) -> tuple[int, tuple[int, int]]:
-        return _run_steps(allocator, loaded, walk, step, first_step, made_states, recorded, ORDERS[order])
+    # NB: the walk and the step with their results handed on, made once for the orders that hand them
+    handed = functools.cache(lambda: (handed_on(walk), handed_on(step)))
 
-    def failed_at(oom: OutOfMemory) -> int:
-        """What the allocator holds once the failed request's segment is counted."""
-        return oom.reserved + allocation_size(round_size(oom.requested, setup.alloc_conf))
+    def run(allocator: Allocator, recorded: RecordedReplay | None = None, order: int = 0) -> tuple[int, tuple[int, int]]:
+        lists = handed() if ORDERS[order].handed else (walk, step)
+        return _run_steps(allocator, loaded, *lists, first_step, made_states, recorded, ORDERS[order])
 
     # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
     # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
@@ -609,7 +610,7 @@ def _replay(
     except OutOfMemoryError as error:
         # NB: without a limit, only a request no expandable segment's address space holds (more
         # than the device's memory) fails: the step cannot run on this GPU
-        return failed_at(error.oom), error.oom, False, (0, 0)
+        return _failed_at(error.oom, setup.alloc_conf), error.oom, False, (0, 0)
     # NB: the largest over the orders (orders.ORDERS; the allocated peaks are the formulas'
     # order's); a verdict's replay stops at the first past the GPU
     for order in range(1, len(ORDERS)):
@@ -618,7 +619,7 @@ def _replay(
         try:
             peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(order), order)[0])
         except OutOfMemoryError as error:
-            peak = max(peak, failed_at(error.oom))
+            peak = max(peak, _failed_at(error.oom, setup.alloc_conf))
     if capacity is None or peak <= capacity:
         return peak, None, False, peaks
     if verdict_only:
@@ -627,7 +628,12 @@ def _replay(
         run(Allocator(setup.alloc_conf, capacity, memory))
         return peak, None, False, peaks
     except OutOfMemoryError as error:
-        return max(peak, failed_at(error.oom)), error.oom, False, peaks
+        return max(peak, _failed_at(error.oom, setup.alloc_conf)), error.oom, False, peaks
+
+
+def _failed_at(oom: OutOfMemory, alloc_conf: allocator.AllocatorConfig) -> int:
+    """What the allocator holds once the failed request's segment is counted."""
+    return oom.reserved + allocation_size(round_size(oom.requested, alloc_conf))
 
 
 def _run_steps(
@@ -642,11 +648,11 @@ def _run_steps(
 ) -> tuple[int, tuple[int, int]]:
     """_replay's steps on `allocator`: its peak reserved, and the max_memory_allocated of steps
     1 and 2 (each reset as its step begins). `recorded` (recording_replays) gets its events.
-    Each list in `order` (orders.arranged), every step alike; the walk's and the step's
-    results handed on in an order that hands them."""
-    if order != ORDERS[0]:
-        loaded, first_step = (None if events is None else arranged(events, order, handed=False) for events in (loaded, first_step))
-        walk, step = (arranged(events, order) for events in (walk, step))
+    `order.seed` > 0: each list in that swapped order (orders.swapped_neighbours), every step
+    alike; the walk and the step come with their results handed on where `order` hands them."""
+    if order.seed:
+        loaded, walk, step = (swapped_neighbours(events, order.seed) for events in (loaded, walk, step))
+        first_step = None if first_step is None else swapped_neighbours(first_step, order.seed)
     log = None if recorded is None else recorded.events
     live = allocator.live
 
