@@ -545,6 +545,12 @@ class Allocator:
                 free[block.ptr] = block
                 continue
             if key is probe_key:
+                if plain:  # NB: a block that fits is taken and given back unchanged
+                    size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+                    order = small_pool.order if size <= SMALL_SIZE else large_pool.order
+                    if order and order[-1] >> _PTR_BITS >= size:
+                        mallocs += 1
+                        continue
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self.probe(nbytes)
                 allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
@@ -570,8 +576,17 @@ class Allocator:
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
-            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
-                self._split_off(block, size, remaining, mallocs)
+            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):  # NB: _split_off, inlined
+                rest = _Block(block.ptr + size, remaining, pool)
+                after = block.next
+                rest.prev, rest.next = block, after
+                if after is not None:
+                    after.prev = rest
+                block.next = rest
+                block.size = size
+                rest.freed_at = mallocs
+                _insort(order, remaining << _PTR_BITS | rest.ptr)
+                pool.free[rest.ptr] = rest
             block.allocated = True
             live[key] = block
             allocated += block.size
