@@ -35,7 +35,7 @@ def reserved_over_orders(path: Path, record: dict, orders: int) -> tuple[int, in
     try:
         figures = []
         for n in (0, orders):
-            simulate.ORDERS = tuple(Order(seed, handed) for handed in (False, True) for seed in range(n + 1))[: 1 if n == 0 else None]
+            simulate.ORDERS = kept[:1] if n == 0 else tuple(Order(seed, handed) for handed in (False, True) for seed in range(n + 1))
             report, _ = record_report(path, record)
             if report is None:
                 return None

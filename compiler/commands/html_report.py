@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from .. import api
 from ..api import Report, StepTimeline
 from ..pipeline.render import GIB, TABLE_COLUMNS, as_data, gib, setup_line, table_data
-from ..pipeline.simulate import CATEGORIES
+from ..pipeline.simulate import CATEGORIES, REPLAY_ACCOUNT
 
 MIB = 1 << 20
 
@@ -134,7 +134,7 @@ def _headline(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             "label": "reserved",
             "bytes": peak["reserved"],
             "what": "torch.cuda.max_memory_reserved()",
-            "where": "the caching allocator replayed over three steps, the largest of four orders",
+            "where": REPLAY_ACCOUNT,
         },
         {"key": "peak.device", "label": "device", "bytes": peak["device"], "what": "nvidia-smi", "where": f"reserved + CUDA context{nccl}"},
         {

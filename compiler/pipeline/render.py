@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .evaluate import Node, Row, image_tokens_per_sample
 from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text, self_checkpointed
-from .simulate import CATEGORIES, Estimate, Point
+from .simulate import CATEGORIES, REPLAY_ACCOUNT, Estimate, Point
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def text(r: Report) -> str:
         "",
         "peak GPU memory per GPU, steady-state step (GiB = 2^30 bytes)",
         f"  allocated  {gib(r.allocated):>8} GiB  {r.allocated:>16,} B   torch.cuda.max_memory_allocated(); {_where(e.peak)}{_unsplit(r.allocated, e.peak)}",
-        f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); the caching allocator replayed over three steps, the largest of four orders",
+        f"  reserved   {gib(r.reserved):>8} GiB  {r.reserved:>16,} B   torch.cuda.max_memory_reserved(); {REPLAY_ACCOUNT}",
         f"  device     {gib(r.device):>8} GiB  {r.device:>16,} B   nvidia-smi; reserved + CUDA context {gib(r.device_constants.cuda_context)} GiB"
         + (f" + NCCL {gib(r.device_constants.nccl_per_communicator)} GiB" if s.dp > 1 else ""),
         f"  first step {gib(e.allocated_first_step):>8} GiB  {e.allocated_first_step:>16,} B   allocated; optimizer states appear at its step(); {_where(e.first_step)}",
@@ -503,7 +503,7 @@ def fit_text(f) -> str:
         *origin_lines(f.base.spec),
         f"setup     {setup_line(f.base)}",
         f"budget    {gib(f.budget)} GiB for the device figure (nvidia-smi), {margin_line(f.margin, f.gpu.memory)}",
-        f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: the caching allocator replayed over three steps, the largest of four orders)",
+        f"allocator PYTORCH_CUDA_ALLOC_CONF: {s.alloc_conf.describe()} (reserved: {REPLAY_ACCOUNT})",
         "",
         _answer_line(
             f"largest micro-batch at seq {s.seq_len}",
@@ -686,7 +686,7 @@ def sweep_text(s) -> str:
         "",
         "GiB = 2^30 bytes; device = reserved + CUDA context (+ NCCL when dp > 1), what nvidia-smi shows and what fits compares"
         + (" with the GPU's memory less the margin" if s.gpu is not None else ""),
-        f"reserved: the caching allocator replayed over three steps, the largest of four orders; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}",
+        f"reserved: {REPLAY_ACCOUNT}; PYTORCH_CUDA_ALLOC_CONF: {s.base.alloc_conf.describe()}",
     ]
     if s.rows[0].report.estimate.not_modelled:
         lines += ["not modelled (the figures above leave these out):"] + [f"  - {x}" for x in s.rows[0].report.estimate.not_modelled]

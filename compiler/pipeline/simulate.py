@@ -548,6 +548,9 @@ def recording_replays():
 # the third (Aya Vision 8B projector-only on an H100: its step 3 reserved 3.61 % more than
 # steps 1 and 2, tests/measured/gpu), and no record measures a fourth.
 REPLAYED_STEPS = 3
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+# how the estimate's text, JSON and HTML say where its reserved figure comes from
+REPLAY_ACCOUNT = f"the caching allocator replayed over {_WORDS[REPLAYED_STEPS]} steps, the largest of {_WORDS[len(ORDERS)]} orders"
 
 
 def _replay(
