@@ -576,17 +576,8 @@ class Allocator:
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
-            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):  # NB: _split_off, inlined
-                rest = _Block(block.ptr + size, remaining, pool)
-                after = block.next
-                rest.prev, rest.next = block, after
-                if after is not None:
-                    after.prev = rest
-                block.next = rest
-                block.size = size
-                rest.freed_at = mallocs
-                _insort(order, remaining << _PTR_BITS | rest.ptr)
-                pool.free[rest.ptr] = rest
+            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+                self._split_off(block, size, remaining, mallocs)
             block.allocated = True
             live[key] = block
             allocated += block.size
