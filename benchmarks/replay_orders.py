@@ -25,23 +25,23 @@ sys.path.insert(0, str(ROOT))
 
 def reserved_over_orders(path: Path, record: dict, orders: int) -> tuple[int, int] | None:
     """The estimate's reserved replayed in its own order alone, and as the largest over it and
-    `orders` swapped ones, each with and without results handed on (simulate.ORDERS set for
+    `orders` swapped ones, each with and without results handed on (replay.ORDERS set for
     the call); None when the record has no estimate."""
     from compiler.commands.validation import record_report
-    from compiler.pipeline import simulate
+    from compiler.pipeline import replay
     from compiler.pipeline.orders import Order
 
-    kept = simulate.ORDERS
+    kept = replay.ORDERS
     try:
         figures = []
         for n in (0, orders):
-            simulate.ORDERS = kept[:1] if n == 0 else tuple(Order(seed, handed) for handed in (False, True) for seed in range(n + 1))
+            replay.ORDERS = kept[:1] if n == 0 else tuple(Order(seed, handed) for handed in (False, True) for seed in range(n + 1))
             report, _ = record_report(path, record)
             if report is None:
                 return None
             figures.append(report.reserved)
     finally:
-        simulate.ORDERS = kept
+        replay.ORDERS = kept
     return figures[0], figures[1]
 
 

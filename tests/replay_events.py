@@ -6,10 +6,10 @@ from compiler.memory.allocator import Allocator
 def played(monkeypatch) -> list:
     """The (key, bytes) events the estimate's replay runs in the formulas' order, in order
     (bytes None: a free), recorded while `monkeypatch` holds Allocator.play (and
-    simulate.ORDERS cut to the formulas' order: no other orders beside it)."""
-    from compiler.pipeline import simulate
+    replay.ORDERS cut to the formulas' order: no other orders beside it)."""
+    from compiler.pipeline import replay
 
-    monkeypatch.setattr(simulate, "ORDERS", simulate.ORDERS[:1])
+    monkeypatch.setattr(replay, "ORDERS", replay.ORDERS[:1])
     events: list = []
     play = Allocator.play
 

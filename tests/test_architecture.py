@@ -26,7 +26,7 @@ STAGES = (
     ("expand", ("compiler.pipeline.expand", "compiler.pipeline.formula_context")),
     ("admit", ("compiler.pipeline.admit",)),
     ("evaluate", ("compiler.pipeline.evaluate",)),
-    ("simulate", ("compiler.pipeline.simulate", "compiler.pipeline.orders", "compiler.pipeline.walks")),
+    ("simulate", ("compiler.pipeline.simulate", "compiler.pipeline.replay", "compiler.pipeline.orders", "compiler.pipeline.walks")),
     ("render", ("compiler.pipeline.render",)),
 )
 # What every stage may read besides the stages before it: diagnostics, data paths, the cache

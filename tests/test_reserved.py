@@ -122,23 +122,23 @@ AYA = ROOT / "tests" / "measured" / "gpu" / "aya-vision_8b_proj_b1_728x728_s1024
 def test_three_steps_are_replayed_as_measured(monkeypatch):
     """Aya Vision 8B projector-only on an H100 reserved more in each of its three steps, the
     third 1,048,576,000 B (1,000 MiB, 3.61 % of the run's reserved) over the second; the estimate
-    replays as many steps as the run made (simulate.REPLAYED_STEPS, memspec measure's default
+    replays as many steps as the run made (replay.REPLAYED_STEPS, memspec measure's default
     --steps): +0.44 % of the GPU's reserved, where two steps said -3.17 %."""
     import argparse
 
     from compiler.commands.validation import record_report
     from compiler.measure.cli import add_arguments
-    from compiler.pipeline import simulate
+    from compiler.pipeline import replay
 
     record = json.loads(AYA.read_text())
     assert [s["reserved"] for s in record["steps"]] == [25_866_272_768, 27_963_424_768, 29_012_000_768]
     assert record["reserved"] == 29_012_000_768 == 27_963_424_768 + 1_048_576_000
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert simulate.REPLAYED_STEPS == 3 == parser.get_default("steps")
+    assert replay.REPLAYED_STEPS == 3 == parser.get_default("steps")
     three = record_report(AYA, record)[0].reserved
     assert round(100 * (three - record["reserved"]) / record["reserved"], 2) == 0.44
-    monkeypatch.setattr(simulate, "REPLAYED_STEPS", 2)
+    monkeypatch.setattr(replay, "REPLAYED_STEPS", 2)
     two = record_report(AYA, record)[0].reserved
     assert round(100 * (two - record["reserved"]) / record["reserved"], 2) == -3.17
 
@@ -149,7 +149,7 @@ def test_a_step_that_begins_where_the_one_before_began_is_not_replayed_again(mon
     exactly: the figures are those of replaying it. LLaVA-1.5-7B LoRA settles by its second
     step; its finetune at dp 8 under ZeRO-3 opens segments in the second (the third runs)."""
     from compiler.memory.allocator import Allocator
-    from compiler.pipeline import simulate
+    from compiler.pipeline import replay
 
     seen: list = []
     layout = Allocator.layout
@@ -170,4 +170,4 @@ def test_a_step_that_begins_where_the_one_before_began_is_not_replayed_again(mon
         monkeypatch.setattr(Allocator, "layout", spy)
         assert (skipped.reserved, skipped.allocated, skipped.device) == (replayed.reserved, replayed.allocated, replayed.device), path
     assert settled == [True, False]
-    assert simulate.REPLAYED_STEPS == 3
+    assert replay.REPLAYED_STEPS == 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from compiler.memory.allocator import Allocator, AllocatorConfig
 from compiler.pipeline.orders import ORDERS, Order, handed_on, swapped_neighbours
-from compiler.pipeline.simulate import PROBE
+from compiler.pipeline.walks.timeline import PROBE
 
 MIB = 1 << 20
 
@@ -117,7 +117,7 @@ def test_the_orders_are_two_swapped_each_with_and_without_results_handed_on():
     ]
     result, saved = ("output", "result", 1), ("tensor", "attn_in")
     events = [(result, 12 * MIB), (result, None), (saved, 12 * MIB)]
-    # the orders that hand results on replay the walk and the step handed on (simulate._replay);
+    # the orders that hand results on replay the walk and the step handed on (replay.replay);
     # a list with no result in it (the weights, the optimizer's step) is the same either way
     assert handed_on(events) == [(saved, 12 * MIB)]
     assert handed_on(events[2:]) == events[2:]

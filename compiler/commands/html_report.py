@@ -20,7 +20,8 @@ from typing import Any, Mapping
 from .. import api
 from ..api import Report, StepTimeline
 from ..pipeline.render import GIB, TABLE_COLUMNS, as_data, gib, setup_line, table_data
-from ..pipeline.simulate import CATEGORIES, REPLAY_ACCOUNT
+from ..pipeline.replay import REPLAY_ACCOUNT
+from ..pipeline.simulate import CATEGORIES
 
 MIB = 1 << 20
 

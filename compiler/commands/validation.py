@@ -479,12 +479,12 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
     requests' sizes (measure.history.compare), and those only one side has, in order, each
     with the estimate's last alike opening before it; E922 where the record has no estimate.
     `comparison` is validate's for the record and `replays` what its estimate gave the
-    allocator (simulate.recording_replays), empty where the comparison came from the cache,
+    allocator (replay.recording_replays), empty where the comparison came from the cache,
     which keeps no replay: the record is then estimated here."""
     from dataclasses import asdict
 
     from ..measure import history
-    from ..pipeline.simulate import recording_replays
+    from ..pipeline.replay import recording_replays
     from ..pipeline.walks.timeline import PROBE
 
     record = json.loads(record_path.read_text())
@@ -570,7 +570,7 @@ def render_history(c: dict) -> str:
 
 
 def main(args) -> int:
-    from ..pipeline.simulate import recording_replays
+    from ..pipeline.replay import recording_replays
     from .progress import Progress
 
     history_path = getattr(args, "history", None)

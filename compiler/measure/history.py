@@ -155,7 +155,7 @@ class EstimateReplay:
 def replay_estimate(
     events: Sequence, probe_key: object, config: AllocatorConfig, device_memory: int | None = None, step_starts: Sequence[int] = ()
 ) -> EstimateReplay:
-    """An estimate's replay (simulate.recording_replays), each event played as the replay plays
+    """An estimate's replay (replay.recording_replays), each event played as the replay plays
     it (`Allocator.play`), one at a time: the segments it makes the model reserve, and what it
     reserves at most in each training step (`step_starts`: the event each step begins with), as
     max_memory_reserved reset at the step's start reads it: the segments kept from before count

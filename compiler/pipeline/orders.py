@@ -1,5 +1,5 @@
 """The orders an estimate's step is replayed in through the caching allocator model; its
-reserved is the largest over them (`simulate._replay`).
+reserved is the largest over them (`replay.replay`).
 
 The walk's events are one order of the step's allocations at the grain of its formulas. Two
 freedoms of the real step are not fixed by that grain, and each moves which cached block a

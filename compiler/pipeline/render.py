@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from .evaluate import Node, Row, image_tokens_per_sample
 from .resolve import PRECISION_MODES, TRANSFORMERS, DeviceConstants, Gpu, Margin, Setup, Spec, release_text, self_checkpointed
-from .simulate import CATEGORIES, REPLAY_ACCOUNT, Estimate, Point
+from .replay import REPLAY_ACCOUNT
+from .simulate import CATEGORIES, Estimate, Point
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Contract: `simulate(nodes, setup)` returns an `Estimate`: the allocated-bytes ti
 of a steady-state step (forward, loss, backward, optimizer step, in that order), its peak with
 the phase, layer and a module x category breakdown at that moment, the same for the first
 step (no optimizer states until `step()` creates them), the seed paper's plain four-factor
-sum, and the allocator's `reserved` and the device's `nvidia-smi` figures derived from the
-peak. The walk, per DESIGN.md:
+sum, and the allocator's `reserved` (the step replayed, replay.py) and the device's
+`nvidia-smi` figures derived from the peak. The walk, per DESIGN.md:
 
 1. resident: weights, buffers, optimizer states (fp32 master copies included), each divided
    across data-parallel ranks as the ZeRO stage shards it;
@@ -34,22 +34,20 @@ optimizer step (`walks/base.py`); what they add lives in their own module.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ..memory import allocator, optimizers
-from ..memory.allocator import Allocator, OutOfMemory, OutOfMemoryError, allocation_size, round_size
+from ..memory.allocator import OutOfMemory
 from .evaluate import Node, first_charges
 from .expand import forward_order
-from .orders import ORDERS, Order, handed_on, swapped_neighbours
-from .resolve import Constant, Setup, gpu_catalog
+from .replay import _workspace_blocks, device_overhead, replay
+from .resolve import Constant, Setup
 from .walks import device_map, strategies
 from .walks.base import Step, Walk
 from .walks.optimizer_step import _paged_bytes, _trainable_elements, _trainable_tensors
 from .walks.resident import _blocks
-from .walks.timeline import ALLOCATOR_GRANULE, CATEGORIES, PROBE, Point, State, push, round_up
+from .walks.timeline import ALLOCATOR_GRANULE, CATEGORIES, Point, State, push, round_up
 from .walks.zero12 import _zero12_active
 
 __all__ = ["ALLOCATOR_CONSTANTS", "CATEGORIES", "Estimate", "Point", "device_overhead", "simulate"]
@@ -69,7 +67,7 @@ ALLOCATOR_CONSTANTS = (
 @dataclass(frozen=True)
 class Estimate:
     peak: Point  # steady state: the tensors at the step's peak
-    reserved: int  # the caching allocator's segments, highest over the steps replayed (see _replay)
+    reserved: int  # the caching allocator's segments, highest over the steps replayed (see replay.replay)
     first_step: Point
     timeline: tuple[tuple[str, str, int], ...]  # (phase, path, allocated) per event, steady state
     resident: Mapping[str, Mapping[str, int]]  # module -> parameters/gradients/optimizer_states/buffers, per GPU
@@ -145,7 +143,7 @@ def simulate(nodes: tuple[Node, ...], setup: Setup, verdict_budget: int | None =
     if bound:
         reserved, oom, blocks = state.best.total, None, (0, 0)
     else:
-        reserved, oom, bound, blocks = _replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied, verdict_budget is not None)
+        reserved, oom, bound, blocks = replay(setup, state, resident_blocks, states, walk_start, step_start, first_step, untied, verdict_budget is not None)
     return Estimate(
         peak=state.best,
         reserved=max(reserved, state.best.total),
@@ -481,11 +479,6 @@ def _untied_head(nodes: tuple[Node, ...], setup: Setup) -> int:
     return 0
 
 
-def _workspace_blocks(target) -> tuple[int, ...]:
-    """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's."""
-    return target.workspace_blocks or (target.workspace,)
-
-
 def _scopes(unit: Node) -> dict[str, str]:
     """Each tensor a layer inside checkpointing unit `unit` saves -> the path of the last
     layer that saves it."""
@@ -506,230 +499,6 @@ def _defer(events: list, mark: int, names: set[str]) -> None:
     the leaf's allocation order makes them where its operators do."""
     keys = {("tensor", name) for name in names}
     events[mark:] = [e for e in events[mark:] if e[0] not in keys or e[1] is None]
-
-
-@dataclass
-class RecordedReplay:
-    """An estimate's replay as the allocator was given it: its settings, the device memory that
-    sizes an expandable segment, the events in order (`(key, nbytes)` an allocation, `(key,
-    None)` a free, `(PROBE, nbytes)` an allocation freed at once, as `Allocator.play` takes
-    them), where each training step's begin (indices into `events`), the order it ran in
-    (`order`: an index into orders.ORDERS, 0 the formulas') and the peak it reserved (set as
-    the replay ends; 0 where it ran out of memory)."""
-
-    alloc_conf: allocator.AllocatorConfig
-    device_memory: int | None
-    events: list
-    step_starts: list
-    order: int = 0
-    reserved: int = 0
-
-
-# Set by `recording_replays`: the replays run meanwhile
-_recorded: list | None = None
-
-
-@contextlib.contextmanager
-def recording_replays():
-    """Collect what every caching-allocator replay the estimates inside the block run is given:
-    a `RecordedReplay` for each order the replay on a device without a limit runs in (the ones
-    `reserved` comes from: the formulas' order, then each swapped one); what
-    compiler.measure.history compares with a GPU's own history."""
-    global _recorded
-    outer, _recorded = _recorded, []
-    try:
-        yield _recorded
-    finally:
-        _recorded = outer
-
-
-# The training steps the replay runs, as many as every measurement does (`memspec measure`'s
-# default --steps, the GPU records' three): the allocator's cache can still open a segment in
-# the third (Aya Vision 8B projector-only on an H100: its step 3 reserved 3.61 % more than
-# steps 1 and 2, tests/measured/gpu), and no record measures a fourth.
-REPLAYED_STEPS = 3
-_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
-# how the estimate's text, JSON and HTML say where its reserved figure comes from
-REPLAY_ACCOUNT = f"the caching allocator replayed over {_WORDS[REPLAYED_STEPS]} steps, the largest of {_WORDS[len(ORDERS)]} orders"
-
-
-def _replay(
-    setup: Setup,
-    state: State,
-    resident: list[int],
-    states: list[int],
-    walk_start: int,
-    step_start: int,
-    first_step: list | None = None,
-    untied: int = 0,
-    verdict_only: bool = False,
-) -> tuple[int, OutOfMemory | None, bool, tuple[int, int]]:
-    """The caching allocator's reserved bytes over REPLAYED_STEPS training steps, the allocation that
-    fails on `setup.gpu` if one does, whether the bytes are a lower bound (`verdict_only`:
-    a replay past the GPU is not run again within it), and its allocated peaks of step 1 and
-    step 2 (max_memory_allocated of each, reset as a step begins: block sizes).
-
-    The replay runs what a job allocates in its order: the weights and buffers, with tied
-    embeddings the output embedding's own weight made and dropped (`untied` bytes, see
-    `_untied_head`), the allocations made before the walk (ZeRO-3's gradient partition,
-    DeepSpeed's staging buffers), then step 1 (the walk's forward and backward, then its
-    step(): `first_step`, the placing walk's order of the masters, the master gradients, the
-    states and the temporaries where it knows them, else the states then the steady step's
-    allocations) and steps 2 and 3 (the same with the states in place); whatever a step made
-    and still holds goes at its end (zero_grad(set_to_none=True)), except each GEMM thread's
-    cuBLAS and cuBLASLt workspaces, which the walk makes at the thread's first GEMM and the
-    allocator keeps for good. Step 1's pattern of frees leaves cached blocks that step 2 is
-    served from, and step 2's those of step 3, which is why more than one step is replayed.
-    NB: a formula's transient is one allocation (the running layer's, beside the rest of its
-    module's stack) unless the formula gives its order (`allocations:`), so fragmentation is
-    modelled at that grain.
-    """
-    capacity, memory = _limits(setup)
-    walk, step = state.events[walk_start:step_start], state.events[step_start:]
-    loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
-    made_states = [(("state", i), size) for i, size in enumerate(states) if size]
-
-    # NB: the walk and the step with their results handed on, made once for the orders that hand them
-    handed = functools.cache(lambda: (handed_on(walk), handed_on(step)))
-
-    def run(allocator: Allocator, recorded: RecordedReplay | None = None, order: int = 0) -> tuple[int, tuple[int, int]]:
-        lists = handed() if ORDERS[order].handed else (walk, step)
-        return _run_steps(allocator, loaded, *lists, first_step, made_states, recorded, ORDERS[order])
-
-    # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
-    # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
-    # frees the wholly free cached segments and retries), for the allocation that fails; a
-    # step that gets through only by that release is not counted on to fit: the replay's
-    # blocks are coarser than the step's tensors, so more of its segments are wholly free
-    # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
-    def recording(order: int) -> RecordedReplay | None:
-        if _recorded is None:
-            return None
-        _recorded.append(RecordedReplay(setup.alloc_conf, memory, [], [], order))
-        return _recorded[-1]
-
-    try:
-        peak, peaks = run(Allocator(setup.alloc_conf, device_memory=memory), recording(0))
-    except OutOfMemoryError as error:
-        # NB: without a limit, only a request no expandable segment's address space holds (more
-        # than the device's memory) fails: the step cannot run on this GPU
-        return _failed_at(error.oom, setup.alloc_conf), error.oom, False, (0, 0)
-    # NB: the largest over the orders (orders.ORDERS; the allocated peaks are the formulas'
-    # order's); a verdict's replay stops at the first past the GPU
-    for order in range(1, len(ORDERS)):
-        if verdict_only and capacity is not None and peak > capacity:
-            break
-        try:
-            peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(order), order)[0])
-        except OutOfMemoryError as error:
-            peak = max(peak, _failed_at(error.oom, setup.alloc_conf))
-    if capacity is None or peak <= capacity:
-        return peak, None, False, peaks
-    if verdict_only:
-        return peak, None, True, peaks
-    try:
-        run(Allocator(setup.alloc_conf, capacity, memory))
-        return peak, None, False, peaks
-    except OutOfMemoryError as error:
-        return max(peak, _failed_at(error.oom, setup.alloc_conf)), error.oom, False, peaks
-
-
-def _failed_at(oom: OutOfMemory, alloc_conf: allocator.AllocatorConfig) -> int:
-    """What the allocator holds once the failed request's segment is counted."""
-    return oom.reserved + allocation_size(round_size(oom.requested, alloc_conf))
-
-
-def _run_steps(
-    allocator: Allocator,
-    loaded: list,
-    walk: list,
-    step: list,
-    first_step: list | None,
-    made_states: list,
-    recorded: RecordedReplay | None = None,
-    order: Order = ORDERS[0],
-) -> tuple[int, tuple[int, int]]:
-    """_replay's steps on `allocator`: its peak reserved, and the max_memory_allocated of steps
-    1 and 2 (each reset as its step begins). `recorded` (recording_replays) gets its events.
-    `order.seed` > 0: each list in that swapped order (orders.swapped_neighbours), every step
-    alike; the walk and the step come with their results handed on where `order` hands them."""
-    if order.seed:
-        loaded, walk, step = (swapped_neighbours(events, order.seed) for events in (loaded, walk, step))
-        first_step = None if first_step is None else swapped_neighbours(first_step, order.seed)
-    log = None if recorded is None else recorded.events
-    live = allocator.live
-
-    # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
-    # not made again; `made` collects what this step allocated
-    def play(events: list, made: list) -> None:
-        if log is not None:
-            log.extend(events)
-        allocator.play(events, made, probe_key=PROBE)
-
-    play(loaded, [])
-    steps = []
-    before = None
-    for number in range(1, REPLAYED_STEPS + 1):
-        if number > 1:
-            # NB: a step that begins from the cache the step before began from replays it
-            # exactly: nothing more to learn (most steps settle by the second)
-            layout = allocator.layout()
-            if layout is not None and layout == before:
-                break
-            before = layout
-        allocator.peak_allocated = allocator.allocated
-        if recorded is not None:
-            recorded.step_starts.append(len(recorded.events))
-        made: list = []
-        play(walk, made)
-        if number == 1 and first_step is not None:
-            play(first_step, [])  # NB: the states it makes stay
-        else:
-            if number == 1:
-                play(made_states, [])
-            play(step, made)
-        for key in made:
-            if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
-                if log is not None:
-                    log.append((key, None))
-                allocator.free(key)
-        steps.append(allocator.peak_allocated)
-    if recorded is not None:
-        recorded.reserved = allocator.peak_reserved
-    return allocator.peak_reserved, (steps[0], steps[1])
-
-
-def _limits(setup: Setup) -> tuple[int | None, int | None]:
-    """The replay's allocator limits on `setup.gpu`: what the card leaves the allocator (its
-    memory less the CUDA context) and the device memory that sizes expandable segments.
-    NB: the catalog's memory is nvidia-smi's; CUDA's totalGlobalMem, which sizes an expandable
-    segment's address space (1 1/8 of it), is a few hundred MiB less (an H200: 618 MiB, its
-    idle NVML figure), which moves only a best fit near the space's end."""
-    if setup.gpu is None:
-        return None, None
-    return setup.gpu.memory - device_overhead(setup), setup.gpu.memory
-
-
-def _loaded(setup: Setup, before_walk: list, walk: list, resident: list[int], untied: int) -> list:
-    """What the replay allocates before step 1 walks: the weights and buffers, the untied
-    output embedding made and dropped, the GEMM threads' workspaces that the walk does not
-    place, then the walk's own allocations made before it (`before_walk`)."""
-    placed = {e[0] for e in walk if e[0][0] == "workspace"}
-    loaded = [(("weight", i), size) for i, size in enumerate(resident) if size]
-    if untied:
-        loaded += [(("untied output embedding",), untied), (("untied output embedding",), None)]
-    # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has its
-    # workspaces from the start, as before any layer runs
-    threads = range(setup.target.gemm_threads)
-    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(_workspace_blocks(setup.target)) if ("workspace", t, i) not in placed]
-    return loaded + before_walk
-
-
-def device_overhead(setup: Setup) -> int:
-    """What the device holds beside the allocator's segments: the CUDA context, and NCCL's
-    buffers when data-parallel (specs/gpus.yaml)."""
-    consts = gpu_catalog()[1]
-    return consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
 
 
 def _not_modelled(setup: Setup) -> tuple[str, ...]:
