@@ -18,8 +18,9 @@ order alone, 12 over it and two swapped orders, 9 over these four with the norms
 handed on (Gemma-3-1B b 4 -4.91 % -> -0.05 %, PaliGemma 2 -3.31 % -> +0.04 %, Qwen2.5-VL-7B SGD
 under expandable segments -4.12 % -> -1.81 %; Qwen3-VL-2B video +0.16 % -> +11.76 %), 7 with
 LoRA adapters' sums too (Phi-3-mini LoRA b 4 eager -3.94 % -> +0.13 %; LLaVA-1.5-7B LoRA under
-expandable segments -0.58 % -> +3.99 %). Each order is one more replay, about a tenth of an
-estimate's time.
+expandable segments -0.58 % -> +3.99 %), 6 with LayerNorm's result too (Pythia-1.4B LoRA
+-4.69 % -> +0.00 %; Qwen2-VL-7B video -0.31 % -> -3.44 %). Each order is one more replay, about a
+tenth of an estimate's time.
 """
 
 from __future__ import annotations
