@@ -104,3 +104,42 @@ def test_replay_same_as_reference():
             assert (x.oom is None) == (y.oom is None)
             if x.oom is not None:
                 assert x.oom.__dict__ == y.oom.__dict__
+
+
+@pytest.mark.parametrize("capacity", [None, 3 * 1024**3])
+def test_play_with_probes_same_as_one_operation_at_a_time(capacity):
+    """`play`'s probe under the default configuration (answered from the pool's largest free
+    block where one fits) leaves the allocator as `probe` does: the same events, one batch
+    against malloc, free and probe called one at a time."""
+    rng = random.Random(11)
+    probe = ("probe",)
+    events, live = [], []
+    for step in range(4000):
+        op = rng.random()
+        if live and op < 0.4:
+            events.append((live.pop(rng.randrange(len(live))), None))
+        elif op < 0.6:
+            events.append((probe, _sizes(rng)))
+        else:
+            live.append(("t", step))
+            events.append((live[-1], _sizes(rng)))
+    batch, single = fast.Allocator(capacity=capacity), fast.Allocator(capacity=capacity)
+    try:
+        batch.play(events, [], probe)
+        batch_oom = None
+    except fast.OutOfMemoryError as exc:
+        batch_oom = exc.oom
+    single_oom = None
+    for key, n in events:
+        try:
+            if n is None:
+                single.free(key)
+            elif key is probe:
+                single.probe(n)
+            else:
+                single.malloc(key, n)
+        except fast.OutOfMemoryError as exc:
+            single_oom = exc.oom
+            break
+    assert batch_oom == single_oom
+    assert _state(batch) == _state(single)
