@@ -17,15 +17,19 @@ def pytest_addoption(parser):
 import pytest  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory):
     """memspec's user cache (hub headers, checked inputs, validate's comparisons) in a folder of
     the test run, never the home one: one folder for every pytest-xdist worker of the run (the
     workers' temporary folders share a parent), as one user's runs share theirs, so that what one
-    worker estimated another reads back. Its writes are atomic (compiler/checked.py)."""
+    worker estimated another reads back. Its writes are atomic (compiler/checked.py).
+    NB: session-scoped, so set before any module's fixtures (the measured gate's estimates),
+    which a function-scoped fixture is not."""
     import os
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
-    monkeypatch.setenv("MEMSPEC_CACHE", str(base / "memspec-cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MEMSPEC_CACHE", str(base / "memspec-cache"))
+        yield

@@ -313,3 +313,18 @@ def test_validate_remakes_only_the_records_an_edit_reaches(cache, tmp_path, monk
     linear.write_text(linear.read_text() + "\n")
     after_linear = keys()
     assert after_linear[0] != before[0] and after_linear[1] != after_gemma[1]
+
+
+@pytest.fixture(scope="module")
+def cache_of_a_module_fixture():
+    from compiler import paths
+
+    return paths.user_cache()
+
+
+def test_a_module_fixture_uses_the_runs_cache_not_the_home_one(cache_of_a_module_fixture, tmp_path_factory):
+    """A module-scoped fixture (the measured gate's estimates) is made before any
+    function-scoped one: the run's cache must already be set, or the run reads and writes the
+    user's home cache (and a warm one there hides the gate's cost)."""
+    run = tmp_path_factory.getbasetemp()
+    assert run.parent in cache_of_a_module_fixture.parents or run in cache_of_a_module_fixture.parents, cache_of_a_module_fixture
