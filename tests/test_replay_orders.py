@@ -7,7 +7,10 @@ checkpointed (14 heads of 64, 2 key-value heads). One layer's scores [4, 14, 409
 [4, 14, 4096, 64] are 28 MiB each.
 
 The tanh GELU written in Python (formulas/gelu_new.yaml): Phi-2, micro-batch 1, seq 1024, its
-MLP 10,240 wide: each tensor of the chain [1, 1024, 10240] in bf16 is 20 MiB."""
+MLP 10,240 wide: each tensor of the chain [1, 1024, 10240] in bf16 is 20 MiB.
+
+BLOOM's eager kernel (formulas/bloom_attention_core.yaml): bloom-560m, micro-batch 4, seq 1024,
+checkpointed; the four BLOOM GPU records reserve the GPU's byte in the formulas' order."""
 
 from pathlib import Path
 
@@ -256,3 +259,36 @@ def test_a_gated_mlps_activation_lives_while_up_proj_runs(attention_events):
     # the product's moment: up (its other input) and its result, on top of act_out
     assert [b // MIB for k, b in life[2:-1] if b] == [152, 152]
     assert sum(1 for k, b in life if k == life[0][0] and b) == 1
+
+
+# BLOOM's eager kernel (formulas/bloom_attention_core.yaml), traced: bloom-560m trained whole,
+# b 4, s 1024, checkpointed (16 heads of 64), block 1's first forward and a block's backward, MiB:
+# scores [64, 1024, 1024] 128 in bf16, 256 in fp32; q, k, v [64, 1024, 64] 8 each, the fused
+# output [4, 1024, 3072] 24. The trace's q, k and v copies (+8 +8 +8) are one block of 24 in the
+# replay (the saved qkv), and so are their frees.
+BLOOM = ROOT / "tests" / "measured" / "gpu" / "bloom_560m_b4_s1024_eager_gc-on.json"
+BLOOM_TRACED_FORWARD = [
+    ("fused", 24), ("qkv", 24), ("raw_scores", 128), ("masked_scores", 128), ("upcast", 256), ("probs_fp32", 256),
+    ("upcast", -256), ("probs", 128), ("probs_fp32", -256), ("context", 8), ("merged", 8), ("context", -8),
+]  # fmt: skip
+# Backward: dense's input gradient, its [b * heads, s, d] copy, dv and dprobs (probs freed by
+# bmm's backward), the cast's fp32 gradient, softmax's input gradient and tmp, the cast back,
+# baddbmm's two gradients each scaled by alpha, then the fused gradient from three
+# select_backward and two sums. (The trace frees v's copy with probs, q's and k's after dk.)
+BLOOM_TRACED_BACKWARD = [
+    ("grad_out", 8), ("grad_heads", 8), ("grad_out", -8), ("dv", 8), ("dprobs", 128), ("probs", -128), ("grad_heads", -8),
+    ("dprobs32", 256), ("dprobs", -128), ("dsoft", 256), ("softmax_tmp", 256), ("softmax_tmp", -256), ("probs_fp32", -256),
+    ("dprobs32", -256), ("dscores", 128), ("dsoft", -256), ("dq_raw", 8), ("dq", 8), ("dq_raw", -8), ("dk_raw", 8), ("dk", 8),
+    ("dk_raw", -8), ("qkv", -24), ("dscores", -128), ("dfused_v", 24), ("dv", -8), ("dfused_k", 24), ("dk", -8),
+    ("dfused_kv", 24), ("dfused_v", -24), ("dfused_k", -24), ("dfused_q", 24), ("dq", -8), ("dfused", 24),
+    ("dfused_kv", -24), ("dfused_q", -24),
+]  # fmt: skip
+
+
+def test_bloom_attention_allocates_as_the_trace(monkeypatch):
+    names = {n for n, _ in BLOOM_TRACED_FORWARD + BLOOM_TRACED_BACKWARD}
+    replayed = _replayed(monkeypatch, BLOOM, names)
+    starts = [i for i, (n, b) in enumerate(replayed) if n == "fused" and b > 0]
+    assert replayed[starts[1] : starts[1] + len(BLOOM_TRACED_FORWARD)] == BLOOM_TRACED_FORWARD
+    start = next(i for i, (n, b) in enumerate(replayed) if n == "grad_heads") - 1
+    assert replayed[start : start + len(BLOOM_TRACED_BACKWARD)] == BLOOM_TRACED_BACKWARD
