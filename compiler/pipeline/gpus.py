@@ -36,6 +36,12 @@ class Gpu:
     # each thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's (they sum to workspace)
     workspace_blocks: tuple[int, ...] = ()
 
+    @property
+    def workspace_allocations(self) -> tuple[int, ...]:
+        """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's
+        (one block of `workspace` where the catalog does not split it)."""
+        return self.workspace_blocks or (self.workspace,)
+
 
 # Units of a memory size on the command line (--gpu 24GiB, --margin 2GiB): SI powers of 10
 # as GPU vendors print them (80GB = 80 x 10^9 bytes), binary powers of 2 as torch and

@@ -109,12 +109,6 @@ def replay(
         lists = handed() if ORDERS[order].handed else (walk, step)
         return _run_steps(allocator, loaded, *lists, first_step, made_states, recorded, ORDERS[order])
 
-    # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
-    # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
-    # frees the wholly free cached segments and retries), for the allocation that fails; a
-    # step that gets through only by that release is not counted on to fit: the replay's
-    # blocks are coarser than the step's tensors, so more of its segments are wholly free
-    # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
     def recording(order: int) -> RecordedReplay | None:
         if _recorded is None:
             return None
@@ -136,6 +130,12 @@ def replay(
             peak = max(peak, run(Allocator(setup.alloc_conf, device_memory=memory), recording(order), order)[0])
         except OutOfMemoryError as error:
             peak = max(peak, _failed_at(error.oom, setup.alloc_conf))
+    # NB: the figure is the replay on a device without a limit. Where it passes the GPU's
+    # memory, the replay runs again within it, as the allocator does (a failed cudaMalloc
+    # frees the wholly free cached segments and retries), for the allocation that fails; a
+    # step that gets through only by that release is not counted on to fit: the replay's
+    # blocks are coarser than the step's tensors, so more of its segments are wholly free
+    # (measured: LLaVA-1.5-7B pretrain at micro-batch 38 ran out of memory on an H100).
     if capacity is None or peak <= capacity:
         return peak, None, False, peaks
     if verdict_only:
@@ -234,7 +234,7 @@ def _loaded(setup: Setup, before_walk: list, walk: list, resident: list[int], un
     # NB: a thread whose first GEMM the walk does not place (no layer marked gemm) has its
     # workspaces from the start, as before any layer runs
     threads = range(setup.target.gemm_threads)
-    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(_workspace_blocks(setup.target)) if ("workspace", t, i) not in placed]
+    loaded += [(("workspace", t, i), b) for t in threads for i, b in enumerate(setup.target.workspace_allocations) if ("workspace", t, i) not in placed]
     return loaded + before_walk
 
 
@@ -243,8 +243,3 @@ def device_overhead(setup: Setup) -> int:
     buffers when data-parallel (specs/gpus.yaml)."""
     consts = gpu_catalog()[1]
     return consts.cuda_context + (consts.nccl_per_communicator if setup.dp > 1 else 0)
-
-
-def _workspace_blocks(target) -> tuple[int, ...]:
-    """One GEMM thread's workspaces as the allocator gets them: cuBLAS's, then cuBLASLt's."""
-    return target.workspace_blocks or (target.workspace,)

@@ -41,7 +41,7 @@ from ..memory import allocator, optimizers
 from ..memory.allocator import OutOfMemory
 from .evaluate import Node, first_charges
 from .expand import forward_order
-from .replay import _workspace_blocks, device_overhead, replay
+from .replay import device_overhead, replay
 from .resolve import Constant, Setup
 from .walks import device_map, strategies
 from .walks.base import Step, Walk
@@ -228,7 +228,7 @@ class _StepWalk:
         self.before_layer_backward = _hooks(walks, "before_layer_backward")
         self.after_layer_backward = _hooks(walks, "after_layer_backward")
         target = step.setup.target
-        self.workspace_blocks = _workspace_blocks(target)
+        self.workspace_blocks = target.workspace_allocations
         # NB: with nothing trainable, no backward: the forward's thread alone runs GEMMs
         self.workspace_threads = target.gemm_threads if step.trainable else 1
         self.placed: set[int] = set()
