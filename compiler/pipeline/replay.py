@@ -11,6 +11,7 @@ allocated peaks of steps 1 and 2. `recording_replays` collects what each replay 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -101,13 +102,16 @@ def replay(
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
+    keys = _Keys()
+    loaded, made_states, walk_n, step_n = (keys.numbered(events) for events in (loaded, made_states, walk, step))
+    first_step = None if first_step is None else keys.numbered(first_step)
 
     # NB: the walk and the step with their results handed on, made once for the orders that hand them
-    handed = functools.cache(lambda: (handed_on(walk), handed_on(step)))
+    handed = functools.cache(lambda: (keys.numbered(handed_on(walk)), keys.numbered(handed_on(step))))
 
     def run(allocator: Allocator, recorded: RecordedReplay | None = None, order: int = 0) -> tuple[int, tuple[int, int]]:
-        lists = handed() if ORDERS[order].handed else (walk, step)
-        return _run_steps(allocator, loaded, *lists, first_step, made_states, recorded, ORDERS[order])
+        lists = handed() if ORDERS[order].handed else (walk_n, step_n)
+        return _run_steps(allocator, keys, loaded, *lists, first_step, made_states, recorded, ORDERS[order])
 
     def recording(order: int) -> RecordedReplay | None:
         if _recorded is None:
@@ -120,7 +124,7 @@ def replay(
     except OutOfMemoryError as error:
         # NB: without a limit, only a request no expandable segment's address space holds (more
         # than the device's memory) fails: the step cannot run on this GPU
-        return _failed_at(error.oom, setup.alloc_conf), error.oom, False, (0, 0)
+        return _failed_at(error.oom, setup.alloc_conf), keys.named_oom(error.oom), False, (0, 0)
     # NB: the largest over the orders (orders.ORDERS; the allocated peaks are the formulas'
     # order's); a verdict's replay stops at the first past the GPU
     for order in range(1, len(ORDERS)):
@@ -144,7 +148,7 @@ def replay(
         run(Allocator(setup.alloc_conf, capacity, memory))
         return peak, None, False, peaks
     except OutOfMemoryError as error:
-        return max(peak, _failed_at(error.oom, setup.alloc_conf)), error.oom, False, peaks
+        return max(peak, _failed_at(error.oom, setup.alloc_conf)), keys.named_oom(error.oom), False, peaks
 
 
 def _failed_at(oom: OutOfMemory, alloc_conf: allocator.AllocatorConfig) -> int:
@@ -152,8 +156,42 @@ def _failed_at(oom: OutOfMemory, alloc_conf: allocator.AllocatorConfig) -> int:
     return oom.reserved + allocation_size(round_size(oom.requested, alloc_conf))
 
 
+class _Keys:
+    """The events' keys numbered for the allocator: an int hashes where a key's tuple hashes
+    element by element, and a replay looks each key up three times a step (the allocation,
+    the check that it is not live, the free). PROBE stays itself."""
+
+    def __init__(self) -> None:
+        self.number: dict = {}
+        self.names: list = []
+
+    def numbered(self, events: list) -> list:
+        number, names = self.number, self.names
+        out = []
+        for key, nbytes in events:
+            if key is not PROBE:
+                n = number.get(key)
+                if n is None:
+                    n = number[key] = len(names)
+                    names.append(key)
+                key = n
+            out.append((key, nbytes))
+        return out
+
+    def named(self, events) -> list:
+        """`events` with the keys this numbering made named again (a key it did not number, a
+        probe's or another replay's, stays as it is)."""
+        names = self.names
+        return [(names[key] if type(key) is int else key, nbytes) for key, nbytes in events]
+
+    def named_oom(self, oom: OutOfMemory) -> OutOfMemory:
+        """`oom` naming its allocation's key (a probe's is the allocator's own)."""
+        return dataclasses.replace(oom, key=self.names[oom.key]) if isinstance(oom.key, int) else oom
+
+
 def _run_steps(
     allocator: Allocator,
+    keys: _Keys,
     loaded: list,
     walk: list,
     step: list,
@@ -171,12 +209,13 @@ def _run_steps(
         first_step = None if first_step is None else swapped_neighbours(first_step, order.seed)
     log = None if recorded is None else recorded.events
     live = allocator.live
+    workspaces = {n for n, key in enumerate(keys.names) if key[0] == "workspace"}
 
     # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
     # not made again; `made` collects what this step allocated
     def play(events: list, made: list) -> None:
         if log is not None:
-            log.extend(events)
+            log.extend(keys.named(events))
         allocator.play(events, made, probe_key=PROBE)
 
     play(loaded, [])
@@ -201,11 +240,8 @@ def _run_steps(
             if number == 1:
                 play(made_states, [])
             play(step, made)
-        for key in made:
-            if key in live and key[0] != "workspace":  # NB: the workspaces stay cached
-                if log is not None:
-                    log.append((key, None))
-                allocator.free(key)
+        # NB: the workspaces stay cached
+        play([(key, None) for key in made if key in live and key not in workspaces], [])
         steps.append(allocator.peak_allocated)
     if recorded is not None:
         recorded.reserved = allocator.peak_reserved
