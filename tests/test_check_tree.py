@@ -36,3 +36,20 @@ def test_a_check_compiles_without_replaying_the_allocator(monkeypatch, capsys):
     assert replays == []
     api.estimate("specs/experiments/llava-1.5-7b-finetune.yaml")
     assert replays == [1]
+
+
+def test_the_libraries_examples_run_once_per_formulas_and_code(monkeypatch, tmp_path, capsys):
+    """The built-in library's worked examples pass once and are kept: a second check of a spec
+    runs none of them; a check with the cache off runs them all again."""
+    from compiler.library import examples
+
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path))
+    ran = []
+    real = examples.run_examples
+    monkeypatch.setattr(examples, "run_examples", lambda library: ran.append(len(library.formulas)) or real(library))
+    for _ in range(2):
+        assert main(["check", "specs/qwen2/qwen2.5-0.5b.yaml"]) == 0, capsys.readouterr().err
+    assert len(ran) == 1 and ran[0] > 100
+    monkeypatch.setenv("MEMSPEC_NO_CACHE", "1")
+    assert main(["check", "specs/qwen2/qwen2.5-0.5b.yaml"]) == 0
+    assert len(ran) == 2
