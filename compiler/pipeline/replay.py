@@ -102,9 +102,7 @@ def replay(
     walk, step = state.events[walk_start:step_start], state.events[step_start:]
     loaded = _loaded(setup, state.events[:walk_start], walk, resident, untied)
     made_states = [(("state", i), size) for i, size in enumerate(states) if size]
-    keys = _Keys()
-    loaded, made_states, walk_n, step_n = (keys.numbered(events) for events in (loaded, made_states, walk, step))
-    first_step = None if first_step is None else keys.numbered(first_step)
+    loaded, made_states, walk_n, step_n, first_step = map((keys := _Keys()).numbered, (loaded, made_states, walk, step, first_step))
 
     # NB: the walk and the step with their results handed on, made once for the orders that hand them
     handed = functools.cache(lambda: (keys.numbered(handed_on(walk)), keys.numbered(handed_on(step))))
@@ -165,7 +163,9 @@ class _Keys:
         self.number: dict = {}
         self.names: list = []
 
-    def numbered(self, events: list) -> list:
+    def numbered(self, events: list | None) -> list | None:
+        if events is None:
+            return None
         number, names = self.number, self.names
         out = []
         for key, nbytes in events:
