@@ -5,8 +5,10 @@ write into it), the checked-in `formulas/`, `schemas/`, `tests/` and `docs/` bes
 YAML files a page shows under a `# path` header written where it says, the hub models the
 pages name in an offline Hugging Face cache (their real config.json and safetensors
 headers from tests/fixtures/hub), `./Llama-2-7b-hf/` as a downloaded folder and
-`gpu-records/` holding 16 of the project's GPU records (a user's folder holds a few; `memspec
-validate tests/measured/gpu` of measuring.md runs them all). The review page runs in a clone of this
+`gpu-records/` holding 16 of the project's GPU records (a user's folder holds a few), and
+`tests/measured/gpu/` the same 16 and every record a page names: `memspec validate
+tests/measured/gpu` of measuring.md runs as written on them, and tests/test_measured_gate.py
+validates all of them (the whole folder was 100 CPU seconds of the suite, estimated twice). The review page runs in a clone of this
 repository, since `memspec diff` reads git. A command passes when it exits 0; one whose
 comment says it exits with another code (`# exit 1` past a threshold, `# exit 4` when it
 does not fit) may exit with that code too. tests/test_docs.py checks that
@@ -71,9 +73,30 @@ def _user_folder(tmp: Path, page: Path) -> Path:
     work = tmp / "work"
     work.mkdir()
     shutil.copytree(ROOT / "specs", work / "specs")
-    for name in ("formulas", "schemas", "tests", "docs"):
+    for name in ("formulas", "schemas", "docs"):
         (work / name).symlink_to(ROOT / name)
+    # tests/ as the checkout's, but for tests/measured/gpu: GPU_SAMPLE
+    gpu = ROOT / "tests" / "measured" / "gpu"
+    for folder in (ROOT / "tests", ROOT / "tests" / "measured"):
+        mirror = work / folder.relative_to(ROOT)
+        mirror.mkdir()
+        for child in folder.iterdir():
+            if child not in (ROOT / "tests" / "measured", gpu):
+                (mirror / child.name).symlink_to(child)
+    (work / "tests" / "measured" / "gpu").mkdir()
+    for record in GPU_SAMPLE:
+        (work / "tests" / "measured" / "gpu" / record.name).symlink_to(record)
     return work
+
+
+def _gpu_sample() -> list[Path]:
+    """16 of the GPU records, spread over their names, and every one a page names."""
+    records = sorted((ROOT / "tests" / "measured" / "gpu").glob("*.json"))
+    named = {m for page in PAGES for m in re.findall(r"tests/measured/gpu/([\w.\-]+\.json)", page.read_text())}
+    return sorted(set(records[:: len(records) // 16][:16]) | {r for r in records if r.name in named})
+
+
+GPU_SAMPLE = _gpu_sample()
 
 
 def _environment(tmp: Path, work: Path) -> dict[str, str]:
