@@ -89,14 +89,16 @@ def _user_folder(tmp: Path, page: Path) -> Path:
     return work
 
 
-def _gpu_sample() -> list[Path]:
-    """16 of the GPU records, spread over their names, and every one a page names."""
+def _gpu_sample() -> tuple[list[Path], list[Path]]:
+    """16 of the GPU records, spread over their names (a user's `gpu-records/`), and those with
+    every one a page names (the folder's tests/measured/gpu)."""
     records = sorted((ROOT / "tests" / "measured" / "gpu").glob("*.json"))
+    spread = records[:: len(records) // 16][:16]
     named = {m for page in PAGES for m in re.findall(r"tests/measured/gpu/([\w.\-]+\.json)", page.read_text())}
-    return sorted(set(records[:: len(records) // 16][:16]) | {r for r in records if r.name in named})
+    return spread, sorted(set(spread) | {r for r in records if r.name in named})
 
 
-GPU_SAMPLE = _gpu_sample()
+GPU_SPREAD, GPU_SAMPLE = _gpu_sample()
 
 
 def _environment(tmp: Path, work: Path) -> dict[str, str]:
@@ -105,8 +107,7 @@ def _environment(tmp: Path, work: Path) -> dict[str, str]:
         hf.hub_cache(cache, repo, fixture)
     shutil.copytree(hf.FIXTURES / "Llama-2-7b-hf", work / "Llama-2-7b-hf")
     (work / "gpu-records").mkdir()
-    gpu = sorted((ROOT / "tests" / "measured" / "gpu").glob("*.json"))
-    for record in gpu[:: len(gpu) // 16][:16]:
+    for record in GPU_SPREAD:
         shutil.copy(record, work / "gpu-records")
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "MEMSPEC_CACHE": str(tmp / "memspec-cache")}
 
