@@ -162,7 +162,7 @@ def test_a_revision_is_evaluated_once_and_a_clean_tree_serves_both_sides(repo, c
     monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path / "cache"))
     started = []
     real = diffmod._start
-    monkeypatch.setattr(diffmod, "_start", lambda tree: started.append(tree) or real(tree))
+    monkeypatch.setattr(diffmod, "_start", lambda tree, *more: started.append(tree) or real(tree, *more))
     clean = _diff(capsys)
     assert started == [repo]  # the working tree is the base's content: one evaluation for both sides
     assert _diff(capsys) == clean and started == [repo]  # again: the base's cases come from the cache
@@ -172,3 +172,29 @@ def test_a_revision_is_evaluated_once_and_a_clean_tree_serves_both_sides(repo, c
     (tmp_path / "cache" / "diff" / f"{diffmod._content_key(repo, _git(repo, 'rev-parse', 'HEAD').strip())}.json").write_text("{torn")
     assert {c["case"] for c in _diff(capsys)["cases"] if c["status"] != "unchanged"} == AFFECTED  # a torn entry: evaluated again
     assert len(started) == 4
+
+
+def test_a_tree_evaluates_the_same_in_processes(tmp_path, monkeypatch):
+    """The evaluator spreads a tree's cases over forked processes (one per CPU; two trees at
+    once share them): the same rows in the same order as one process makes. The tree has no
+    compiler of its own, so the installed one evaluates it, as for a repository of one's own
+    specs; one of its cases is an error, which comes back on its row either way."""
+    from compiler.commands import diff as diffmod
+
+    tree = tmp_path / "tree"
+    names = ("specs/gpus.yaml", "specs/qwen2/qwen2.5-0.5b.yaml", "specs/bloom/bloom-560m.yaml", "specs/experiments/qwen2.5-0.5b-full-h200.yaml")
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tree / name)
+    (tree / "specs" / "broken.yaml").write_text("model: {name: broken}\n")
+    monkeypatch.setenv("MEMSPEC_CACHE", str(tmp_path / "cache"))
+    rows = [diffmod._finish(diffmod._start(tree, n), "the tree") for n in (1, 2)]
+    assert rows[0] == rows[1]
+    # four cases: two processes take the three after the first
+    assert [r["case"] for r in rows[0]] == [
+        "specs/bloom/bloom-560m.yaml",
+        "specs/broken.yaml",
+        "specs/experiments/qwen2.5-0.5b-full-h200.yaml",
+        "specs/qwen2/qwen2.5-0.5b.yaml",
+    ]
+    assert "error" in rows[0][1] and all("allocated" in r for r in rows[0][::2] + rows[0][3:])

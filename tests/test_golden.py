@@ -6,6 +6,7 @@ Each `tests/cases/<case>/case.yaml` names a spec or experiment and overrides; it
 effect on every model in one diff. Regenerate with `pytest --regen-golden` and review the diff.
 """
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,11 @@ SUMMARY = ROOT / "tests" / "golden" / "SUMMARY.tsv"
 SUMMARY_COLUMNS = ("case", "allocated", "reserved", "device", "first_step", "seed_sum", "phase", "layer")
 
 
+@functools.cache
 def _report(case: Path):
+    """A case's estimate, made once per test process: test_case and test_summary read the same
+    one (an estimate is a pure function of the case's files, which a test run does not change;
+    pytest-xdist's --dist loadfile runs the whole file in one worker)."""
     data = load_yaml(str(case / "case.yaml")).data
     return estimate(data["file"], **(data.get("overrides") or {}))
 

@@ -16,8 +16,9 @@ The base is `--base REV`, by default the merge-base of HEAD and `main` (else `or
 else HEAD): on a branch that is everything the branch changed, committed or not; on main, the
 uncommitted edits. Each side is evaluated by its own compiler: the base revision is unpacked
 with `git archive` into a temporary folder and its own `compiler` package, formulas and specs
-estimate its cases in a subprocess; the working tree (the files on disk, uncommitted and
-untracked ones included) does the same with its own. A change to the Python compiler
+estimate its cases in a subprocess, which spreads them over forked processes, one per CPU
+this process may use (the two trees share them when both are evaluated); the working tree (the
+files on disk, uncommitted and untracked ones included) does the same with its own. A change to the Python compiler
 therefore shows as well as one to a formula or a spec: the diff is the effect of the change,
 whatever it touched. Where a tree has no `compiler/` package (a repository of one's own specs
 using an installed memspec), the installed one evaluates both sides, so only the data moves.
@@ -39,6 +40,7 @@ from typing import Any
 
 from ..errors import Diagnostic, MemspecError, UsageError
 from ..paths import user_cache
+from .processes import cpus
 
 FIGURES = ("allocated", "reserved", "device", "first_step")
 REFERENCE_MICRO_BATCH = 1
@@ -55,7 +57,7 @@ from compiler import api
 from compiler.errors import MemspecError
 load_yaml = api.load_yaml  # NB: compiler.api names it in every revision; the module moved
 
-REF_B, REF_S = int(sys.argv[1]), int(sys.argv[2])
+REF_B, REF_S, PROCESSES = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cases = []
 for p in sorted(Path("specs").rglob("*.yaml")) if Path("specs").is_dir() else ():
     if len(p.parts) > 1 and p.parts[1] in ("families", "matrices"):
@@ -71,8 +73,8 @@ for p in sorted(Path("specs").rglob("*.yaml")) if Path("specs").is_dir() else ()
 for c in sorted(Path("tests/cases").glob("*/case.yaml")) if Path("tests/cases").is_dir() else ():
     cases.append(("golden", c.parent.as_posix(), None, c.as_posix()))
 
-out = []
-for kind, name, file, extra in cases:
+def evaluate(case):
+    kind, name, file, extra = case
     row = {"case": name, "kind": kind}
     try:
         if kind == "golden":
@@ -90,7 +92,17 @@ for kind, name, file, extra in cases:
         row["error"] = exc.render().splitlines()[0]
     except Exception as exc:  # a bug in that tree's compiler: reported on its case, not fatal
         row["error"] = f"internal error: {type(exc).__name__}: {exc}"
-    out.append(row)
+    return row
+
+# NB: the cases are independent: after the first (evaluated here, so that the processes start
+# with what it loaded and checked), spread over PROCESSES forked processes, answers in order
+import multiprocessing
+out = [evaluate(c) for c in cases[:1]]
+if PROCESSES > 1 and len(cases) > 2 and "fork" in multiprocessing.get_all_start_methods():
+    with multiprocessing.get_context("fork").Pool(min(PROCESSES, len(cases) - 1)) as pool:
+        out += pool.map(evaluate, cases[1:], chunksize=1)
+else:
+    out += [evaluate(c) for c in cases[1:]]
 print(json.dumps(out))
 """
 
@@ -188,10 +200,11 @@ def _unpack(root: Path, commit: str, into: Path) -> None:
         tar.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(into)  # noqa: S202 (our own archive)
 
 
-def _start(tree: Path) -> subprocess.Popen:
+def _start(tree: Path, processes: int = 1) -> subprocess.Popen:
+    """The evaluation of `tree`'s cases in a fresh interpreter, spread over `processes`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # NB: each tree imports its own compiler
     return subprocess.Popen(
-        [sys.executable, "-c", EVALUATOR, str(REFERENCE_MICRO_BATCH), str(REFERENCE_SEQ)],
+        [sys.executable, "-c", EVALUATOR, str(REFERENCE_MICRO_BATCH), str(REFERENCE_SEQ), str(processes)],
         cwd=tree,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -224,17 +237,19 @@ def diff(base: str | None = None, cwd: Path | None = None) -> DiffReport:
     key = _content_key(root, commit)
     before = _cached(key)
     same = _same_as(root, commit)
+    n = cpus()
     if before is None and same:
-        before = _finish(_start(root), "the working tree")  # NB: one evaluation serves both sides
+        before = _finish(_start(root, n), "the working tree")  # NB: one evaluation serves both sides
     if before is not None and same:
         after = before
     elif before is not None:
-        after = _finish(_start(root), "the working tree")
+        after = _finish(_start(root, n), "the working tree")
     else:
         with tempfile.TemporaryDirectory(prefix="memspec-diff-") as tmp:
             _unpack(root, commit, Path(tmp))
-            # NB: both trees at once; each is a fresh interpreter importing its own compiler
-            before_proc, after_proc = _start(Path(tmp)), _start(root)
+            # NB: both trees at once, the CPUs shared; each is a fresh interpreter importing
+            # its own compiler
+            before_proc, after_proc = _start(Path(tmp), max(1, n // 2)), _start(root, max(1, n - n // 2))
             before = _finish(before_proc, f"the base {commit[:12]}")
             after = _finish(after_proc, "the working tree")
     _store(key, before)
