@@ -271,9 +271,12 @@ def test_fit_under_expandable_segments_answers_a_micro_batch_that_ran():
     assert f.micro_batch.value == 61  # <= 68, the largest that ran
     spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "margin": "4%"})
     assert fit(spec, setup, gpu).micro_batch.value == 60
-    # with another setting beside it (never measured on a GPU) the checkpointed step's margin stays
+    # with another setting beside it (never measured on a GPU) the checkpointed step's margin
+    # stays: the setup's, which fit keeps where no margin is given (fit's answer is not needed)
     spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "alloc_conf": "expandable_segments:True,max_split_size_mb:512"})
-    assert fit(spec, setup, gpu).margin.source == "specs/gpus.yaml device.margin_pct.checkpointed"
+    assert setup.margin.source == "specs/gpus.yaml device.margin_pct.checkpointed"
+    spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", knobs)
+    assert setup.margin == f.margin
 
 
 def test_fit_also_answers_under_expandable_segments(capsys, monkeypatch):
