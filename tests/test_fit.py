@@ -265,8 +265,8 @@ def test_fit_under_expandable_segments_answers_a_micro_batch_that_ran():
     where the checkpointed step's margin answers 60; with torch's defaults 61 ran out."""
     gpu = gpu_catalog()[0]["h200-141gb"]
     knobs = {"dp": 1, "zero": 0, "gpu": "h200-141gb", "alloc_conf": "expandable_segments:True"}
-    spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", knobs)
-    f = fit(spec, setup, gpu)
+    spec, given = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", knobs)
+    f = fit(spec, given, gpu)
     assert f.margin.source == "specs/gpus.yaml device.margin_pct.expandable_segments" and f.margin.percent == 2
     assert f.micro_batch.value == 61  # <= 68, the largest that ran
     spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "margin": "4%"})
@@ -275,8 +275,7 @@ def test_fit_under_expandable_segments_answers_a_micro_batch_that_ran():
     # stays: the setup's, which fit keeps where no margin is given (fit's answer is not needed)
     spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", {**knobs, "alloc_conf": "expandable_segments:True,max_split_size_mb:512"})
     assert setup.margin.source == "specs/gpus.yaml device.margin_pct.checkpointed"
-    spec, setup = load_inputs("specs/experiments/llava-1.5-7b-lora.yaml", knobs)
-    assert setup.margin == f.margin
+    assert given.margin == f.margin
 
 
 def test_fit_also_answers_under_expandable_segments(capsys, monkeypatch):

@@ -17,9 +17,9 @@ else HEAD): on a branch that is everything the branch changed, committed or not;
 uncommitted edits. Each side is evaluated by its own compiler: the base revision is unpacked
 with `git archive` into a temporary folder and its own `compiler` package, formulas and specs
 estimate its cases in a subprocess, which spreads them over forked processes, one per CPU
-this process may use (the two trees share them when both are evaluated); the working tree (the
-files on disk, uncommitted and untracked ones included) does the same with its own. A change to the Python compiler
-therefore shows as well as one to a formula or a spec: the diff is the effect of the change,
+this process may use (the two trees share them when both are evaluated); the working tree
+(the files on disk, uncommitted and untracked ones included) does the same with its own. A
+change to the Python compiler therefore shows as well as one to a formula or a spec: the diff is the effect of the change,
 whatever it touched. Where a tree has no `compiler/` package (a repository of one's own specs
 using an installed memspec), the installed one evaluates both sides, so only the data moves.
 """
@@ -95,7 +95,9 @@ def evaluate(case):
     return row
 
 # NB: the cases are independent: after the first (evaluated here, so that the processes start
-# with what it loaded and checked), spread over PROCESSES forked processes, answers in order
+# with what it loaded and checked), spread over PROCESSES forked processes, answers in order;
+# with the standard library's pool, not commands.processes.ordered, which a base revision's
+# compiler may not have
 import multiprocessing
 out = [evaluate(c) for c in cases[:1]]
 if PROCESSES > 1 and len(cases) > 2 and "fork" in multiprocessing.get_all_start_methods():
@@ -200,7 +202,7 @@ def _unpack(root: Path, commit: str, into: Path) -> None:
         tar.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(into)  # noqa: S202 (our own archive)
 
 
-def _start(tree: Path, processes: int = 1) -> subprocess.Popen:
+def _start(tree: Path, processes: int) -> subprocess.Popen:
     """The evaluation of `tree`'s cases in a fresh interpreter, spread over `processes`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # NB: each tree imports its own compiler
     return subprocess.Popen(
