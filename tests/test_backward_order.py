@@ -10,6 +10,7 @@ table; the traced records say what the real step holds at that moment: each step
 peaks, and (`modules`) the highest point while the token embeddings' own ops ran.
 """
 
+import functools
 import json
 from pathlib import Path
 
@@ -39,10 +40,13 @@ SGD = sorted(
 OVER = 0.005
 
 
+@functools.cache
 def _load(name: str):
+    """The record and its estimate, once per record (two tests read most of them); the
+    allocator's replay is left out: these tests read the step's timeline and allocated peak."""
     path = TRACES / name
     record = json.loads(path.read_text())
-    report, reason = record_report(path, record)
+    report, reason = record_report(path, record, replayed=False)
     assert report is not None, reason
     return record, report
 

@@ -179,6 +179,8 @@ def _merge(block: "_Block") -> "_Block":
 # were most of a replay's bisections.
 _PTR_BITS = 64
 _PTR_MASK = (1 << _PTR_BITS) - 1
+_BLOCK_MASK = MIN_BLOCK - 1  # NB: kMinBlockSize is a power of two: (n + _BLOCK_MASK) & _BLOCK_ROUND rounds up to it
+_BLOCK_ROUND = ~_BLOCK_MASK
 
 
 class _Pool:
@@ -512,6 +514,8 @@ class Allocator:
         configuration (no rounding divisions, max split size nor expandable segments):
         tests/test_allocator_fast.py holds it equal to the general path."""
         live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
+        small_order, small_free, large_order, large_free = small_pool.order, small_pool.free, large_pool.order, large_pool.free
+        new_block = _Block.__new__
         # NB: the counters live in locals through the loop, written back before anything
         # that reads them (the general path, a new segment, a probe) and at the end
         allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
@@ -521,33 +525,35 @@ class Allocator:
                 if block is None:
                     continue
                 block.allocated = False
-                allocated -= block.size
-                pool = block.pool
+                ptr, size, pool = block.ptr, block.size, block.pool
+                allocated -= size
                 order, free = pool.order, pool.free
                 before, after = block.prev, block.next
                 if before is not None and not before.allocated:
-                    del order[_bisect_left(order, before.size << _PTR_BITS | before.ptr)]
-                    del free[before.ptr]
-                    block.ptr = before.ptr
-                    block.prev = before.prev
-                    if before.prev is not None:
-                        before.prev.next = block
-                    block.size += before.size
+                    ptr = before.ptr
+                    del order[_bisect_left(order, before.size << _PTR_BITS | ptr)]
+                    del free[ptr]
+                    size += before.size
+                    block.ptr = ptr
+                    before = block.prev = before.prev
+                    if before is not None:
+                        before.next = block
                 if after is not None and not after.allocated:
                     del order[_bisect_left(order, after.size << _PTR_BITS | after.ptr)]
                     del free[after.ptr]
-                    block.next = after.next
-                    if after.next is not None:
-                        after.next.prev = block
-                    block.size += after.size
+                    size += after.size
+                    after = block.next = after.next
+                    if after is not None:
+                        after.prev = block
+                block.size = size
                 block.freed_at = mallocs
-                _insort(order, block.size << _PTR_BITS | block.ptr)
-                free[block.ptr] = block
+                _insort(order, size << _PTR_BITS | ptr)
+                free[ptr] = block
                 continue
             if key is probe_key:
                 if plain:  # NB: a block that fits is taken and given back unchanged
-                    size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-                    order = small_pool.order if size <= SMALL_SIZE else large_pool.order
+                    size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
+                    order = small_order if size <= SMALL_SIZE else large_order
                     if order and order[-1] >> _PTR_BITS >= size:
                         mallocs += 1
                         continue
@@ -563,21 +569,35 @@ class Allocator:
                 self._malloc(key, nbytes)
                 allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
                 continue
-            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-            small = size <= SMALL_SIZE
-            pool = small_pool if small else large_pool
             mallocs += 1
-            order = pool.order
+            # shouldSplit: a small-pool block splits when 512 B or more remain, a large-pool one
+            # when more than 1 MiB does (`keeps`: the least remainder that splits)
+            if nbytes <= SMALL_SIZE:  # NB: rounding keeps a request of 1 MiB or less in the small pool
+                size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
+                pool, order, free, keeps = small_pool, small_order, small_free, MIN_BLOCK
+            else:
+                size = (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
+                pool, order, free, keeps = large_pool, large_order, large_free, SMALL_SIZE + 1
             i = _bisect_left(order, size << _PTR_BITS)
             if i < len(order):
-                block = pool.free.pop(order[i] & _PTR_MASK)
+                block = free.pop(order[i] & _PTR_MASK)
                 del order[i]
             else:
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
-            if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
-                self._split_off(block, size, remaining, mallocs)
+            if remaining >= keeps:  # NB: _split_off inlined (a block made without __init__, every slot set): a gate run makes two million
+                rest = new_block(_Block)
+                rest.ptr = ptr = block.ptr + size
+                rest.size, rest.pool, rest.allocated, rest.mapped, rest.freed_at = remaining, block.pool, False, True, mallocs
+                after = rest.next = block.next
+                if after is not None:
+                    after.prev = rest
+                rest.prev = block
+                block.next = rest
+                block.size = size
+                _insort(order, remaining << _PTR_BITS | ptr)
+                free[ptr] = rest
             block.allocated = True
             live[key] = block
             allocated += block.size
