@@ -507,12 +507,11 @@ class Allocator:
         self.play(((key, None),), [], None)
 
     def play(self, events, made: list, probe_key: object) -> None:
-        """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)`
-        a free (`free`), `(probe_key, nbytes)` a `probe`; an allocation of a key still live
-        is kept, a free of a key not live ignored. `made` collects the keys allocated.
-        NB: a replay's hot loop, and the one body of `free` and of `malloc` under the default
-        configuration (no rounding divisions, max split size nor expandable segments):
-        tests/test_allocator_fast.py holds it equal to the general path."""
+        """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)` a free
+        (`free`), `(probe_key, nbytes)` a `probe`; an allocation of a key still live is kept, a free
+        of a key not live ignored. `made` collects the keys allocated. NB: a replay's hot loop, the
+        one body of `free` and of `malloc` under the default configuration (no rounding divisions,
+        max split size nor expandable segments): tests/test_allocator_fast.py holds it equal to the general path."""
         live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
         small_order, small_free, large_order, large_free = small_pool.order, small_pool.free, large_pool.order, large_pool.free
         new_block = _Block.__new__
@@ -545,65 +544,65 @@ class Allocator:
                     after = block.next = after.next
                     if after is not None:
                         after.prev = block
-                block.size = size
-                block.freed_at = mallocs
+                block.size, block.freed_at = size, mallocs
                 _insort(order, size << _PTR_BITS | ptr)
                 free[ptr] = block
                 continue
             if key is probe_key:
-                if plain:  # NB: a block that fits is taken and given back unchanged
-                    size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
-                    order = small_order if size <= SMALL_SIZE else large_order
-                    if order and order[-1] >> _PTR_BITS >= size:
-                        mallocs += 1
-                        continue
-                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
-                self.probe(nbytes)
-                allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
+                allocated, peak_allocated, mallocs = self._played((allocated, peak_allocated, mallocs), self._probed, nbytes)
                 continue
             if key in live:
                 continue
             made.append(key)
             if not plain:
-                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
-                self._malloc(key, nbytes)
-                allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
+                allocated, peak_allocated, mallocs = self._played((allocated, peak_allocated, mallocs), self._malloc, key, nbytes)
                 continue
             mallocs += 1
-            # shouldSplit: a small-pool block splits when 512 B or more remain, a large-pool one
-            # when more than 1 MiB does (`keeps`: the least remainder that splits)
             if nbytes <= SMALL_SIZE:  # NB: rounding keeps a request of 1 MiB or less in the small pool
                 size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
-                pool, order, free, keeps = small_pool, small_order, small_free, MIN_BLOCK
+                pool, order, free, keeps = small_pool, small_order, small_free, MIN_BLOCK  # shouldSplit: 512 B or more remain
             else:
                 size = (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
-                pool, order, free, keeps = large_pool, large_order, large_free, SMALL_SIZE + 1
+                pool, order, free, keeps = large_pool, large_order, large_free, SMALL_SIZE + 1  # more than 1 MiB remains
             i = _bisect_left(order, size << _PTR_BITS)
             if i < len(order):
-                block = free.pop(order[i] & _PTR_MASK)
-                del order[i]
+                block = free.pop(order.pop(i) & _PTR_MASK)
             else:
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
             remaining = block.size - size
             if remaining >= keeps:  # NB: _split_off inlined (a block made without __init__, every slot set): a gate run makes two million
                 rest = new_block(_Block)
-                rest.ptr = ptr = block.ptr + size
-                rest.size, rest.pool, rest.allocated, rest.mapped, rest.freed_at = remaining, block.pool, False, True, mallocs
-                after = rest.next = block.next
-                if after is not None:
-                    after.prev = rest
-                rest.prev = block
-                block.next = rest
-                block.size = size
-                _insort(order, remaining << _PTR_BITS | ptr)
-                free[ptr] = rest
-            block.allocated = True
-            live[key] = block
+                rest.ptr, rest.size, rest.pool, rest.allocated = block.ptr + size, remaining, pool, False
+                rest.mapped, rest.freed_at, rest.prev, rest.next = True, mallocs, block, block.next
+                if rest.next is not None:
+                    rest.next.prev = rest
+                block.next, block.size = rest, size
+                _insort(order, remaining << _PTR_BITS | rest.ptr)
+                free[rest.ptr] = rest
+            block.allocated, live[key] = True, block
             allocated += block.size
             if allocated > peak_allocated:
                 peak_allocated = allocated
         self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
+
+    def _played(self, counters: tuple[int, int, int], fn, *args) -> tuple[int, int, int]:
+        """`fn(*args)` from play's loop: the loop's counters (allocated, peak allocated, mallocs)
+        written back before it and read again after it."""
+        self.allocated, self.peak_allocated, self.mallocs = counters
+        fn(*args)
+        return self.allocated, self.peak_allocated, self.mallocs
+
+    def _probed(self, nbytes: int) -> None:
+        """`probe` from play: under the default configuration, where the largest cached block
+        fits, it is taken and given back unchanged (the count of mallocs alone moves)."""
+        if self._plain:
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
+            order = (self._small if size <= SMALL_SIZE else self._large).order
+            if order and order[-1] >> _PTR_BITS >= size:
+                self.mallocs += 1
+                return
+        self.probe(nbytes)
 
     def _split_off(self, block: _Block, size: int, remaining: int, at: int) -> None:
         """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached (freed at
