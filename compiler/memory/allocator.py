@@ -206,10 +206,6 @@ class _Pool:
         del self.order[bisect.bisect_left(self.order, block.size << _PTR_BITS | block.ptr)]
         del self.free[block.ptr]
 
-    def best_fit(self, size: int) -> _Block | None:
-        i = bisect.bisect_left(self.order, size << _PTR_BITS)
-        return self.free[self.order[i] & _PTR_MASK] if i < len(self.order) else None
-
     def add_hole(self, block: _Block) -> None:
         bisect.insort(self.unmapped, block.ptr)
         self.holes[block.ptr] = block
@@ -217,11 +213,6 @@ class _Pool:
     def drop_hole(self, block: _Block) -> None:
         del self.unmapped[bisect.bisect_left(self.unmapped, block.ptr)]
         del self.holes[block.ptr]
-
-    def after(self, block: _Block) -> _Block | None:
-        """The free block next in the pool's order after `block` (in it), if any."""
-        i = bisect.bisect_right(self.order, block.size << _PTR_BITS | block.ptr)
-        return self.free[self.order[i] & _PTR_MASK] if i < len(self.order) else None
 
     def entries(self) -> list[tuple[int, int]]:
         """The free blocks' (size, address), in order."""
@@ -358,19 +349,23 @@ class Allocator:
         expandable segments a free block followed by unmapped space counts as the size it can
         grow to (`expandable_size`), so the segment's free end is taken only where no other
         cached block fits."""
-        block = pool.best_fit(size)
-        if block is None:
+        order, free = pool.order, pool.free
+        i = bisect.bisect_left(order, size << _PTR_BITS)
+        if i == len(order):
             return None
+        block = free[order[i] & _PTR_MASK]
         if self.config.expandable_segments:
-            while (after := pool.after(block)) is not None and _expandable_size(after) < _expandable_size(block):
-                block = after
+            grows = _expandable_size(block)
+            # NB: the next block in the pool's order, while it can grow to less
+            while i + 1 < len(order) and (after_grows := _expandable_size(after := free[order[i + 1] & _PTR_MASK])) < grows:
+                block, grows, i = after, after_grows, i + 1
         split_max = self.config.max_split_size
         if split_max is not None:
             if size < split_max <= block.size:
                 return None
             if size >= split_max and block.size >= size + self.config.max_non_split_rounding:
                 return None
-        pool.remove(block)
+        del order[i], free[block.ptr]  # NB: pool.remove, the block's place in the order known
         return block
 
     def _new_block(self, pool: _Pool, size: int) -> _Block | None:
@@ -507,16 +502,14 @@ class Allocator:
         self.play(((key, None),), [], None)
 
     def play(self, events, made: list, probe_key: object) -> None:
-        """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)` a free
-        (`free`), `(probe_key, nbytes)` a `probe`; an allocation of a key still live is kept, a free
-        of a key not live ignored. `made` collects the keys allocated. NB: a replay's hot loop, the
-        one body of `free` and of `malloc` under the default configuration (no rounding divisions,
-        max split size nor expandable segments): tests/test_allocator_fast.py holds it equal to the general path."""
+        """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)` a free (`free`), `(probe_key,
+        nbytes)` a `probe`; an allocation of a key still live is kept, a free of a key not live ignored. `made` collects the keys
+        allocated. NB: a replay's hot loop, the one body of `free` and of `malloc` under the default configuration (no rounding
+        divisions, max split size nor expandable segments): tests/test_allocator_fast.py holds it equal to the general path."""
         live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
         small_order, small_free, large_order, large_free = small_pool.order, small_pool.free, large_pool.order, large_pool.free
         new_block = _Block.__new__
-        # NB: the counters live in locals through the loop, written back before anything
-        # that reads them (the general path, a new segment, a probe) and at the end
+        # NB: the counters live in locals through the loop, written back before anything that reads them and at the end
         allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
         for key, nbytes in events:
             if nbytes is None:  # free_block, try_merge_blocks
@@ -554,8 +547,10 @@ class Allocator:
             if key in live:
                 continue
             made.append(key)
-            if not plain:
-                allocated, peak_allocated, mallocs = self._played((allocated, peak_allocated, mallocs), self._malloc, key, nbytes)
+            if not plain:  # NB: inline, not through _played: every allocation of a configured allocator comes here
+                self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
+                self._malloc(key, nbytes)
+                allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
                 continue
             mallocs += 1
             if nbytes <= SMALL_SIZE:  # NB: rounding keeps a request of 1 MiB or less in the small pool
@@ -587,8 +582,8 @@ class Allocator:
         self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
 
     def _played(self, counters: tuple[int, int, int], fn, *args) -> tuple[int, int, int]:
-        """`fn(*args)` from play's loop: the loop's counters (allocated, peak allocated, mallocs)
-        written back before it and read again after it."""
+        """`fn(*args)` from play's loop (a probe's): the loop's counters (allocated, peak
+        allocated, mallocs) written back before it and read again after it."""
         self.allocated, self.peak_allocated, self.mallocs = counters
         fn(*args)
         return self.allocated, self.peak_allocated, self.mallocs
