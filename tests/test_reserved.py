@@ -171,3 +171,19 @@ def test_a_step_that_begins_where_the_one_before_began_is_not_replayed_again(mon
         assert (skipped.reserved, skipped.allocated, skipped.device) == (replayed.reserved, replayed.allocated, replayed.device), path
     assert settled == [True, False]
     assert replay.REPLAYED_STEPS == 3
+
+
+def test_a_record_estimated_without_the_replay_keeps_the_step_and_bounds_reserved():
+    """record_report(replayed=False), which the backward-order tests read the step's timeline
+    from: the same walk (timeline, the tensors' peaks) as the replayed estimate; reserved is the
+    tensors' peak, said to be a lower bound, and below the replayed one (Aya Vision 8B
+    projector-only on an H100: its replay reserves more than the tensors' peak)."""
+    from compiler.commands.validation import record_report
+
+    record = json.loads(AYA.read_text())
+    # NB: allocated too is the tensors' peak without the replay (no block sizes)
+    replayed, walked = record_report(AYA, record)[0], record_report(AYA, record, replayed=False)[0]
+    assert walked.estimate.timeline == replayed.estimate.timeline
+    assert walked.estimate.peak == replayed.estimate.peak and walked.tensors == replayed.tensors
+    assert (walked.estimate.reserved_bound, replayed.estimate.reserved_bound) == (True, False)
+    assert walked.reserved == walked.allocated == walked.estimate.peak.total < replayed.reserved

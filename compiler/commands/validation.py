@@ -98,8 +98,8 @@ def _base(model: str) -> Path:
 def record_report(path: Path, record: dict | None = None, replayed: bool = True):
     """The estimate of a measured record's experiment, without its layer table: (report, None),
     or (None, why not). `replayed=False` leaves out the caching allocator's replay (most of an
-    estimate's time): `reserved` is then the allocated peak, a lower bound, and the rest of the
-    report (the step's timeline, its allocated peaks) is the same."""
+    estimate's time): the step's walk (its timeline, the tensors' peaks) is the same, and
+    `reserved` and `allocated` (the allocator's blocks) are the tensors' peak, lower bounds."""
     from .. import api
     from ..pipeline.load import load_yaml_text
     from ..pipeline.validate import load_schema, validate
