@@ -79,16 +79,20 @@ __all__ = ["AllocConfError", "AllocatorConfig", "Allocator", "MIB", "OutOfMemory
 SEGMENTS_DESCENDING = "cudamalloc-large-segments-descending"
 
 
+_BLOCK_MASK = MIN_BLOCK - 1  # NB: kMinBlockSize is a power of two: (n + _BLOCK_MASK) & _BLOCK_ROUND rounds up to it
+_BLOCK_ROUND = ~_BLOCK_MASK
+
+
 def round_size(nbytes: int, config: AllocatorConfig) -> int:
     """`round_size`: the bytes a request of `nbytes` is given."""
     if nbytes < MIN_BLOCK:
         return MIN_BLOCK
     if config.roundup_power2_divisions is _NO_DIVISIONS:
-        return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        return (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
     divisions = config.divisions(nbytes)
     if divisions > 1 and nbytes > MIN_BLOCK * divisions:
         return _next_division(nbytes, divisions)
-    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+    return (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
 
 
 def _next_division(size: int, divisions: int) -> int:
@@ -179,8 +183,6 @@ def _merge(block: "_Block") -> "_Block":
 # were most of a replay's bisections.
 _PTR_BITS = 64
 _PTR_MASK = (1 << _PTR_BITS) - 1
-_BLOCK_MASK = MIN_BLOCK - 1  # NB: kMinBlockSize is a power of two: (n + _BLOCK_MASK) & _BLOCK_ROUND rounds up to it
-_BLOCK_ROUND = ~_BLOCK_MASK
 
 
 class _Pool:
@@ -325,6 +327,9 @@ class Allocator:
         only a new segment (kept, free) or an out-of-memory changes anything."""
         size, pool = self._request(nbytes)
         self.mallocs += 1
+        if self._plain:  # NB: best fit finds a block exactly when the largest cached one fits
+            if pool.order and pool.order[-1] >> _PTR_BITS >= size:
+                return
         block = self._cached(pool, size)
         if block is not None:
             pool.insert(block)
@@ -542,7 +547,7 @@ class Allocator:
                 free[ptr] = block
                 continue
             if key is probe_key:
-                allocated, peak_allocated, mallocs = self._played((allocated, peak_allocated, mallocs), self._probed, nbytes)
+                allocated, peak_allocated, mallocs = self._played((allocated, peak_allocated, mallocs), self.probe, nbytes)
                 continue
             if key in live:
                 continue
@@ -587,17 +592,6 @@ class Allocator:
         self.allocated, self.peak_allocated, self.mallocs = counters
         fn(*args)
         return self.allocated, self.peak_allocated, self.mallocs
-
-    def _probed(self, nbytes: int) -> None:
-        """`probe` from play: under the default configuration, where the largest cached block
-        fits, it is taken and given back unchanged (the count of mallocs alone moves)."""
-        if self._plain:
-            size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
-            order = (self._small if size <= SMALL_SIZE else self._large).order
-            if order and order[-1] >> _PTR_BITS >= size:
-                self.mallocs += 1
-                return
-        self.probe(nbytes)
 
     def _split_off(self, block: _Block, size: int, remaining: int, at: int) -> None:
         """`alloc_found_block`'s split: the block keeps `size`, the rest stays cached (freed at

@@ -162,7 +162,7 @@ class _Keys:
     def __init__(self) -> None:
         self.number: dict = {}
         self.names: list = []
-        self._workspaces: tuple[int, frozenset] = (0, frozenset())
+        self.workspaces: set[int] = set()  # the numbers of the GEMM threads' workspaces (key kind "workspace")
 
     def numbered(self, events: list | None) -> list | None:
         if events is None:
@@ -175,15 +175,11 @@ class _Keys:
                 if n is None:
                     n = number[key] = len(names)
                     names.append(key)
+                    if key[0] == "workspace":
+                        self.workspaces.add(n)
                 key = n
             out.append((key, nbytes))
         return out
-
-    def workspaces(self) -> frozenset:
-        """The numbers of the GEMM threads' workspaces (key kind "workspace") numbered so far."""
-        if self._workspaces[0] != len(self.names):
-            self._workspaces = (len(self.names), frozenset(n for n, key in enumerate(self.names) if key[0] == "workspace"))
-        return self._workspaces[1]
 
     def named(self, events) -> list:
         """`events` with the keys this numbering made named again (a key it did not number, a
@@ -216,7 +212,7 @@ def _run_steps(
         first_step = None if first_step is None else swapped_neighbours(first_step, order.seed)
     log = None if recorded is None else recorded.events
     live = allocator.live
-    workspaces = keys.workspaces()
+    workspaces = keys.workspaces
 
     # NB: an allocation still live from the step before (a buffer DeepSpeed keeps) is kept,
     # not made again; `made` collects what this step allocated
