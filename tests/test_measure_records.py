@@ -100,3 +100,22 @@ def test_a_module_the_model_lacks_is_refused(tmp_path):
     exp.write_text(f"experiment: t\nmodel: {ROOT / 'specs' / 'qwen2' / 'qwen2.5-0.5b.yaml'}\nmicro_batch: 1\nseq_len: 64\ntrainable: [projector, language]\n")
     with pytest.raises(ExperimentError, match=r"has no module\(s\) \['projector'\]; it has \['language'\]"):
         load_experiment(exp)
+
+
+def test_a_record_named_for_checkpointing_ran_it():
+    """A matrix's `gc-on` / `gc-off` label says whether its entry checkpoints: a record whose
+    name carries one has gradient_checkpointing set or empty accordingly. Four cpu-trace and
+    two GPU DoRA records named gc-on once ran without checkpointing (an experiment made before
+    expand_matrix kept checkpointing for LoRA-only modules, copied when they were measured
+    again), and each estimated its own configuration, so nothing else showed it."""
+    import json
+    import re
+
+    named = 0
+    for path in sorted([*(MEASURED / "cpu-trace").glob("*.json"), *(MEASURED / "gpu").glob("*.json")]):
+        rec = json.loads(path.read_text())
+        label = re.search(r"(?:^|_)gc-(on|off)(?:_|$)", rec["name"])
+        if label:
+            named += 1
+            assert bool(rec["experiment"]["gradient_checkpointing"]) == (label.group(1) == "on"), path.name
+    assert named > 1000
