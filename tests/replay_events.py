@@ -7,10 +7,12 @@ def played(monkeypatch) -> list:
     """The (key, bytes) events the estimate's replay runs in the formulas' order, in order
     (bytes None: a free), with their keys as the walk made them (the replay plays them
     numbered, replay._Keys), recorded while `monkeypatch` holds Allocator.play (and
-    replay.ORDERS cut to the formulas' order: no other orders beside it)."""
+    replay.ORDERS cut to the formulas' order: no other orders beside it; no replay
+    answered from replay's memory of earlier ones)."""
     from compiler.pipeline import replay
 
     monkeypatch.setattr(replay, "ORDERS", replay.ORDERS[:1])
+    monkeypatch.setattr(replay, "REMEMBERED", 0)  # NB: every estimate replays, none answers from memory
     events: list = []
     keys: list = []  # the replay's numbering of the estimate running now
     play, numbered = Allocator.play, replay._Keys.numbered

@@ -159,6 +159,7 @@ def test_a_step_that_begins_where_the_one_before_began_is_not_replayed_again(mon
         return seen[-1]
 
     monkeypatch.setattr(Allocator, "layout", spy)
+    monkeypatch.setattr(replay, "REMEMBERED", 0)  # NB: each estimate replays (none from memory)
     cases = {ROOT / "specs" / "experiments" / "llava-1.5-7b-lora.yaml": {}, ROOT / "specs" / "experiments" / "llava-1.5-7b-finetune.yaml": {}}
     settled = []
     for path, knobs in cases.items():
@@ -187,3 +188,35 @@ def test_a_record_estimated_without_the_replay_keeps_the_step_and_bounds_reserve
     assert walked.estimate.peak == replayed.estimate.peak and walked.tensors == replayed.tensors
     assert (walked.estimate.reserved_bound, replayed.estimate.reserved_bound) == (True, False)
     assert walked.reserved == walked.allocated == walked.estimate.peak.total < replayed.reserved
+
+
+def test_a_replay_of_the_same_inputs_answers_from_memory(monkeypatch):
+    """An estimate whose replay reads what an earlier one's did (the same step's events, the
+    same allocator settings and limits) takes its answer without running the allocator again:
+    Qwen2.5-0.5B at micro-batch 2 estimated twice, then with a 10 % margin (the device's
+    verdict changes, the replay's inputs do not), gives the same figures from one replay; on an
+    A100 40GB (another capacity, and an sm80's cuBLAS workspaces, 9,568,256 B a GEMM thread
+    where an H100's are 34,603,008 B) it replays again."""
+    from compiler.memory.allocator import Allocator
+    from compiler.pipeline import replay
+
+    monkeypatch.setattr(replay, "_remembered", type(replay._remembered)())
+    plays = []
+    play = Allocator.play
+    monkeypatch.setattr(Allocator, "play", lambda self, *a, **k: plays.append(1) or play(self, *a, **k))
+    spec = ROOT / "specs" / "qwen2" / "qwen2.5-0.5b.yaml"
+    first = api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb")
+    ran = len(plays)
+    assert ran > 0 and len(replay._remembered) == 1
+    again = api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb")
+    margin = api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb", margin="10%")
+    assert len(plays) == ran  # no allocator ran
+    assert {(r.allocated, r.reserved, r.device) for r in (first, again, margin)} == {(first.allocated, first.reserved, first.device)}
+    assert margin.margin != first.margin
+    other = api.estimate(spec, micro_batch=2, seq_len=512, gpu="a100-40gb")
+    assert len(plays) > ran and len(replay._remembered) == 2
+    assert (first.setup.target.workspace, other.setup.target.workspace) == (34_603_008, 9_568_256) and other.reserved != first.reserved
+    # recording_replays sees every replay: none answers from memory while it collects them
+    with replay.recording_replays() as recorded:
+        api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb")
+    assert [r.order for r in recorded] == list(range(len(replay.ORDERS)))
