@@ -64,6 +64,32 @@ def test_alloc_conf_applies_to_every_entry_of_a_matrix(tmp_path):
     assert json.loads(path.read_text())["experiment"]["alloc_conf"] == "expandable_segments:True"
 
 
+def test_a_present_record_of_another_experiment_is_named_not_skipped(tmp_path, capsys):
+    """A matrix measured again skips the entries whose records are present; one whose record
+    measured another experiment (the matrix or expand_matrix changed since) is said to, with
+    the keys that differ, kept as it is, and the run exits 1: a stale record skipped silently
+    kept four DoRA traces named gc-on without checkpointing."""
+    matrix = tmp_path / "m.yaml"
+    base = f"model: {TINY / 'tiny-llava.yaml'}, seq_len: 48, trainable: [projector]"
+    matrix.write_text(f"matrix: m\nbase: {{{base}}}\naxes: {{micro_batch: [1]}}\n")
+    out = tmp_path / "out"
+    assert run(["--matrix", str(matrix), "-o", str(out)]) == 0
+    (path,) = out.glob("*.json")
+    kept = path.read_bytes()
+    capsys.readouterr()
+    assert run(["--matrix", str(matrix), "-o", str(out)]) == 0
+    assert "m_b1: present, skipped" in capsys.readouterr().err
+    matrix.write_text(f"matrix: m\nbase: {{{base}, gradient_checkpointing: [language]}}\naxes: {{micro_batch: [1]}}\n")
+    assert run(["--matrix", str(matrix), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f'm_b1: present, but not this entry\'s experiment (gradient_checkpointing [] in the record, ["language"] in the matrix); remove {path} to measure it again'
+        in err
+    )
+    assert "0 measured, 0 already present, 1 in the matrix; 1 present of another experiment: m_b1" in err
+    assert path.read_bytes() == kept
+
+
 def test_sharded_experiments_are_refused_with_a_reason(tmp_path, capsys):
     experiment = tmp_path / "sharded.yaml"
     experiment.write_text(

@@ -119,3 +119,27 @@ def test_a_record_named_for_checkpointing_ran_it():
             named += 1
             assert bool(rec["experiment"]["gradient_checkpointing"]) == (label.group(1) == "on"), path.name
     assert named > 1000
+
+
+def test_a_records_experiment_is_compared_with_its_entry_at_the_defaults():
+    """`changed_keys` (what `memspec measure --matrix` checks a present record by): a key the
+    record leaves out counts at its default (a LoRA block without use_dora, no `loss`), a key
+    with no known default that an older record lacks is not compared (precision_mode), a
+    device run's `gpu` is not the experiment; a changed value is named with both sides."""
+    from compiler.measure.experiment import changed_keys
+
+    entry = {
+        "experiment": "m_b1",
+        "model": "specs/qwen2/qwen2.5-0.5b.yaml",
+        "micro_batch": 1,
+        "gradient_checkpointing": ["language"],
+        "lora": {"r": 16, "alpha": 32, "use_dora": False},
+        "loss": "cross_entropy",
+        "precision_mode": "master-weights",
+    }
+    older = {k: v for k, v in entry.items() if k not in ("loss", "precision_mode")} | {"lora": {"r": 16, "alpha": 32}, "gpu": "h200-141gb"}
+    assert changed_keys(older, entry) == []
+    assert changed_keys({**older, "gradient_checkpointing": []}, entry) == [("gradient_checkpointing", [], ["language"])]
+    assert changed_keys({**entry, "lora": {"r": 16, "alpha": 32, "use_dora": True}}, entry) == [
+        ("lora", {"r": 16, "alpha": 32, "use_dora": True}, {"r": 16, "alpha": 32, "use_dora": False})
+    ]

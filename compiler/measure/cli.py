@@ -20,9 +20,11 @@ from .experiment import (
     PRECISION_MODES,
     PRECISIONS,
     ExperimentError,
+    changed_keys,
     expand_matrix,
     label,
     load_experiment,
+    to_record,
     with_overrides,
 )
 
@@ -212,10 +214,16 @@ def _run_matrix(args) -> int:
     started = time.perf_counter()
     done = skipped = 0
     failed: list[tuple[int, str]] = []  # (the entry's place, its name)
+    stale: list[str] = []  # present records of another experiment than their entry's
     pending = []
     for i, (name, exp) in enumerate(entries, 1):
         path = out_dir / f"{name}.json"
         if path.exists():
+            changed = _changed(path, exp)
+            if changed:
+                stale.append(name)
+                _say(f"[{i}/{len(entries)}] {name}: present, but not this entry's experiment ({changed}); remove {path} to measure it again")
+                continue
             skipped += 1
             _say(f"[{i}/{len(entries)}] {name}: present, skipped")
         elif args.device:
@@ -234,9 +242,23 @@ def _run_matrix(args) -> int:
         _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{seconds:.1f} s, {time.perf_counter() - started:.0f} s total]")
     _say(
         f"{done} measured, {skipped} already present, {len(entries)} in the matrix"
+        + (f"; {len(stale)} present of another experiment: {', '.join(stale)}" if stale else "")
         + (f"; {len(failed)} failed: {', '.join(name for _, name in sorted(failed))}" if failed else "")
     )
-    return EXIT_INPUT if failed else EXIT_OK
+    return EXIT_INPUT if failed or stale else EXIT_OK
+
+
+def _changed(path: Path, exp: dict) -> str:
+    """How the record at `path` differs from the entry `exp` it is named for ("" where it is
+    that entry's): a record kept from before the matrix or expand_matrix changed measures
+    something else under the entry's name. A record that cannot be read is not compared (the
+    gate and `memspec validate` say what is wrong with it)."""
+    try:
+        stored = json.loads(path.read_text())["experiment"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    changed = changed_keys(stored, to_record(exp))
+    return "; ".join(f"{key} {json.dumps(old)} in the record, {json.dumps(new)} in the matrix" for key, old, new in changed)
 
 
 def _in_fresh_processes(pending: list, args):

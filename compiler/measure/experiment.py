@@ -370,6 +370,26 @@ def _relative(path: Path) -> str:
 OPTIONAL_DEFAULTS = {"loss": "cross_entropy", "packing": False, "activation_offloading": False, "alloc_conf": ""}
 
 
+def changed_keys(stored: dict, entry: dict) -> list[tuple[str, Any, Any]]:
+    """Where a record's experiment (`stored`) is not the one a matrix entry now measures
+    (`entry`, as `to_record` writes it): (key, the record's value, the entry's), a key the
+    record leaves out taken at its default (DEFAULTS, OPTIONAL_DEFAULTS, a LoRA block's
+    LORA_DEFAULTS) or, where none is known, not compared (a record older than the key). The
+    name and the descriptive keys (a device run's `gpu`) are not the experiment."""
+
+    def value(exp: dict, key: str) -> Any:
+        got = exp.get(key, DEFAULTS.get(key, OPTIONAL_DEFAULTS.get(key)))
+        return {**LORA_DEFAULTS, **got} if key == "lora" and got else got
+
+    out = []
+    for key in (*MEASURED_KEYS[1:], *OPTIONAL_KEYS):
+        if key not in stored and key not in DEFAULTS and key not in OPTIONAL_DEFAULTS:
+            continue
+        if value(stored, key) != value(entry, key):
+            out.append((key, stored.get(key), entry.get(key)))
+    return out
+
+
 def to_record(exp: dict) -> dict:
     """The experiment as a record stores it: measured keys in order, repo-relative model."""
     out = {k: exp[k] for k in MEASURED_KEYS}
