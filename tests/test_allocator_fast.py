@@ -106,12 +106,17 @@ def test_replay_same_as_reference():
                 assert x.oom.__dict__ == y.oom.__dict__
 
 
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
 @pytest.mark.parametrize("capacity", [None, 3 * 1024**3])
-def test_play_with_probes_same_as_one_operation_at_a_time(capacity):
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_play_with_probes_same_as_one_operation_at_a_time(capacity, conf, seed):
     """`play`'s probe under the default configuration (answered from the pool's largest free
-    block where one fits) leaves the allocator as `probe` does: the same events, one batch
-    against malloc, free and probe called one at a time."""
-    rng = random.Random(11)
+    block where one fits) leaves the allocator as `probe` does, and its own malloc under
+    expandable segments (best fit taking the block that can grow least, a split keeping 512 B
+    or more) as `malloc`'s general path does, which the GPU histories hold to the byte: the
+    same events, one batch against malloc, free and probe called one at a time; on a 4 GiB
+    device under expandable segments, the mappings, their release and an out-of-memory too."""
+    rng = random.Random(seed)
     probe = ("probe",)
     events, live = [], []
     for step in range(4000):
@@ -123,7 +128,8 @@ def test_play_with_probes_same_as_one_operation_at_a_time(capacity):
         else:
             live.append(("t", step))
             events.append((live[-1], _sizes(rng)))
-    batch, single = fast.Allocator(capacity=capacity), fast.Allocator(capacity=capacity)
+    config = fast.AllocatorConfig.parse(conf) if conf else fast.AllocatorConfig()
+    batch, single = (fast.Allocator(config, capacity, 4 * 1024**3 if conf else None) for _ in range(2))
     try:
         batch.play(events, [], probe)
         batch_oom = None

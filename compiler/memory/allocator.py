@@ -142,6 +142,15 @@ def _expandable_size(block: "_Block") -> int:
     return block.size + (after.size if after is not None and not after.mapped else 0)
 
 
+def _least_growing(order: list[int], free: dict, i: int) -> int:
+    """get_free_block under expandable segments, from the best fit `order[i]`: the next block
+    in the pool's order while it can grow to less (`expandable_size`); its index."""
+    grows = _expandable_size(free[order[i] & _PTR_MASK])
+    while i + 1 < len(order) and (after := _expandable_size(free[order[i + 1] & _PTR_MASK])) < grows:
+        grows, i = after, i + 1
+    return i
+
+
 def _unmapped(block: "_Block") -> "_Block":
     """`block` made address space with no pages behind it; NB: marked allocated too, so that
     no free block merges with it (try_merge_blocks joins only blocks alike in `mapped`)."""
@@ -267,6 +276,8 @@ class Allocator:
         self._small, self._large = _Pool(True), _Pool(False)
         c = self.config
         self._plain = not any(c.roundup_power2_divisions) and c.max_split_size is None and not c.expandable_segments
+        # NB: play's own malloc serves the default configuration and expandable segments alone
+        self._inline = not any(c.roundup_power2_divisions) and c.max_split_size is None
         self._live: dict[object, _Block] = {}
         self._next_address = 1 << 40  # the small pool's next segment, ascending
         self._large_floor = 1 << 56  # the large pool's lowest segment so far, descending
@@ -358,12 +369,9 @@ class Allocator:
         i = bisect.bisect_left(order, size << _PTR_BITS)
         if i == len(order):
             return None
-        block = free[order[i] & _PTR_MASK]
         if self.config.expandable_segments:
-            grows = _expandable_size(block)
-            # NB: the next block in the pool's order, while it can grow to less
-            while i + 1 < len(order) and (after_grows := _expandable_size(after := free[order[i + 1] & _PTR_MASK])) < grows:
-                block, grows, i = after, after_grows, i + 1
+            i = _least_growing(order, free, i)
+        block = free[order[i] & _PTR_MASK]
         split_max = self.config.max_split_size
         if split_max is not None:
             if size < split_max <= block.size:
@@ -509,9 +517,10 @@ class Allocator:
     def play(self, events, made: list, probe_key: object) -> None:
         """Run `events` in order, each `(key, nbytes)` an allocation (`malloc`) or `(key, None)` a free (`free`), `(probe_key,
         nbytes)` a `probe`; an allocation of a key still live is kept, a free of a key not live ignored. `made` collects the keys
-        allocated. NB: a replay's hot loop, the one body of `free` and of `malloc` under the default configuration (no rounding
-        divisions, max split size nor expandable segments): tests/test_allocator_fast.py holds it equal to the general path."""
-        live, plain, small_pool, large_pool = self._live, self._plain, self._small, self._large
+        allocated. NB: a replay's hot loop, the one body of `free` and of `malloc` without rounding divisions or a max split size
+        (under expandable segments a split keeps 512 B or more of either pool): tests/test_allocator_fast.py holds it equal."""
+        live, inline, small_pool, large_pool = self._live, self._inline, self._small, self._large
+        expandable, large_keeps = self.config.expandable_segments, (MIN_BLOCK if self.config.expandable_segments else SMALL_SIZE + 1)
         small_order, small_free, large_order, large_free = small_pool.order, small_pool.free, large_pool.order, large_pool.free
         new_block = _Block.__new__
         # NB: the counters live in locals through the loop, written back before anything that reads them and at the end
@@ -552,7 +561,7 @@ class Allocator:
             if key in live:
                 continue
             made.append(key)
-            if not plain:  # NB: inline, not through _played: every allocation of a configured allocator comes here
+            if not inline:  # NB: not through _played: every allocation of such an allocator comes here
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 self._malloc(key, nbytes)
                 allocated, peak_allocated, mallocs = self.allocated, self.peak_allocated, self.mallocs
@@ -563,10 +572,10 @@ class Allocator:
                 pool, order, free, keeps = small_pool, small_order, small_free, MIN_BLOCK  # shouldSplit: 512 B or more remain
             else:
                 size = (nbytes + _BLOCK_MASK) & _BLOCK_ROUND
-                pool, order, free, keeps = large_pool, large_order, large_free, SMALL_SIZE + 1  # more than 1 MiB remains
+                pool, order, free, keeps = large_pool, large_order, large_free, large_keeps  # more than 1 MiB remains, or 512 B (above)
             i = _bisect_left(order, size << _PTR_BITS)
             if i < len(order):
-                block = free.pop(order.pop(i) & _PTR_MASK)
+                block = free.pop(order.pop(_least_growing(order, free, i) if expandable else i) & _PTR_MASK)
             else:
                 self.allocated, self.peak_allocated, self.mallocs = allocated, peak_allocated, mallocs
                 block = self._fresh(pool, size, key, nbytes)
