@@ -74,7 +74,7 @@ REPLAY_ACCOUNT = f"the caching allocator replayed over {_WORDS[REPLAYED_STEPS]} 
 # The last replays an estimate ran, by everything they read (`_inputs`): a search that
 # estimates one step twice (fit's levers and its answers under other margins, a data-parallel
 # degree that changes no allocation) replays it once. Kept per process, the newest REMEMBERED.
-REMEMBERED = 16
+REMEMBERED = 256
 _remembered: collections.OrderedDict = collections.OrderedDict()
 
 
