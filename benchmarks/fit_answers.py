@@ -52,7 +52,8 @@ def answers():
             evaluations = None
             if code == 0:
                 data = json.loads(out.getvalue())
-                evaluations = sum(a["evaluations"] for k in ("micro_batch", "seq_len", "dp") if (a := data.get(k)))
+                searches = [data.get(k) for k in ("micro_batch", "seq_len", "dp")] + [(data.get("expandable_segments") or {}).get("micro_batch")]
+                evaluations = sum(a["evaluations"] for a in searches if a)
             yield {"argv": argv[1:-2], "code": code, "answer": answer, "evaluations": evaluations, "seconds": round(seconds, 3)}
 
 
