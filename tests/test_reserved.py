@@ -220,3 +220,8 @@ def test_a_replay_of_the_same_inputs_answers_from_memory(monkeypatch):
     with replay.recording_replays() as recorded:
         api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb")
     assert [r.order for r in recorded] == list(range(len(replay.ORDERS)))
+    # REMEMBERED 0 (what the tests that spy on the allocator set): an answer kept before is not taken
+    monkeypatch.setattr(replay, "REMEMBERED", 0)
+    ran = len(plays)
+    api.estimate(spec, micro_batch=2, seq_len=512, gpu="h100-80gb")
+    assert len(plays) > ran

@@ -90,11 +90,12 @@ def _inputs(setup: Setup, state: State, rest: tuple) -> bytes:
 
 def _remembering(replay):
     """`replay`, answering from `_remembered` where the same inputs were replayed before (not
-    while `recording_replays` collects every replay)."""
+    while `recording_replays` collects every replay, nor with REMEMBERED 0: none looked up,
+    none kept)."""
 
     @functools.wraps(replay)
     def remembered(setup: Setup, state: State, *rest):
-        if _recorded is not None:
+        if _recorded is not None or not REMEMBERED:
             return replay(setup, state, *rest)
         key = _inputs(setup, state, rest)
         answer = _remembered.get(key)
