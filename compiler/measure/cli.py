@@ -253,8 +253,10 @@ def _changed(path: Path, exp: dict) -> str:
     that entry's): a record kept from before the matrix or expand_matrix changed measures
     something else under the entry's name. A record that cannot be read is not compared (the
     gate and `memspec validate` say what is wrong with it)."""
+    from . import record
+
     try:
-        stored = json.loads(path.read_text())["experiment"]
+        stored = record.read_record(path)["experiment"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     changed = changed_keys(stored, to_record(exp))

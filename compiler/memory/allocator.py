@@ -275,9 +275,9 @@ class Allocator:
     def __post_init__(self) -> None:
         self._small, self._large = _Pool(True), _Pool(False)
         c = self.config
-        self._plain = not any(c.roundup_power2_divisions) and c.max_split_size is None and not c.expandable_segments
         # NB: play's own malloc serves the default configuration and expandable segments alone
         self._inline = not any(c.roundup_power2_divisions) and c.max_split_size is None
+        self._plain = self._inline and not c.expandable_segments
         self._live: dict[object, _Block] = {}
         self._next_address = 1 << 40  # the small pool's next segment, ascending
         self._large_floor = 1 << 56  # the large pool's lowest segment so far, descending
