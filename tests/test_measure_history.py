@@ -381,7 +381,7 @@ def test_validate_with_a_history_estimates_the_record_once(monkeypatch, capsys):
         outs.append(json.loads(capsys.readouterr().out)["history"])
         assert len(runs) == 1
         runs.clear()
-    assert outs[0] == outs[1] and outs[0]["estimate_reserved"] == 5_947_523_072
+    assert outs[0] == outs[1] and outs[0]["estimate_reserved"] == 5_972_688_896
 
 
 def test_step_reserved_is_each_steps_max_memory_reserved_from_its_start():

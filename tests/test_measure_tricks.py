@@ -54,3 +54,59 @@ def test_offloaded_saved_tensors_leave_the_device():
         kept = tracer.total - base
         y.sum().backward()
     assert kept == 262_144  # y only; x's saved copy went to the host (meta)
+
+
+def _tied_step(fused: bool):
+    """A tied embedding's step, bf16: lookup, tanh, then the fused loss or nn.Linear's head and
+    cross-entropy; its backward. Returns the embedding (one table 4096 x 64 x 2 = 524_288 B)."""
+    vocab, hidden, tokens = 4096, 64, 16
+    emb = torch.nn.Embedding(vocab, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(tokens, dtype=torch.long)
+
+    def step():
+        h = emb(ids).tanh()
+        if fused:
+            loss = tricks.FusedLinearCrossEntropy.apply(h, emb.weight, ids)
+        else:
+            loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, emb.weight).float(), ids)
+        loss.backward()
+
+    return emb, step
+
+
+@pytest.mark.parametrize("fused, summed", [(True, "aten::add_"), (False, "aten::add")], ids=["fused-loss", "linear-head"])
+def test_torch_sums_a_tied_embeddings_gradients_in_place_only_into_a_tensor_of_its_own(fused, summed):
+    """Real tensors, no tracer (a mode that keeps a storage's Python object holds it twice): the
+    input buffer adds the embedding's gradient into the fused loss's `grad_weight` in place, and
+    into nn.Linear's (a view) out of place."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _, step = _tied_step(fused)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    names = [e.name for e in prof.events()]
+    assert [n for n in names if n in ("aten::add", "aten::add_")] == [summed]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-loss", "linear-head"])
+def test_the_traced_input_buffer_sums_as_torch_does(fused):
+    """Fake tensors under the tracer, with and without emulation.InputBufferInPlace. The fused
+    loss's backward peak with it: grad_weight + embedding_dense_backward's table + tanh's output
+    and its gradient (16 x 64 x 2 each) + the loss and its gradient (fp32 scalars) = 2 * 524_288
+    + 2 * 2_048 + 8 = 1_052_680; without it the sum's third table at add.Tensor, tanh's gradient
+    freed by then: 3 * 524_288 + 2_048 + 8 = 1_574_920. nn.Linear's head sums out of place either
+    way: 1_574_920 (its loss fp32 too)."""
+    import contextlib
+
+    from compiler.measure import emulation
+
+    peaks = []
+    for emulate in (True, False):
+        with FakeTensorMode():
+            emb, step = _tied_step(fused)
+            with emulation.InputBufferInPlace() if emulate else contextlib.nullcontext(), MemoryTracer(granularity=1) as tracer:
+                tracer.register([emb.weight], "parameters")
+                base = tracer.total
+                step()
+                peaks.append(max(p.allocated for p in tracer.peaks.values()) - base)
+    assert peaks == ([1_052_680, 1_574_920] if fused else [1_574_920, 1_574_920])

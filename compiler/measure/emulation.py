@@ -30,6 +30,10 @@ Patched (only while the context is active):
 - `LayerNormStatsInFp32`, a dispatch mode under the tracer: `native_layer_norm` on 16-bit
   inputs returns its saved mean and rstd in fp32 on CUDA (accumulate type), in the input
   dtype on CPU (torch/_refs `native_layer_norm`: "if input.device.type in ['cpu', 'mtia']").
+- `InputBufferInPlace`, a dispatch mode under the tracer: a tied embedding's two gradients
+  are summed by autograd's input buffer in place where it holds the first alone, which it
+  never does for a fake tensor (a tensor subclass: torch/csrc/autograd/input_buffer.cpp
+  `can_accumulate_inplace`); on real tensors, CPU or CUDA, it does.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ DROPOUT_MASK_FIRST = "dropout-mask-made-first"
 NO_PACKED_SEQUENCE_MASK = "no-packed-sequence-mask-on-fake-tensors"
 NO_TORCH_CHECK = "transformers-torch-check-disabled"
 LAYER_NORM_STATS_FP32 = "layer-norm-mean-rstd-fp32"
+# A record traced with it summed a tied embedding's gradients in place where torch does on
+# real tensors; before it every such sum on fake tensors was out of place (a third table)
+INPUT_BUFFER_IN_PLACE = "input-buffer-adds-in-place"
 STEP_ON_HOST = "optimizer-step-counters-on-host"
 FLASH_BACKWARD_SCRATCH = "flash-attention-backward-accumulators"
 MASKED_SCATTER_SCRATCH = "masked-scatter-prefix-sum"
@@ -245,6 +252,45 @@ class LayerNormStatsInFp32(TorchDispatchMode):
         if func is torch.ops.aten.native_layer_norm.default and out[1].dtype != torch.float32:
             out = (out[0], out[1].float(), out[2].float())
         return out
+
+
+class InputBufferInPlace(TorchDispatchMode):
+    """Sum a tied embedding's two gradients as autograd's input buffer sums real tensors.
+
+    `InputBuffer::accumulate` (torch/csrc/autograd/input_buffer.cpp, grad mode off) adds the
+    arriving gradient into the one it holds in place (`old_var.add_(var)`) where
+    `can_accumulate_inplace(old_var)`: a plain dense tensor whose storage it holds alone; else
+    `old_var + var`, a new tensor. A fake tensor is a tensor subclass, so on fake tensors the sum
+    is always a new one. Narrowed to where the add is known to be the buffer's: an `add.Tensor`
+    while `EmbeddingBackward0` runs (the embedding's own backward adds nothing; the engine sums
+    the node's output into the weight's buffer before the node is left). The held gradient is
+    the lm_head's: the fused loss's saved `grad_weight`, a tensor of its own, is summed into in
+    place (GPU allocator history, Qwen2.5-0.5B fused loss: embedding_dense_backward's table made
+    and freed, no third); nn.Linear's is a view (`.t()` of mm's result, twice) whose base holds
+    the storage too, and the sum is a new tensor (GPU history, Gemma-3-1B: the third table made),
+    into which a third lookup of the table adds in place (GPU history, Flan-T5-base: the
+    decoder's lookup makes the sum, the encoder's frees its dense table with no sum of its own).
+    NB: a view stands for a storage held twice; tests/test_measure_tricks.py pins torch's rule on
+    real tensors and the emulation's on fake ones."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.add.Tensor and not kwargs and _buffer_sum_in_place(*args):
+            return args[0].add_(args[1])
+        return func(*args, **(kwargs or {}))
+
+
+def _buffer_sum_in_place(held=None, arriving=None, *rest) -> bool:
+    node = torch._C._current_autograd_node()
+    return (
+        not rest
+        and type(node).__name__ == "EmbeddingBackward0"
+        and isinstance(held, torch.Tensor)
+        and isinstance(arriving, torch.Tensor)
+        and held.shape == arriving.shape
+        and held.dtype == arriving.dtype
+        and not held._is_view()
+        and held.is_contiguous()
+    )
 
 
 def _sdpa_as_cuda(original):

@@ -445,7 +445,7 @@ def _make_optimizer(exp: dict, model, trainable: list[torch.Tensor], tracer: Mem
 def _emulation_names(applied: list[str], exp: dict, fake: bool) -> tuple[str, ...]:
     names = list(applied)
     if fake:
-        names.append(emulation.LAYER_NORM_STATS_FP32)
+        names += [emulation.LAYER_NORM_STATS_FP32, emulation.INPUT_BUFFER_IN_PLACE]
     if exp["attention"] == "flash_attention_2":
         names.append(FA2_AS_SDPA)
     if autocast(exp):
@@ -532,6 +532,7 @@ def measure(
 
     behaviour = emulation.cuda_behaviour(fake=fake, skip=skip, host_values=bool(host_values)) if emulate else _nothing([])
     stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
+    buffer_mode = emulation.InputBufferInPlace() if emulate and fake else _nothing()
     policy = emulation.CudaAutocastPolicy() if autocast(exp) else _nothing()
     inventory = []
 
@@ -540,7 +541,7 @@ def measure(
 
     family_patches = getattr(family_for(exp["config"]), "host_patches", None)
     patches = family_patches() if emulate and family_patches else _nothing([])
-    with fake_mode or _nothing(), behaviour as applied, patches as patched, stats_mode, policy, tracer:
+    with fake_mode or _nothing(), behaviour as applied, patches as patched, stats_mode, buffer_mode, policy, tracer:
         for step in range(1, steps + 1):
             _train_step(
                 step,
