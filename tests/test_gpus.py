@@ -132,18 +132,20 @@ def test_allocated_counts_the_blocks_the_allocator_does_not_split():
     block is handed out whole when 1 MiB or less would remain. Flan-T5-base at micro-batch 8,
     checkpointed, on the H200: the GPU's max_memory_allocated is 5,580,512,768 B; the
     estimate's tensors peak at 5,418,974,208 B (-2.89 %; the step's own GPU history's requests
-    peak at 5.04 GiB too), its replay's blocks at 5,570,165,760 B (-0.19 %; each dropout's
-    mask made before its output, as CUDA's native_dropout does). A GPU record is
+    peak at 5.04 GiB too), its replay's blocks at 5,569,117,184 B (-0.20 %; each dropout's
+    mask made before its output, as CUDA's native_dropout does; the encoder lookup's gradient
+    added into the decoder lookup's sum in place, as the step's GPU history does: 1 MiB less
+    than with a sum of its own). A GPU record is
     compared with the blocks, a trace (the tensors' bytes) with the tensors."""
     path = MEASURED / "gpu" / "t5_base_b8_s1024_t128_gc-on.json"
     record = json.loads(path.read_text())
     assert record["allocated"] == 5_580_512_768
     (c,) = validate_records([path])
     report, _ = record_report(path)
-    assert (report.tensors, report.allocated) == (5_418_974_208, 5_570_165_760)
+    assert (report.tensors, report.allocated) == (5_418_974_208, 5_569_117_184)
     assert c.estimated["allocated"] == report.allocated
     assert -2.95 < 100 * (report.tensors - record["allocated"]) / record["allocated"] < -2.85
-    assert abs(c.error("allocated")) < 0.2
+    assert abs(c.error("allocated")) < 0.21
     (traced,) = validate_records([MEASURED / "cpu-trace" / "t5_base_b8_s1024_t128_gc-on.json"])
     assert traced.estimated["allocated"] == report.tensors
 
