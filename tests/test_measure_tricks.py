@@ -76,9 +76,10 @@ def _tied_step(fused: bool):
 
 @pytest.mark.parametrize("fused, summed", [(True, "aten::add_"), (False, "aten::add")], ids=["fused-loss", "linear-head"])
 def test_torch_sums_a_tied_embeddings_gradients_in_place_only_into_a_tensor_of_its_own(fused, summed):
-    """Real tensors, no tracer (a mode that keeps a storage's Python object holds it twice): the
-    input buffer adds the embedding's gradient into the fused loss's `grad_weight` in place, and
-    into nn.Linear's (a view) out of place."""
+    """Real tensors, no tracer: the input buffer adds the embedding's gradient into the fused
+    loss's `grad_weight` in place, and into nn.Linear's (a view) out of place. NB: under the
+    tracer real tensors sum out of place in both (the tracer takes each storage's Python object,
+    probably a second holder), so the tracer's own figures are pinned on fake tensors below."""
     from torch.profiler import ProfilerActivity, profile
 
     _, step = _tied_step(fused)
