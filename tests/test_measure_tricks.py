@@ -58,7 +58,7 @@ def test_offloaded_saved_tensors_leave_the_device():
 
 def _tied_step(fused: bool):
     """A tied embedding's step, bf16: lookup, tanh, then the fused loss or nn.Linear's head and
-    cross-entropy; its backward. Returns the embedding (one table 4096 x 64 x 2 = 524_288 B)."""
+    cross-entropy, then its backward: the embedding (one table 4096 x 64 x 2 = 524_288 B) and the step."""
     vocab, hidden, tokens = 4096, 64, 16
     emb = torch.nn.Embedding(vocab, hidden, dtype=torch.bfloat16)
     ids = torch.zeros(tokens, dtype=torch.long)
@@ -91,7 +91,7 @@ def test_torch_sums_a_tied_embeddings_gradients_in_place_only_into_a_tensor_of_i
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-loss", "linear-head"])
 def test_the_traced_input_buffer_sums_as_torch_does(fused):
-    """Fake tensors under the tracer, with and without emulation.InputBufferInPlace. The fused
+    """Fake tensors under the tracer, with and without emulation.FakeOpsAsCuda. The fused
     loss's backward peak with it: grad_weight + embedding_dense_backward's table + tanh's output
     and its gradient (16 x 64 x 2 each) + the loss and its gradient (fp32 scalars) = 2 * 524_288
     + 2 * 2_048 + 8 = 1_052_680; without it the sum's third table at add.Tensor, tanh's gradient
@@ -105,7 +105,7 @@ def test_the_traced_input_buffer_sums_as_torch_does(fused):
     for emulate in (True, False):
         with FakeTensorMode():
             emb, step = _tied_step(fused)
-            with emulation.InputBufferInPlace() if emulate else contextlib.nullcontext(), MemoryTracer(granularity=1) as tracer:
+            with emulation.FakeOpsAsCuda() if emulate else contextlib.nullcontext(), MemoryTracer(granularity=1) as tracer:
                 tracer.register([emb.weight], "parameters")
                 base = tracer.total
                 step()

@@ -27,12 +27,12 @@ Patched (only while the context is active):
   family reads batch values on the host (Qwen2-VL: token types, image grids): their fake
   tensors carry constants, and what is computed from constants only stays constant, so
   `.tolist()` works; on CUDA these are real tensors read with a host sync.
-- `LayerNormStatsInFp32`, a dispatch mode under the tracer: `native_layer_norm` on 16-bit
-  inputs returns its saved mean and rstd in fp32 on CUDA (accumulate type), in the input
-  dtype on CPU (torch/_refs `native_layer_norm`: "if input.device.type in ['cpu', 'mtia']").
-- `InputBufferInPlace`, a dispatch mode under the tracer: a tied embedding's two gradients
-  are summed by autograd's input buffer in place where it holds the first alone, which it
-  never does for a fake tensor (a tensor subclass: torch/csrc/autograd/input_buffer.cpp
+- `FakeOpsAsCuda`, a dispatch mode under the tracer, for two ops fake tensors run otherwise:
+  `native_layer_norm` on 16-bit inputs returns its saved mean and rstd in fp32 on CUDA
+  (accumulate type), in the input dtype on CPU (torch/_refs `native_layer_norm`: "if
+  input.device.type in ['cpu', 'mtia']"); and a tied embedding's two gradients are summed by
+  autograd's input buffer in place where it holds the first alone, which it never does for a
+  fake tensor (a tensor subclass: torch/csrc/autograd/input_buffer.cpp
   `can_accumulate_inplace`); on real tensors, CPU or CUDA, it does.
 """
 
@@ -244,19 +244,14 @@ def allocate_workspace(allocator, thread: int, cublaslt: bool, sm90: bool = True
         allocator.malloc(("cublaslt", thread), CUBLASLT_WORKSPACE_BYTES)
 
 
-class LayerNormStatsInFp32(TorchDispatchMode):
-    """Give `native_layer_norm`'s mean and rstd CUDA's dtype (fp32) for 16-bit inputs."""
+class FakeOpsAsCuda(TorchDispatchMode):
+    """Run two ops on fake tensors as CUDA runs them (LAYER_NORM_STATS_FP32 and
+    INPUT_BUFFER_IN_PLACE): one mode, so that each op of a trace passes one more Python frame,
+    not two.
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.native_layer_norm.default and out[1].dtype != torch.float32:
-            out = (out[0], out[1].float(), out[2].float())
-        return out
+    `native_layer_norm` on 16-bit inputs: its mean and rstd in fp32.
 
-
-class InputBufferInPlace(TorchDispatchMode):
-    """Sum a tied embedding's two gradients as autograd's input buffer sums real tensors.
-
+    A tied embedding's two gradients summed as autograd's input buffer sums real tensors.
     `InputBuffer::accumulate` (torch/csrc/autograd/input_buffer.cpp, grad mode off) adds the
     arriving gradient into the one it holds in place (`old_var.add_(var)`) where
     `can_accumulate_inplace(old_var)`: a plain dense tensor whose storage it holds alone; else
@@ -276,16 +271,17 @@ class InputBufferInPlace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.add.Tensor and not kwargs and _buffer_sum_in_place(*args):
             return args[0].add_(args[1])
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.native_layer_norm.default and out[1].dtype != torch.float32:
+            out = (out[0], out[1].float(), out[2].float())
+        return out
 
 
-def _buffer_sum_in_place(held=None, arriving=None, *rest) -> bool:
-    node = torch._C._current_autograd_node()
+def _buffer_sum_in_place(held: torch.Tensor, arriving: torch.Tensor) -> bool:
+    """add.Tensor(held, arriving) (both tensors by its schema, alpha keyword-only) is the input
+    buffer's sum into a gradient of its own."""
     return (
-        not rest
-        and type(node).__name__ == "EmbeddingBackward0"
-        and isinstance(held, torch.Tensor)
-        and isinstance(arriving, torch.Tensor)
+        type(torch._C._current_autograd_node()).__name__ == "EmbeddingBackward0"
         and held.shape == arriving.shape
         and held.dtype == arriving.dtype
         and not held._is_view()

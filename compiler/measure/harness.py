@@ -531,8 +531,7 @@ def measure(
         skip = skip | {emulation.NO_PACKED_SEQUENCE_MASK}
 
     behaviour = emulation.cuda_behaviour(fake=fake, skip=skip, host_values=bool(host_values)) if emulate else _nothing([])
-    stats_mode = emulation.LayerNormStatsInFp32() if emulate and fake else _nothing()
-    buffer_mode = emulation.InputBufferInPlace() if emulate and fake else _nothing()
+    fake_ops = emulation.FakeOpsAsCuda() if emulate and fake else _nothing()
     policy = emulation.CudaAutocastPolicy() if autocast(exp) else _nothing()
     inventory = []
 
@@ -541,7 +540,7 @@ def measure(
 
     family_patches = getattr(family_for(exp["config"]), "host_patches", None)
     patches = family_patches() if emulate and family_patches else _nothing([])
-    with fake_mode or _nothing(), behaviour as applied, patches as patched, stats_mode, buffer_mode, policy, tracer:
+    with fake_mode or _nothing(), behaviour as applied, patches as patched, fake_ops, policy, tracer:
         for step in range(1, steps + 1):
             _train_step(
                 step,
