@@ -301,8 +301,8 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     v.add_argument(
         "--history",
         metavar="FILE",
-        help="the GPU's allocator history of the one record's step (memspec measure --device cuda --memory-history): "
-        "also list the segments only the GPU or only the estimate opened",
+        help="the allocator history of the one record's step (memspec measure --memory-history: with --device cuda "
+        "the GPU's, traced the allocator model's): also list the segments only it or only the estimate opened",
     )
     v.add_argument("--min-mib", dest="min_mib", type=float, default=64.0, metavar="MIB", help="with --history: segments of MIB or more (64)")
     return p

@@ -97,8 +97,8 @@ Codes (stable; never reuse a retired one):
     E913 value outside the knob's range or choices           E918 the base revision's cases could not be evaluated
     E914 chart: no knob with two values, or --x not swept
 
-    memspec validate --history (a GPU's allocator history beside one record):
-    E921 not an allocator history (memspec measure --device cuda --memory-history's gzip JSON lines)
+    memspec validate --history (an allocator history beside one record):
+    E921 not an allocator history (memspec measure --memory-history's gzip JSON lines)
     E922 the record has no estimate to compare the history with
 
     the training setup (an experiment, flags, the files read):

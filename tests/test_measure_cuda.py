@@ -255,9 +255,22 @@ def test_the_step_runs_under_the_experiments_allocator_settings(attach, monkeypa
         cuda.measure(tiny(), steps=2, device="cpu", counters=Scripted())
 
 
-def test_memory_history_needs_a_device(capsys, tmp_path):
-    assert run([str(TINY / "tiny-finetune.yaml"), "--memory-history", str(tmp_path / "h.jsonl.gz")]) == 2
-    assert "needs --device cuda" in capsys.readouterr().err
+def test_a_traced_step_keeps_the_allocator_models_history(capsys, tmp_path):
+    """--memory-history without --device: the tracer's sequence as the allocator model was given
+    it, in a GPU history's actions; replayed it reserves the record's figure to the byte, and
+    `memspec validate --history` lines the record's estimate up with it as with a GPU's."""
+    from compiler.cli import main
+    from compiler.measure import history
+
+    out, kept = tmp_path / "r.json", tmp_path / "r.history.jsonl.gz"
+    assert run([str(TINY / "tiny-finetune.yaml"), "--steps", "3", "-o", str(out), "--memory-history", str(kept)]) == 0
+    rec, events = json.loads(out.read_text()), history.read(kept)
+    replayed = history.replay(events)
+    assert replayed.model_reserved == replayed.gpu_reserved == rec["reserved"] and replayed.unmatched_frees == 0
+    assert sum(1 for a, _, _ in events if a == "alloc") == replayed.allocations > 0
+    capsys.readouterr()
+    assert main(["validate", str(out), "--history", str(kept), "--min-mib", "0"]) == 0
+    assert "r.history.jsonl.gz: the trace reserved 0.07 GiB (the allocator model on its sequence +0.00 %)" in capsys.readouterr().out
 
 
 def test_shared_device_records_no_device_figure_and_says_why(attach):

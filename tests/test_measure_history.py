@@ -395,3 +395,29 @@ def test_step_reserved_is_each_steps_max_memory_reserved_from_its_start():
     assert history.replay_estimate(events, PROBE, AllocatorConfig(), step_starts=[1, 3]).step_reserved == [80 * MIB, 80 * MIB]
     # no step before the loading's events end: the first step's figure is the loading's too
     assert history.replay_estimate(events, PROBE, AllocatorConfig(), step_starts=[0]).step_reserved == [80 * MIB]
+
+
+def test_a_recording_allocator_keeps_its_sequence_as_a_gpus_history():
+    """What `memspec measure --memory-history` writes for a traced step: each allocation after
+    the segment entry made for it, at its block's address, each free completed at once, a
+    probe as an allocation and its free; replayed, the history reserves what the model did."""
+    rec = history.Recording()
+    rec.malloc("a", 3 * MIB)  # under 10 MiB: a 20 MiB large-pool segment, the block at its start
+    rec.malloc("b", 5 * MIB)  # the segment's rest: no new one, right after a
+    rec.free("a")
+    rec.probe(12 * MIB)  # the 12 MiB after b is cached and fits exactly: served, no segment
+    (seg, alloc_a, alloc_b, free_a, probe, probe_free) = rec.history
+    assert seg == ("segment_alloc", 0, 20 * MIB)
+    assert alloc_a[0] == alloc_b[0] == probe[0] == "alloc" and (alloc_a[2], alloc_b[2], probe[2]) == (3 * MIB, 5 * MIB, 12 * MIB)
+    assert alloc_b[1] == alloc_a[1] + 3 * MIB and probe[1] == alloc_a[1] + 8 * MIB
+    assert free_a == ("free_completed", alloc_a[1], 3 * MIB) and probe_free == ("free_completed", probe[1], 12 * MIB)
+    replayed = history.replay(rec.history)
+    assert replayed.model_reserved == replayed.gpu_reserved == rec.peak_reserved == 20 * MIB and replayed.allocations == 3
+    # under expandable segments the pool's one segment grows by mapped pages: 20 MiB for 3 MiB,
+    # 20 more for 30 MiB (17 MiB free at the end, 37 once mapped)
+    conf = AllocatorConfig.parse("expandable_segments:True")
+    grown = history.Recording(conf)
+    grown.malloc("a", 3 * MIB)
+    grown.malloc("b", 30 * MIB)
+    assert [(a, s) for a, _, s in grown.history] == [("segment_map", 20 * MIB), ("alloc", 3 * MIB), ("segment_map", 20 * MIB), ("alloc", 30 * MIB)]
+    assert history.replay(grown.history, conf).model_reserved == history.replay(grown.history, conf).gpu_reserved == 40 * MIB

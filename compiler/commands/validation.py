@@ -458,7 +458,7 @@ def as_data(comparisons: list[Comparison]) -> dict[str, Any]:
 
 
 def read_history(history_path: Path) -> list:
-    """A GPU's allocator history (measure.history.read), or E921."""
+    """An allocator history (measure.history.read), or E921."""
     from ..measure import history
 
     try:
@@ -472,14 +472,14 @@ def read_history(history_path: Path) -> list:
                 0,
                 "--history",
                 f"not an allocator history ({exc})",
-                "a NAME.history.jsonl.gz that `memspec measure --device cuda --memory-history` wrote",
+                "a NAME.history.jsonl.gz that `memspec measure --memory-history` wrote",
             )
         ) from None
 
 
 def history_comparison(events: list, history_name: str, record_path: Path, min_mib: float, comparison: Comparison, replays: list) -> dict:
-    """The record's estimate beside the GPU's allocator history of its step (`events`, from
-    read_history): the segments each side opened of `min_mib` or more, lined up by their
+    """The record's estimate beside the allocator history of its step (`events`, from
+    read_history: a GPU's, or the tracer's for a traced record): the segments each side opened of `min_mib` or more, lined up by their
     requests' sizes (measure.history.compare), and those only one side has, in order, each
     with the estimate's last alike opening before it; E922 where the record has no estimate.
     `comparison` is validate's for the record and `replays` what its estimate gave the
@@ -527,6 +527,9 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
             only.append({"side": "gpu" if a else "estimate", **asdict(a or b), "after": asdict(last) if a and last else None})
     return {
         "history": history_name,
+        # NB: the history's side as the record names it: a traced record's is the tracer's
+        # sequence (memspec measure --memory-history without --device); the keys stay "gpu"
+        "measured_by": "GPU" if comparison.source == "gpu" else "trace",
         "gpu_reserved": g.gpu_reserved,
         "model_on_gpu_sequence_error_pct": g.error_pct,
         "estimate_reserved": comparison.estimated["reserved"],
@@ -548,21 +551,22 @@ def render_history(c: dict) -> str:
     from ..pipeline.orders import ORDERS
 
     order = ORDERS[c["estimate_order"]].name
+    side = c.get("measured_by", "GPU")
     lines = [
-        f"{c['history']}: the GPU reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
+        f"{c['history']}: the {side} reserved {c['gpu_reserved'] / gib:.2f} GiB (the allocator model on its sequence "
         f"{c['model_on_gpu_sequence_error_pct']:+.2f} %), the estimate {c['estimate_reserved'] / gib:.2f} GiB "
         f"({order}, the largest of its orders); segments of "
-        f"{c['min_mib']:g} MiB or more: the GPU's {seg['gpu']}, the estimate's {seg['estimate']}, {seg['alike']} alike"
+        f"{c['min_mib']:g} MiB or more: the {side}'s {seg['gpu']}, the estimate's {seg['estimate']}, {seg['alike']} alike"
     ]
     steps = c["step_reserved"]
     if steps["gpu"] or steps["estimate"]:
         n, same = len(steps["estimate"]), len(steps["gpu"]) > len(steps["estimate"]) > 0
         repeat = f" (the replay stops after step {n}: step {n + 1} would begin from the cache step {n} began from)" if same else ""
-        lines.append(f"  reserved by step: the GPU {_steps(steps['gpu'])}, the estimate {_steps(steps['estimate'])}{repeat}")
+        lines.append(f"  reserved by step: the {side} {_steps(steps['gpu'])}, the estimate {_steps(steps['estimate'])}{repeat}")
     for o in c["only"]:
         where = f"allocation {o['at']:,}" + (f" ({o['name']}, step {o['step']})" if o["name"] else "")
         line = (
-            f"  {'GPU' if o['side'] == 'gpu' else 'estimate'} only: {o['grew'] / mib:,.2f} MiB for a {o['request'] / mib:,.2f} MiB request at "
+            f"  {side if o['side'] == 'gpu' else 'estimate'} only: {o['grew'] / mib:,.2f} MiB for a {o['request'] / mib:,.2f} MiB request at "
             f"{where}, the largest free block then {o['largest_free'] / mib:,.2f} MiB; allocated {o['allocated'] / gib:.2f} GiB, "
             f"reserved {o['reserved'] / gib:.2f} GiB after"
         )
@@ -579,7 +583,7 @@ def main(args) -> int:
 
     history_path = getattr(args, "history", None)
     if history_path is not None and (len(args.paths) != 1 or not Path(args.paths[0]).is_file()):
-        sys.stderr.write("validate: --history compares one record with the GPU's allocator history of its step: give one record file\n")
+        sys.stderr.write("validate: --history compares one record with the allocator history of its step: give one record file\n")
         return 1
     events = None if history_path is None else read_history(Path(history_path))
     # NB: with --history (one record) the estimate's replay is kept for the comparison with it

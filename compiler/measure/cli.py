@@ -95,9 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-history",
         metavar="PATH",
         dest="memory_history",
-        help="with --device: keep the caching allocator's trace of every allocation and free "
-        "(gzip JSON lines; with --matrix PATH is a folder, one NAME.history.jsonl.gz each); "
-        "python -m compiler.measure.history replays it through the allocator model",
+        help="keep the caching allocator's trace of every allocation and free (with --device the "
+        "GPU's own; traced, the allocator model's, in the same actions) as gzip JSON lines; with "
+        "--matrix PATH is a folder, one NAME.history.jsonl.gz each; memspec validate RECORD "
+        "--history PATH lines the record's estimate up with it",
     )
     parser.add_argument(
         "--shared-device",
@@ -150,19 +151,21 @@ def _gpu_summary(record: dict) -> str:
     return f"OUT OF MEMORY at step {oom['step']} {oom['phase']}; before it {figures}"
 
 
-def _measure_one(name: str, exp: dict, args) -> dict:
-    from . import harness, record
+def _measure_one(name: str, exp: dict, args, history_path: Path | None = None) -> dict:
+    """`history_path`: where the allocator's trace goes (args.memory_history for one experiment)."""
+    from . import harness, history, record
 
     if getattr(args, "device", None):
         from . import cuda
 
-        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=bool(args.memory_history), shared=args.shared_device)
-        if args.memory_history:
-            from . import history
-
-            history.write(Path(args.memory_history), measurement.history or ())
+        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=history_path is not None, shared=args.shared_device)
+        if history_path is not None:
+            history.write(history_path, measurement.history or ())
         return record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"]))
-    measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline))
+    measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline), history=history_path is not None)
+    if history_path is not None:
+        history_path.parent.mkdir(parents=True, exist_ok=True)
+        history.write(history_path, measurement.history or ())
     if args.timeline:
         with open(args.timeline, "w", encoding="utf-8") as handle:
             for row in measurement.timeline:
@@ -182,7 +185,7 @@ def _run_single(args) -> int:
     exp = with_overrides(exp, **overrides)
     name = args.name or "_".join([exp["experiment"]] + [label(k, v) for k, v in overrides.items()])
     started = time.perf_counter()
-    rec = _measure_one(name, exp, args)
+    rec = _measure_one(name, exp, args, Path(args.memory_history) if args.memory_history else None)
     if args.output:
         record.write_record(rec, args.output)
     elif getattr(args, "format", "json") == "json":
@@ -230,7 +233,7 @@ def _run_matrix(args) -> int:
             pending.append((i, name, exp, path))
         else:
             t0 = time.perf_counter()
-            rec = _measure_one(name, exp, args)
+            rec = _measure_one(name, exp, args, Path(args.memory_history) / f"{name}.history.jsonl.gz" if args.memory_history else None)
             record.write_record(rec, path)
             done += 1
             _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.0f} s total]")
@@ -331,9 +334,6 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.shared_device and not getattr(args, "device", None):
         _say("memspec measure: --shared-device says other processes share the GPU; it needs --device cuda")
-        return EXIT_USAGE
-    if args.memory_history and not getattr(args, "device", None):
-        _say("memspec measure: --memory-history is the CUDA caching allocator's own trace; it needs --device cuda")
         return EXIT_USAGE
     if getattr(args, "device", None) and (args.timeline or args.inventory):
         _say("memspec measure: --timeline and --inventory come from the trace; they cannot be taken with --device")

@@ -39,6 +39,7 @@ from ..pipeline.vocabulary import release_code
 from . import device_map, emulation, fsdp, tricks
 from .experiment import ExperimentError, check_measurable
 from .families import family_for
+from .history import Recording
 from .tracer import (
     BACKWARD,
     BUFFERS,
@@ -109,6 +110,9 @@ class Measurement:
     devices: dict | None = None
     # device_map: each GPU's highest reserved over the run, its own allocator's (GPU -> bytes)
     device_reserved: dict | None = None
+    # measure(history=True): what the allocator model was asked, as a GPU's allocator history
+    # (measure.history.Recording; with device_map, GPU 0's)
+    history: list | None = None
 
 
 def load_config(config_path: Path):
@@ -501,13 +505,22 @@ def _train_step(
 
 
 def measure(
-    exp: dict, *, steps: int = 3, fake: bool = True, timeline: bool = False, emulate: bool = True, skip: frozenset = frozenset(), granularity: int | None = None
+    exp: dict,
+    *,
+    steps: int = 3,
+    fake: bool = True,
+    timeline: bool = False,
+    emulate: bool = True,
+    skip: frozenset = frozenset(),
+    granularity: int | None = None,
+    history: bool = False,
 ) -> Measurement:
     """Trace `steps` training steps of `exp`; see the module docstring.
 
     `fake=False` runs on real CPU tensors; `emulate=False` turns the CUDA emulation off and
     `skip` leaves out single behaviours (both for tests); `granularity` overrides the
-    allocator rounding (1 counts exact bytes).
+    allocator rounding (1 counts exact bytes). `history`: keep the allocator model's
+    sequence (Measurement.history; with the emulation only).
     """
     check_measurable(exp)
     if steps < MIN_STEPS:
@@ -518,7 +531,9 @@ def measure(
         wrap_forward_as_accelerate(model, DTYPES[exp["precision"]])
     scope = ModuleScope(model)
     split = getattr(model, "_memspec_device_map", None)
-    tracer = _tracer(model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split, alloc_conf=exp.get("alloc_conf"))
+    tracer = _tracer(
+        model, batch, scope, emulate=emulate, timeline=timeline, granularity=granularity, split=split, alloc_conf=exp.get("alloc_conf"), history=history
+    )
     undo = device_map.install(split[0], split[2], tracer) if split is not None else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
@@ -567,6 +582,7 @@ def measure(
         allocator_allocated=tracer.allocator.peak_allocated if tracer.allocator is not None and split is None else None,
         devices=tracer.device_peaks if split is not None else None,
         device_reserved=({gpu: a.peak_reserved for gpu, a in tracer.allocators.items()} if split is not None and tracer.allocators is not None else None),
+        history=getattr(tracer.allocator if tracer.allocators is None else tracer.allocators.get(0), "history", None),
     )
 
 
@@ -613,11 +629,22 @@ def _model_and_batch(exp: dict, fake: bool):
 
 
 def _tracer(
-    model, batch: dict, scope: ModuleScope, *, emulate: bool, timeline: bool, granularity: int | None, split: tuple | None = None, alloc_conf: str | None = None
+    model,
+    batch: dict,
+    scope: ModuleScope,
+    *,
+    emulate: bool,
+    timeline: bool,
+    granularity: int | None,
+    split: tuple | None = None,
+    alloc_conf: str | None = None,
+    history: bool = False,
 ) -> MemoryTracer:
     """The tracer of one measurement, the model's parameters, buffers and the batch registered;
     with `split` (device_map.plan's), each on its GPU (the batch on GPU 0). `alloc_conf`: the
-    PYTORCH_CUDA_ALLOC_CONF the emulated allocator replays the step under."""
+    PYTORCH_CUDA_ALLOC_CONF the emulated allocator replays the step under; `history`: the
+    allocator keeps its sequence (measure.history.Recording)."""
+    allocator = (Recording if history else Allocator)(AllocatorConfig.parse(alloc_conf or "")) if emulate else None
     tracer = MemoryTracer(
         context=scope.context,
         scratch=emulation.kernel_scratch if emulate else None,
@@ -630,7 +657,7 @@ def _tracer(
         # of its own in some setups; the estimate's timeline is checked against it
         watch=_input_embeddings(model, scope),
         **({"granularity": granularity} if granularity else {}),
-        allocator=Allocator(AllocatorConfig.parse(alloc_conf or "")) if emulate else None,
+        allocator=allocator,
     )
     if emulate:
         tracer.make_workspace = emulation.allocate_workspace

@@ -25,7 +25,7 @@ import difflib
 import gzip
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -62,6 +62,37 @@ def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
 def read(path: Path) -> list[tuple[str, int, int]]:
     with gzip.open(path, "rt") as f:
         return [tuple(json.loads(line)) for line in f if line.strip()]
+
+
+@dataclass
+class Recording(Allocator):
+    """The allocator model keeping what it is asked as a history in the trace's own actions
+    (`history`): each allocation its block's address and size, after the segment entry that
+    was made for it, each free completed at once (no streams). What `memspec measure
+    --memory-history` writes for a traced step, the tracer's sequence as `read` gives a GPU's,
+    so that `memspec validate --history` lines an estimate up with a trace as with a GPU."""
+
+    history: list = field(default_factory=list)
+
+    def malloc(self, key: object, nbytes: int) -> int:
+        before = self.reserved
+        size = super().malloc(key, nbytes)
+        if self.reserved > before:
+            self.history.append((SEGMENT_MAP if self.config.expandable_segments else SEGMENT_ALLOC, 0, self.reserved - before))
+        self.history.append((ALLOC, self._live[key].ptr, size))
+        return size
+
+    def free(self, key: object) -> None:
+        block = self._live.get(key)
+        ptr, size = (block.ptr, block.size) if block is not None else (0, 0)  # NB: before it merges with its neighbours
+        super().free(key)
+        self.history.append((FREE_COMPLETED, ptr, size))
+
+    def probe(self, nbytes: int) -> None:
+        """An allocation freed at once, recorded as both (`Allocator.probe` leaves no trace)."""
+        key = object()
+        self.malloc(key, nbytes)
+        self.free(key)
 
 
 @dataclass(frozen=True)
