@@ -66,6 +66,33 @@ def test_rank0_resident_bytes_at_dp2():
     assert shard["gradients"] == 24 * _up(QWEN_LAYER * 4 // 2) + _up((151936 * 896 + 896) * 4 // 2)
 
 
+def test_the_replay_makes_foreach_adamws_sqrt_copies_shard_by_shard():
+    """foreach AdamW's `_foreach_sqrt(exp_avg_sqs)` makes one tensor per shard: the replay's
+    step allocates each its own block, all before any is freed, rather than one block of
+    their sum (the observed transient, which the allocated figure keeps)."""
+    from compiler.pipeline.replay import recording_replays
+
+    r, plan = _plan(QWEN, **QWEN_SETUP, dp=2, fsdp={})
+    copies = plan.foreach_copies(r.nodes, r.setup)
+    # every dim 0 even at dp 2: each fp32 shard is half its tensor, rounded to 512 B; 24 layers
+    # of 12 tensors, the tied table and the final norm (the weights' 988_096_512 B above)
+    assert len(copies) == 24 * 12 + 2 and sum(copies) == 988_096_512
+    # in the walk's order: layer 0's input norm (896 / 2 fp32 elements) first, the tied table
+    # last at lm_head, where the walk counts it
+    assert copies[0] == _up(896 // 2 * 4) == 2048 and copies[-1] == _up(151936 * 896 // 2 * 4) == 272_269_312
+    assert plan.step_temporaries(r.nodes, r.setup) == sum(copies)
+    with recording_replays() as replays:
+        estimate(QWEN, **QWEN_SETUP, dp=2, fsdp={})
+    events = replays[0].events
+    starts = replays[0].step_starts  # the steady step is step 2's
+    stepped = [(k, n) for k, n in events[starts[1] : starts[2] if len(starts) > 2 else None] if k[0] == "step"]
+    assert [n for _, n in stepped[: len(copies)]] == copies  # made together, in order
+    assert stepped[len(copies) :] == [(k, None) for k, _ in stepped[: len(copies)]]  # then freed
+    fused = dict(QWEN_SETUP, optimizer={"type": "adamw", "impl": "fused"})
+    r2, plan2 = _plan(QWEN, **fused, dp=2, fsdp={})
+    assert plan2.foreach_copies(r2.nodes, r2.setup) is None  # fused AdamW steps in place
+
+
 def test_padding_of_dim0_that_does_not_divide():
     # CLIP's position embedding has 577 rows: FSDP2 gives rank 0 ceil(577 / 2) = 289 of them
     r, plan = _plan(LLAVA_FSDP, dp=2)
