@@ -479,8 +479,8 @@ def read_history(history_path: Path) -> list:
 
 def history_comparison(events: list, history_name: str, record_path: Path, min_mib: float, comparison: Comparison, replays: list) -> dict:
     """The record's estimate beside the allocator history of its step (`events`, from
-    read_history: a GPU's, or the tracer's for a traced record): the segments each side opened of `min_mib` or more, lined up by their
-    requests' sizes (measure.history.compare), and those only one side has, in order, each
+    read_history: a GPU's, or the tracer's for a traced record): the segments each side opened
+    of `min_mib` or more, lined up by their requests' sizes (measure.history.compare), and those only one side has, in order, each
     with the estimate's last alike opening before it; E922 where the record has no estimate.
     `comparison` is validate's for the record and `replays` what its estimate gave the
     allocator (replay.recording_replays), empty where the comparison came from the cache,

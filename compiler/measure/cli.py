@@ -164,7 +164,6 @@ def _measure_one(name: str, exp: dict, args, history_path: Path | None = None) -
         return record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"]))
     measurement = harness.measure(exp, steps=args.steps, timeline=bool(args.timeline), history=history_path is not None)
     if history_path is not None:
-        history_path.parent.mkdir(parents=True, exist_ok=True)
         history.write(history_path, measurement.history or ())
     if args.timeline:
         with open(args.timeline, "w", encoding="utf-8") as handle:
@@ -233,7 +232,7 @@ def _run_matrix(args) -> int:
             pending.append((i, name, exp, path))
         else:
             t0 = time.perf_counter()
-            rec = _measure_one(name, exp, args, Path(args.memory_history) / f"{name}.history.jsonl.gz" if args.memory_history else None)
+            rec = _measure_one(name, exp, args, _history_path(args, name))
             record.write_record(rec, path)
             done += 1
             _say(f"[{i}/{len(entries)}] {name}: {_summary(rec)} [{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.0f} s total]")
@@ -286,6 +285,11 @@ def _in_fresh_processes(pending: list, args):
             yield i, name, _collected(child, name, path), time.perf_counter() - t0
 
 
+def _history_path(args, name: str) -> Path | None:
+    """With --matrix, where an entry's --memory-history goes: NAME.history.jsonl.gz in its folder."""
+    return Path(args.memory_history) / f"{name}.history.jsonl.gz" if args.memory_history else None
+
+
 def _spawn(name: str, exp: dict, args, path: Path, shared: bool):
     import multiprocessing
 
@@ -297,7 +301,7 @@ def _spawn(name: str, exp: dict, args, path: Path, shared: bool):
             args.steps,
             args.device,
             str(path),
-            str(Path(args.memory_history) / f"{name}.history.jsonl.gz") if args.memory_history else None,
+            _history_path(args, name),
             shared,
         ),
     )
@@ -314,7 +318,7 @@ def _collected(child, name: str, path: Path) -> dict | None:
     return record.read_record(path)
 
 
-def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: str | None = None, shared: bool = False) -> None:
+def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: Path | None = None, shared: bool = False) -> None:
     from . import cuda, harness, history, record
 
     try:
@@ -323,8 +327,7 @@ def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, his
         _say(f"error: {exc}")
         raise SystemExit(EXIT_INPUT) from None
     if history_path is not None:
-        Path(history_path).parent.mkdir(parents=True, exist_ok=True)
-        history.write(Path(history_path), measurement.history or ())
+        history.write(history_path, measurement.history or ())
     record.write_record(record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"])), path)
 
 

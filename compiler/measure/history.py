@@ -54,6 +54,8 @@ def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
 
 
 def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
+    """`history` as gzip JSON lines at `path`, its folder made where missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
         for event in history:
             f.write(json.dumps(event) + "\n")
@@ -83,8 +85,8 @@ class Recording(Allocator):
         return size
 
     def free(self, key: object) -> None:
-        block = self._live.get(key)
-        ptr, size = (block.ptr, block.size) if block is not None else (0, 0)  # NB: before it merges with its neighbours
+        block = self._live[key]  # NB: a key not live is the KeyError Allocator.free raises
+        ptr, size = block.ptr, block.size  # NB: before it merges with its neighbours
         super().free(key)
         self.history.append((FREE_COMPLETED, ptr, size))
 

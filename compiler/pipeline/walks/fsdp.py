@@ -149,7 +149,7 @@ class _FsdpPlan:
         copies = self.foreach_copies(nodes, setup)
         if copies is not None:
             return sum(copies)
-        shards = [e for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
+        shards = self._trainable_shards(nodes, setup)
         coupled = setup.optimizer.type == "adam" and setup.optimizer.weight_decay > 0  # grad.add(param): a third copy
         return (3 if coupled else 2) * round_up(max(shards, default=0) * self.sharded, ALLOCATOR_GRANULE)
 
@@ -160,7 +160,11 @@ class _FsdpPlan:
         once (see step_temporaries): the order moves which cached block a copy lands in."""
         if setup.optimizer.type not in ("adamw", "adam") or setup.optimizer.impl != "foreach":
             return None
-        return [round_up(e * self.sharded, ALLOCATOR_GRANULE) for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
+        return [round_up(e * self.sharded, ALLOCATOR_GRANULE) for e in self._trainable_shards(nodes, setup)]
+
+    def _trainable_shards(self, nodes: tuple[Node, ...], setup: Setup) -> list[int]:
+        """Rank 0's elements of every trainable parameter, in the walk's order."""
+        return [e for r in nodes for n in r.walk() if n.inst.trainable for e in self.tensors(n, setup)]
 
 
 class FsdpWalk(Walk):
