@@ -52,7 +52,8 @@ class Scripted:
     def alloc_retries(self):
         return 0
 
-    def start_history(self):
+    def start_history(self, frames=False):
+        self.frames = frames
         self.kept = [("segment_alloc", 1 << 20, 2 << 20), ("alloc", 1 << 20, 512)]
 
     def history(self):
@@ -267,10 +268,37 @@ def test_a_traced_step_keeps_the_allocator_models_history(capsys, tmp_path):
     rec, events = json.loads(out.read_text()), history.read(kept)
     replayed = history.replay(events)
     assert replayed.model_reserved == replayed.gpu_reserved == rec["reserved"] and replayed.unmatched_frees == 0
-    assert sum(1 for a, _, _ in events if a == "alloc") == replayed.allocations > 0
+    assert sum(1 for a, *_ in events if a == "alloc") == replayed.allocations > 0
+    # NB: every allocation says what it is (MemoryTracer.describe): the weights as registered,
+    # a layer's activation by its op and module, the optimizer's states in its step
+    allocs = [e for e in events if e[0] == "alloc"]
+    assert all(len(e) == 4 and e[3] for e in allocs)
+    assert allocs[0][3] == "register (parameters) in the model, step 0 setup"
+    made = {e[3] for e in allocs}
+    assert "addmm.default (activations) in model.vision_tower.encoder.layers.0.self_attn.q_proj, step 1 forward" in made
+    assert any(m.startswith("zeros_like.default (optimizer_") and m.endswith("in optimizer, step 1 optimizer") for m in made)
     capsys.readouterr()
     assert main(["validate", str(out), "--history", str(kept), "--min-mib", "0"]) == 0
-    assert "r.history.jsonl.gz: the trace reserved 0.07 GiB (the allocator model on its sequence +0.00 %)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "r.history.jsonl.gz: the trace reserved 0.07 GiB (the allocator model on its sequence +0.00 %)" in shown
+    # the one small-pool segment only the trace opens, for the optimizer's sqrt copies
+    assert (
+        "trace only: 2.00 MiB for a 0.02 MiB request at allocation 658 (_foreach_sqrt.default (optimizer_temporaries) in optimizer, step 1 optimizer)" in shown
+    )
+
+
+def test_a_gpus_history_keeps_its_frames_only_when_asked(attach, capsys):
+    """--memory-history-frames: the counters keep each entry's frames (history.where names it);
+    without --device and --memory-history it is a usage error, as there is no GPU history to name."""
+    counters = Scripted()
+    cuda.measure(tiny(), steps=2, device="cpu", counters=counters, history=True, frames=True)
+    assert counters.frames is True
+    cuda.measure(tiny(), steps=2, device="cpu", counters=counters, history=True)
+    assert counters.frames is False
+    assert run([str(TINY / "tiny-finetune.yaml"), "--memory-history-frames"]) == 2
+    assert "--memory-history-frames keeps where each of a GPU's allocations was made; it needs --device cuda and --memory-history PATH" in (
+        capsys.readouterr().err
+    )
 
 
 def test_shared_device_records_no_device_figure_and_says_why(attach):

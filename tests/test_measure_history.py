@@ -38,8 +38,58 @@ def test_events_keep_allocs_completed_frees_and_segments_in_order():
     assert history.events(snap, index=1) == []  # no trace for a device that made none
 
 
+def test_an_allocation_whose_entry_kept_its_frames_says_where_it_was_made():
+    """With _record_memory_history(context="alloc", stacks="all") an entry carries its frames,
+    innermost first: a backward's allocation is named by its autograd node (autograd's thread
+    runs no Python), a forward's by the innermost Python frame outside torch; frees, segments and
+    an allocation without frames stay three items."""
+    backward = [
+        {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)"},
+        {"filename": "??", "line": 0, "name": "at::native::log_softmax_backward_cuda_out(...)"},
+        {"filename": "??", "line": 0, "name": "torch::autograd::generated::LogSoftmaxBackward0::apply(std::vector<at::Tensor>&&)"},
+        {"filename": "??", "line": 0, "name": "torch::autograd::Engine::evaluate_function(...)"},
+    ]
+    forward = [
+        {"filename": "/usr/lib/python3/site-packages/torch/nn/functional.py", "line": 2140, "name": "silu"},
+        {"filename": "/usr/lib/python3/site-packages/transformers/models/qwen2/modeling_qwen2.py", "line": 52, "name": "forward"},
+        {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1776, "name": "_call_impl"},
+    ]
+    inside_torch = [{"filename": "/usr/lib/python3/site-packages/torch/optim/adamw.py", "line": 390, "name": "_multi_tensor_adamw"}]
+    assert history.where(backward) == "LogSoftmaxBackward0"
+    assert history.where(forward) == "modeling_qwen2.py:52 forward"
+    assert history.where(inside_torch) == "adamw.py:390 _multi_tensor_adamw"
+    assert history.where([]) == ""
+    snap = _snapshot([("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("alloc", 3 * MIB, 3 * MIB), ("free_completed", 0, 3 * MIB)])
+    entries = snap["device_traces"][0]
+    entries[0]["frames"], entries[1]["frames"], entries[3]["frames"] = forward, backward, backward
+    assert history.events(snap) == [
+        ("segment_alloc", 0, 20 * MIB),
+        ("alloc", 0, 3 * MIB, "LogSoftmaxBackward0"),
+        ("alloc", 3 * MIB, 3 * MIB),
+        ("free_completed", 0, 3 * MIB),
+    ]
+
+
+def test_a_named_allocation_names_the_segment_opened_for_it():
+    """`replay`'s openings carry the name of the allocation each segment was made for, as
+    `memspec validate --history` prints them; the replay itself reads only the first three items."""
+    named = [
+        ("segment_alloc", 1 << 30, 12 * MIB),
+        ("alloc", 1 << 30, 12 * MIB, "mm.default (activations) in lm_head, step 1 forward"),
+        ("segment_alloc", 2 << 30, 20 * MIB),
+        ("alloc", 2 << 30, 3 * MIB),
+    ]
+    r = history.replay(named)
+    assert [(o.at, o.grew, o.name) for o in r.openings] == [(1, 12 * MIB, "mm.default (activations) in lm_head, step 1 forward"), (2, 20 * MIB, "")]
+    assert (r.gpu_reserved, r.model_reserved) == (32 * MIB, 32 * MIB)
+
+
 def test_write_and_read_give_back_the_same_events(tmp_path):
-    events = [("segment_alloc", 1 << 40, 2 * MIB), ("alloc", 1 << 40, 512), ("free_completed", 1 << 40, 512)]
+    events = [
+        ("segment_alloc", 1 << 40, 2 * MIB),
+        ("alloc", 1 << 40, 512, "zeros_like.default (optimizer_states) in optimizer, step 1 optimizer"),
+        ("free_completed", 1 << 40, 512),
+    ]
     history.write(tmp_path / "h.jsonl.gz", events)
     assert history.read(tmp_path / "h.jsonl.gz") == events
 

@@ -523,7 +523,8 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         if a and b:
             last = b
         else:
-            # NB: a GPU history names no tensor: the estimate's alike opening before it places it
+            # NB: a GPU history names no tensor unless it kept its frames: the estimate's alike
+            # opening before it places it
             only.append({"side": "gpu" if a else "estimate", **asdict(a or b), "after": asdict(last) if a and last else None})
     return {
         "history": history_name,
@@ -564,7 +565,9 @@ def render_history(c: dict) -> str:
         repeat = f" (the replay stops after step {n}: step {n + 1} would begin from the cache step {n} began from)" if same else ""
         lines.append(f"  reserved by step: the {side} {_steps(steps['gpu'])}, the estimate {_steps(steps['estimate'])}{repeat}")
     for o in c["only"]:
-        where = f"allocation {o['at']:,}" + (f" ({o['name']}, step {o['step']})" if o["name"] else "")
+        # NB: a history's own name carries its step where it has one (MemoryTracer.describe)
+        named = f"{o['name']}, step {o['step']}" if o["step"] else o["name"]
+        where = f"allocation {o['at']:,}" + (f" ({named})" if named else "")
         line = (
             f"  {side if o['side'] == 'gpu' else 'estimate'} only: {o['grew'] / mib:,.2f} MiB for a {o['request'] / mib:,.2f} MiB request at "
             f"{where}, the largest free block then {o['largest_free'] / mib:,.2f} MiB; allocated {o['allocated'] / gib:.2f} GiB, "

@@ -101,6 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--history PATH lines the record's estimate up with it",
     )
     parser.add_argument(
+        "--memory-history-frames",
+        action="store_true",
+        dest="memory_history_frames",
+        help="with --device and --memory-history: each allocation's entry says where it was made (the autograd "
+        "node of a backward's, else the innermost Python frame outside torch), which memspec validate --history "
+        "prints beside the segments only the GPU opened; torch keeps every entry's stack, so the run is slower",
+    )
+    parser.add_argument(
         "--shared-device",
         action="store_true",
         dest="shared_device",
@@ -158,7 +166,9 @@ def _measure_one(name: str, exp: dict, args, history_path: Path | None = None) -
     if getattr(args, "device", None):
         from . import cuda
 
-        measurement = cuda.measure(exp, steps=args.steps, device=args.device, history=history_path is not None, shared=args.shared_device)
+        measurement = cuda.measure(
+            exp, steps=args.steps, device=args.device, history=history_path is not None, shared=args.shared_device, frames=args.memory_history_frames
+        )
         if history_path is not None:
             history.write(history_path, measurement.history or ())
         return record.build_gpu_record(name, exp, measurement, harness.config_sha256(exp["config"]))
@@ -303,6 +313,7 @@ def _spawn(name: str, exp: dict, args, path: Path, shared: bool):
             str(path),
             _history_path(args, name),
             shared,
+            args.memory_history_frames,
         ),
     )
     child.start()
@@ -318,11 +329,13 @@ def _collected(child, name: str, path: Path) -> dict | None:
     return record.read_record(path)
 
 
-def _measure_child(name: str, exp: dict, steps: int, device: str, path: str, history_path: Path | None = None, shared: bool = False) -> None:
+def _measure_child(
+    name: str, exp: dict, steps: int, device: str, path: str, history_path: Path | None = None, shared: bool = False, frames: bool = False
+) -> None:
     from . import cuda, harness, history, record
 
     try:
-        measurement = cuda.measure(exp, steps=steps, device=device, history=history_path is not None, shared=shared)
+        measurement = cuda.measure(exp, steps=steps, device=device, history=history_path is not None, shared=shared, frames=frames)
     except ExperimentError as exc:
         _say(f"error: {exc}")
         raise SystemExit(EXIT_INPUT) from None
@@ -337,6 +350,12 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.shared_device and not getattr(args, "device", None):
         _say("memspec measure: --shared-device says other processes share the GPU; it needs --device cuda")
+        return EXIT_USAGE
+    if args.memory_history_frames and not (getattr(args, "device", None) and args.memory_history):
+        _say(
+            "memspec measure: --memory-history-frames keeps where each of a GPU's allocations was made; it needs "
+            "--device cuda and --memory-history PATH (a traced step's history names its allocations without it)"
+        )
         return EXIT_USAGE
     if getattr(args, "device", None) and (args.timeline or args.inventory):
         _say("memspec measure: --timeline and --inventory come from the trace; they cannot be taken with --device")

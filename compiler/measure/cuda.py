@@ -104,7 +104,7 @@ class Counters(Protocol):
     def baseline(self) -> int | None: ...
     def reset(self) -> None: ...
     def read(self) -> PhasePeak: ...
-    def start_history(self) -> None: ...  # begin keeping every allocation and free
+    def start_history(self, frames: bool = False) -> None: ...  # begin keeping every allocation and free (`frames`: where each was made)
     def history(self) -> tuple[tuple[str, int, int], ...]: ...  # what was kept; stops keeping
     def alloc_retries(self) -> int | None: ...  # the allocator's retries after freeing its cache
 
@@ -146,11 +146,14 @@ class TorchCuda:
 
     # torch.cuda.memory._record_memory_history keeps this many trace entries (a ring): a 7B
     # model's three steps make a few hundred thousand allocations and frees. No tracebacks
-    # (context None): with them an entry is several KB; the order and sizes are what a replay needs.
+    # (context None) unless `frames`: with them an entry is several KB and the snapshot takes
+    # long to symbolize; the order and sizes are what a replay needs, the frames name what
+    # each allocation was (history.where keeps one line of them).
     HISTORY_ENTRIES = 4_000_000
 
-    def start_history(self) -> None:
-        torch.cuda.memory._record_memory_history("all", context=None, max_entries=self.HISTORY_ENTRIES)
+    def start_history(self, frames: bool = False) -> None:
+        # NB: stacks "all": C++ frames too, the only ones an allocation on autograd's thread has
+        torch.cuda.memory._record_memory_history("all", context="alloc" if frames else None, stacks="all", max_entries=self.HISTORY_ENTRIES)
 
     def history(self) -> tuple[tuple[str, int, int], ...]:
         from . import history
@@ -242,11 +245,18 @@ def _attention_kernel(exp: dict) -> Iterator[tuple[str, ...]]:
 
 
 def measure(
-    exp: dict, *, steps: int = 3, device: str = "cuda", counters: Counters | None = None, history: bool = False, shared: bool = False
+    exp: dict,
+    *,
+    steps: int = 3,
+    device: str = "cuda",
+    counters: Counters | None = None,
+    history: bool = False,
+    shared: bool = False,
+    frames: bool = False,
 ) -> GpuMeasurement:
     """Run `steps` training steps of `exp` on `device`; see the module docstring. `history`:
     keep the caching allocator's trace of every allocation and free, from the model's build on
-    (`GpuMeasurement.history`). `shared`: other processes use the device meanwhile, so NVML's
+    (`GpuMeasurement.history`; `frames`: each allocation with where it was made). `shared`: other processes use the device meanwhile, so NVML's
     used bytes are not read (allocated and reserved are this process's own either way)."""
     check_runnable(exp)
     _use_alloc_conf(exp)
@@ -261,7 +271,7 @@ def measure(
     config = harness.load_config(exp["config"])
     log = _StepLog(counters)
     if history:
-        counters.start_history()
+        counters.start_history(frames)
     try:
         with where:
             model = harness.build_model(config, exp)

@@ -661,6 +661,8 @@ def _tracer(
     )
     if emulate:
         tracer.make_workspace = emulation.allocate_workspace
+    if history and allocator is not None:
+        allocator.describe = tracer.describe
     if split is None:
         tracer.register(model.parameters(), PARAMETERS)
         tracer.register(model.buffers(), BUFFERS)

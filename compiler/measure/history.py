@@ -2,7 +2,9 @@
 
 Contract: `events(snapshot, index)` reads the trace of `torch.cuda.memory._snapshot()` (what
 `_record_memory_history` kept for device `index`) into `(action, address, size)` tuples in
-order; `write` / `read` keep them as gzip JSON lines beside a record
+order, `(action, address, size, where)` for an entry that says where it was made (`where`:
+a traced allocation's op, module and step; a GPU's from its entry's frames, when the history
+kept them); `write` / `read` keep them as gzip JSON lines beside a record
 (`memspec measure --device cuda --memory-history PATH`); `replay(events)` runs every alloc
 and completed free through `compiler.memory.allocator.Allocator` and returns a `Replay`: the
 model's peak reserved and allocated for the GPU's own sequence beside the GPU's (its segment
@@ -24,10 +26,11 @@ from __future__ import annotations
 import difflib
 import gzip
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..memory.allocator import AllocConfError, Allocator, AllocatorConfig, OutOfMemoryError
 
@@ -45,12 +48,41 @@ OOM = "oom"
 KEPT = (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM)
 
 
-def events(snapshot: dict, index: int = 0) -> list[tuple[str, int, int]]:
-    """The device's trace as (action, address, size), oldest first, the actions in KEPT."""
+def events(snapshot: dict, index: int = 0) -> list[tuple]:
+    """The device's trace as (action, address, size), oldest first, the actions in KEPT; an
+    allocation whose entry kept its frames gets where it was made as a fourth item (`where`)."""
     traces = snapshot.get("device_traces") or []
     if index >= len(traces):
         return []
-    return [(e["action"], int(e["device_free"] if e["action"] == OOM else e["addr"]), int(e["size"])) for e in traces[index] if e.get("action") in KEPT]
+    out: list[tuple] = []
+    for e in traces[index]:
+        action = e.get("action")
+        if action not in KEPT:
+            continue
+        event = (action, int(e["device_free"] if action == OOM else e["addr"]), int(e["size"]))
+        made = where(e.get("frames") or ()) if action == ALLOC else ""
+        out.append((*event, made) if made else event)
+    return out
+
+
+def where(frames: Sequence[dict]) -> str:
+    """Where a GPU's allocation was made, from its trace entry's frames (innermost first, as
+    `_record_memory_history` keeps them: Python's with stacks="python", C++'s too with "all"):
+    the autograd node whose backward made it ("LogSoftmaxBackward0"; autograd's thread runs no
+    Python), else the innermost Python frame outside torch ("modeling_qwen2.py:289 forward"),
+    else the innermost Python frame; "" without frames."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    for f in frames:
+        node = _AUTOGRAD_NODE.search(str(f.get("name", "")))
+        if node:
+            return node.group(1)
+    for f in [f for f in python if "/torch/" not in str(f["filename"])] or python:
+        return f"{Path(str(f['filename'])).name}:{f.get('line', 0)} {f.get('name', '')}".rstrip()
+    return ""
+
+
+# a C++ frame of an autograd node's apply: torch::autograd::generated::MulBackward0::apply(...)
+_AUTOGRAD_NODE = re.compile(r"(?:^|::)(\w+Backward\d*)::apply")
 
 
 def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
@@ -61,7 +93,7 @@ def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
             f.write(json.dumps(event) + "\n")
 
 
-def read(path: Path) -> list[tuple[str, int, int]]:
+def read(path: Path) -> list[tuple]:
     with gzip.open(path, "rt") as f:
         return [tuple(json.loads(line)) for line in f if line.strip()]
 
@@ -75,13 +107,16 @@ class Recording(Allocator):
     so that `memspec validate --history` lines an estimate up with a trace as with a GPU."""
 
     history: list = field(default_factory=list)
+    # what an allocation is, for its history entry (MemoryTracer.describe); "" for none
+    describe: Callable[[object], str] | None = None
 
     def malloc(self, key: object, nbytes: int) -> int:
         before = self.reserved
         size = super().malloc(key, nbytes)
         if self.reserved > before:
             self.history.append((SEGMENT_MAP if self.config.expandable_segments else SEGMENT_ALLOC, 0, self.reserved - before))
-        self.history.append((ALLOC, self._live[key].ptr, size))
+        made = self.describe(key) if self.describe is not None else ""
+        self.history.append((ALLOC, self._live[key].ptr, size, made) if made else (ALLOC, self._live[key].ptr, size))
         return size
 
     def free(self, key: object) -> None:
@@ -129,7 +164,7 @@ def replay(
     allocs = unmatched = pending = 0
     gpu_oom = model_oom = None
     openings: list[Opened] = []
-    for action, addr, size in history:
+    for action, addr, size, *made in history:
         if action == OOM:
             gpu_oom = size
             if capacity is not None:
@@ -143,7 +178,7 @@ def replay(
             allocs += 1
             if pending:
                 # NB: the trace's segment entries come before the allocation they were made for
-                openings.append(Opened(allocs, size, pending, allocated, reserved, largest_free=model.largest_free(size)))
+                openings.append(Opened(allocs, size, pending, allocated, reserved, made[0] if made else "", largest_free=model.largest_free(size)))
                 pending = 0
             model.malloc(addr, size)
             live[addr] = size
@@ -174,8 +209,8 @@ class Opened:
     grew: int  # the bytes reserved for it
     allocated: int  # the bytes allocated before it
     reserved: int  # the bytes reserved after it
-    name: str = ""  # what the estimate calls the allocation (a GPU history has no names)
-    step: int = 0  # the estimate's training step, from 1 (0: before the first)
+    name: str = ""  # what the estimate calls the allocation; a history's `where`, "" where it kept none
+    step: int = 0  # the estimate's training step, from 1 (0: before the first, or a history's)
     largest_free: int = 0  # the largest cached free block of the request's pool before it (Allocator.largest_free)
 
 

@@ -228,7 +228,20 @@ class MemoryTracer(TorchDispatchMode):
         allocator = self.allocators.get(gpu)
         if allocator is None:
             allocator = self.allocators[gpu] = type(self.allocator)(config=self.allocator.config)
+            if hasattr(allocator, "describe"):
+                allocator.describe = self.allocator.describe
         return allocator
+
+    def describe(self, key) -> str:
+        """What the allocator's allocation `key` is, for an allocator history: the op that made
+        the storage, what it holds, the module it ran in, the step and phase
+        ("_log_softmax.default (activations) in language.loss, step 2 loss"); an allocation of
+        the emulation's by its key's parts (a kernel's scratch, a cuBLAS workspace, the untied
+        output embedding)."""
+        record = self.live.get(key)
+        if record is None:
+            return " ".join(str(k) for k in key) if isinstance(key, tuple) else ""
+        return f"{record.op} ({record.category}) in {record.module or 'the model'}, step {self.step} {record.phase}"
 
     def workspaces(self, make: Callable[[Any, int], None], threads: int) -> None:
         """The cuBLAS workspaces of `threads` GEMM threads, made by `make(allocator, threads)`:
@@ -333,15 +346,7 @@ class MemoryTracer(TorchDispatchMode):
             return
         module, _ = self.context()
         record.alive = False
-        if self.allocator is not None:
-            # NB: resize_ to 0 frees the block; to a new size allocates a new one
-            allocator = self.allocator_of(None if self.device_of is None else self.device_of.get(storage._cdata))
-            if storage._cdata in allocator:
-                allocator.free(storage._cdata)
-            if nbytes:
-                allocator.malloc(storage._cdata, nbytes)
-        self.total += nbytes - record.nbytes
-        self.by_category[record.category] += nbytes - record.nbytes
+        # NB: the new record before the allocator's malloc, which describes it (`describe`)
         self.live[storage._cdata] = Allocation(
             nbytes=nbytes,
             category=record.category,
@@ -351,6 +356,15 @@ class MemoryTracer(TorchDispatchMode):
             dtype=record.dtype,
             shape=record.shape,
         )
+        if self.allocator is not None:
+            # NB: resize_ to 0 frees the block; to a new size allocates a new one
+            allocator = self.allocator_of(None if self.device_of is None else self.device_of.get(storage._cdata))
+            if storage._cdata in allocator:
+                allocator.free(storage._cdata)
+            if nbytes:
+                allocator.malloc(storage._cdata, nbytes)
+        self.total += nbytes - record.nbytes
+        self.by_category[record.category] += nbytes - record.nbytes
         self._observe("resize_", module, ())
 
     def __enter__(self):
