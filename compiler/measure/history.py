@@ -101,8 +101,9 @@ def read(path: Path) -> list[tuple]:
 @dataclass
 class Recording(Allocator):
     """The allocator model keeping what it is asked as a history in the trace's own actions
-    (`history`): each allocation its block's address and size, after the segment entry that
-    was made for it, each free completed at once (no streams). What `memspec measure
+    (`history`): each allocation its block's address and the bytes asked (as a GPU's entry
+    has them: the block may be larger, a remainder the allocator does not split), after the
+    segment entry that was made for it, each free completed at once (no streams). What `memspec measure
     --memory-history` writes for a traced step, the tracer's sequence as `read` gives a GPU's,
     so that `memspec validate --history` lines an estimate up with a trace as with a GPU."""
 
@@ -116,7 +117,7 @@ class Recording(Allocator):
         if self.reserved > before:
             self.history.append((SEGMENT_MAP if self.config.expandable_segments else SEGMENT_ALLOC, 0, self.reserved - before))
         made = self.describe(key) if self.describe is not None else ""
-        self.history.append((ALLOC, self._live[key].ptr, size, made) if made else (ALLOC, self._live[key].ptr, size))
+        self.history.append((ALLOC, self._live[key].ptr, nbytes, made) if made else (ALLOC, self._live[key].ptr, nbytes))
         return size
 
     def free(self, key: object) -> None:
@@ -136,9 +137,11 @@ class Recording(Allocator):
 class Replay:
     allocations: int  # allocs replayed
     model_reserved: int  # the allocator model's peak reserved for the GPU's own sequence
+    # the model's peak of live blocks: what torch.cuda.max_memory_allocated reads (a block
+    # counts whole, with a remainder the allocator does not split off)
     model_allocated: int
     gpu_reserved: int  # the GPU's peak of segment allocations less segment frees
-    gpu_allocated: int  # the GPU's peak of live blocks
+    gpu_allocated: int  # the peak of the live allocations' bytes as asked (what the entries carry)
     unmatched_frees: int  # frees of blocks allocated before the history began
     gpu_out_of_memory: int | None = None  # the request the GPU could not serve, in bytes
     model_out_of_memory: bool | None = None  # with a capacity: whether the model fails it too
@@ -153,7 +156,8 @@ def replay(
     history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None, capacity: int | None = None, device_memory: int | None = None
 ) -> Replay:
     """NB: a block is keyed by its address, which the GPU reuses once it is freed: each alloc
-    replaces the key's previous (freed) block. Sizes are the blocks' (already rounded).
+    replaces the key's previous (freed) block. Sizes are the bytes asked (a GPU's entries carry
+    the request: 4 B, 768 B; the model rounds them as the allocator does).
     `capacity`: the bytes the allocator could reserve on that device (its memory less the
     context), where a step came near it: the model then empties its cache and retries, as
     the GPU did (its `segment_free`s). `device_memory`: the GPU's memory as CUDA reports it
@@ -312,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         r = replay(read(path), config, capacity=args.capacity, device_memory=args.device_memory)
         print(
             f"{path.name}: {r.allocations} allocations; GPU reserved {r.gpu_reserved / gib:.2f} GiB, "
-            f"allocated {r.gpu_allocated / gib:.2f} GiB; the allocator model on the same sequence "
-            f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated"
+            f"allocations of {r.gpu_allocated / gib:.2f} GiB at most as asked; the allocator model on the same sequence "
+            f"{r.model_reserved / gib:.2f} GiB reserved ({r.error_pct:+.2f} %), {r.model_allocated / gib:.2f} GiB allocated "
+            "(its blocks, as max_memory_allocated counts them)"
             + (f"; {r.unmatched_frees} frees of blocks from before the history" if r.unmatched_frees else "")
             + (f"; the GPU ran out of memory asking for {r.gpu_out_of_memory:,} B" if r.gpu_out_of_memory is not None else "")
             + ({True: " (the model too)", False: " (the model would serve it)"}.get(r.model_out_of_memory, ""))
