@@ -58,6 +58,9 @@ def test_an_allocation_whose_entry_kept_its_frames_says_where_it_was_made():
     assert history.where(backward) == "LogSoftmaxBackward0"
     assert history.where(forward) == "modeling_qwen2.py:52 forward"
     assert history.where(inside_torch) == "adamw.py:390 _multi_tensor_adamw"
+    # a checkpointed layer's forward, recomputed as a backward node unpacks what it saved
+    recomputed = [backward[0], *forward[1:], {"filename": "??", "line": 0, "name": "torch::autograd::generated::MmBackward0::apply(...)"}]
+    assert history.where(recomputed) == "modeling_qwen2.py:52 forward"
     assert history.where([]) == ""
     snap = _snapshot([("segment_alloc", 0, 20 * MIB), ("alloc", 0, 3 * MIB), ("alloc", 3 * MIB, 3 * MIB), ("free_completed", 0, 3 * MIB)])
     entries = snap["device_traces"][0]

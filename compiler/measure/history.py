@@ -67,18 +67,26 @@ def events(snapshot: dict, index: int = 0) -> list[tuple]:
 
 def where(frames: Sequence[dict]) -> str:
     """Where a GPU's allocation was made, from its trace entry's frames (innermost first, as
-    `_record_memory_history` keeps them: Python's with stacks="python", C++'s too with "all"):
-    the autograd node whose backward made it ("LogSoftmaxBackward0"; autograd's thread runs no
-    Python), else the innermost Python frame outside torch ("modeling_qwen2.py:289 forward"),
-    else the innermost Python frame; "" without frames."""
-    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    `_record_memory_history` keeps them: Python's with stacks="python", C++'s among them with
+    "all"): the innermost frame that is either an autograd node's apply ("LogSoftmaxBackward0":
+    autograd's thread runs no Python) or Python outside torch ("modeling_qwen2.py:289 forward",
+    also a checkpointed layer's forward recomputed inside a backward node), else the innermost
+    Python frame; "" without frames."""
+    python = []
     for f in frames:
-        node = _AUTOGRAD_NODE.search(str(f.get("name", "")))
+        name, filename = str(f.get("name", "")), str(f.get("filename", ""))
+        node = _AUTOGRAD_NODE.search(name)
         if node:
             return node.group(1)
-    for f in [f for f in python if "/torch/" not in str(f["filename"])] or python:
-        return f"{Path(str(f['filename'])).name}:{f.get('line', 0)} {f.get('name', '')}".rstrip()
-    return ""
+        if filename.endswith(".py"):
+            if "/torch/" not in filename:
+                return _python_frame(f)
+            python.append(f)
+    return _python_frame(python[0]) if python else ""
+
+
+def _python_frame(f: dict) -> str:
+    return f"{Path(str(f['filename'])).name}:{f.get('line', 0)} {f.get('name', '')}".rstrip()
 
 
 # a C++ frame of an autograd node's apply: torch::autograd::generated::MulBackward0::apply(...)
