@@ -374,26 +374,29 @@ def test_validate_with_a_history_lists_the_segments_only_one_side_opened(capsys)
         f"{name}.history.jsonl.gz: the GPU reserved 33.90 GiB (the allocator model on its sequence +0.00 %), the estimate "
         "29.39 GiB (the formulas' order, the largest of its orders); segments of 64 MiB or more: the GPU's 11, the estimate's 11, 10 alike"
     )
+    # the model given the GPU's requests peaks at its max_memory_allocated to the byte too
+    assert lines[1] == "  allocated: the GPU 21.69 GiB (max_memory_allocated: blocks), the allocator model on its requests +0.00 %"
     # step 1 reserves what the GPU's did; step 2 is where they part
-    assert lines[1] == (
+    assert lines[2] == (
         "  reserved by step: the GPU 29.26, 33.90, 33.90 GiB, the estimate 29.39, 29.39 GiB "
         "(the replay stops after step 2: step 3 would begin from the cache step 2 began from)"
     )
     # each with the largest free block its side had then: the mask's 128 MiB missed a 118 MiB
     # one; the GPU's 4,748 MiB request was no near miss (3,592.31 MiB), the estimate's cache had a
     # hole that fits
-    assert lines[2].startswith(
+    assert lines[3].startswith(
         "  estimate only: 128.00 MiB for a 128.00 MiB request at allocation 302 (tensor language/mask, step 1), the largest free block then 118.00 MiB"
     )
-    assert lines[3].startswith(
+    assert lines[4].startswith(
         "  GPU only: 4,748.00 MiB for a 4,748.00 MiB request at allocation 7,314, the largest free block then 3,592.31 MiB; "
         "allocated 16.29 GiB, reserved 33.90 GiB after"
     )
-    assert len(lines) == 4
+    assert len(lines) == 5
     # the same in the JSON, beside the records' comparison
     assert main(["validate", str(record), "--history", str(GPU_HISTORIES / f"{name}.history.jsonl.gz"), "--format", "json"]) == 0
     beside = json.loads(capsys.readouterr().out)["history"]
     assert beside["segments"] == {"gpu": 11, "estimate": 11, "alike": 10} and beside["gpu_reserved"] == 36_398_170_112
+    assert beside["model_on_gpu_sequence_allocated"] == beside["record_allocated"] == 23_287_914_496
     assert [(o["side"], o["request"], o["name"], o["step"], o["largest_free"]) for o in beside["only"]] == [
         ("estimate", 128 * MIB, "tensor language/mask", 1, 118 * MIB),
         ("gpu", 4748 * MIB, "", 0, 3_766_812_672),  # 3,592.31 MiB

@@ -533,6 +533,11 @@ def history_comparison(events: list, history_name: str, record_path: Path, min_m
         "measured_by": "GPU" if comparison.source == "gpu" else "trace",
         "gpu_reserved": g.gpu_reserved,
         "model_on_gpu_sequence_error_pct": g.error_pct,
+        # NB: the model's peak of blocks on the history's requests, which is what a GPU's
+        # max_memory_allocated reads (a trace's record counts tensors instead)
+        "model_on_gpu_sequence_allocated": g.model_allocated,
+        "record_allocated": record.get("allocated"),
+        "out_of_memory": "out_of_memory" in record,
         "estimate_reserved": comparison.estimated["reserved"],
         "estimate_order": r.order,
         "min_mib": min_mib,
@@ -559,6 +564,12 @@ def render_history(c: dict) -> str:
         f"({order}, the largest of its orders); segments of "
         f"{c['min_mib']:g} MiB or more: the {side}'s {seg['gpu']}, the estimate's {seg['estimate']}, {seg['alike']} alike"
     ]
+    blocks, record = c.get("model_on_gpu_sequence_allocated"), c.get("record_allocated")
+    if side == "GPU" and blocks and record and not c.get("out_of_memory"):
+        lines.append(
+            f"  allocated: the GPU {record / gib:.2f} GiB (max_memory_allocated: blocks), the allocator model on its "
+            f"requests {100 * (blocks - record) / record:+.2f} %"
+        )
     steps = c["step_reserved"]
     if steps["gpu"] or steps["estimate"]:
         n, same = len(steps["estimate"]), len(steps["gpu"]) > len(steps["estimate"]) > 0
