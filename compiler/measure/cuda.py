@@ -86,8 +86,8 @@ class GpuMeasurement:
     applied: tuple[str, ...]  # behaviours that differ from the experiment's letter (FA2 as SDPA)
     out_of_memory: OutOfMemory | None = None
     # with history: the caching allocator's own trace from before the model was built
-    # (compiler.measure.history: (action, address, size), oldest first)
-    history: tuple[tuple[str, int, int], ...] | None = None
+    # (compiler.measure.history: (action, address, size[, where]), oldest first)
+    history: tuple[tuple, ...] | None = None
     # cudaMalloc failures the allocator answered by freeing its cached blocks and retrying
     # (torch.cuda.memory_stats()["num_alloc_retries"] at the end of the run); None: not read
     alloc_retries: int | None = None
@@ -105,7 +105,7 @@ class Counters(Protocol):
     def reset(self) -> None: ...
     def read(self) -> PhasePeak: ...
     def start_history(self, frames: bool = False) -> None: ...  # begin keeping every allocation and free (`frames`: where each was made)
-    def history(self) -> tuple[tuple[str, int, int], ...]: ...  # what was kept; stops keeping
+    def history(self) -> tuple[tuple, ...]: ...  # what was kept; stops keeping
     def alloc_retries(self) -> int | None: ...  # the allocator's retries after freeing its cache
 
 
@@ -155,7 +155,7 @@ class TorchCuda:
         # NB: stacks "all": C++ frames too, the only ones an allocation on autograd's thread has
         torch.cuda.memory._record_memory_history("all", context="alloc" if frames else None, stacks="all", max_entries=self.HISTORY_ENTRIES)
 
-    def history(self) -> tuple[tuple[str, int, int], ...]:
+    def history(self) -> tuple[tuple, ...]:
         from . import history
 
         torch.cuda.synchronize(self.index)

@@ -93,7 +93,7 @@ def _python_frame(f: dict) -> str:
 _AUTOGRAD_NODE = re.compile(r"(?:^|::)(\w+Backward\d*)::apply")
 
 
-def write(path: Path, history: Iterable[tuple[str, int, int]]) -> None:
+def write(path: Path, history: Iterable[tuple]) -> None:
     """`history` as gzip JSON lines at `path`, its folder made where missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
@@ -160,9 +160,7 @@ class Replay:
         return 100.0 * (self.model_reserved - self.gpu_reserved) / self.gpu_reserved if self.gpu_reserved else 0.0
 
 
-def replay(
-    history: Iterable[tuple[str, int, int]], config: AllocatorConfig | None = None, capacity: int | None = None, device_memory: int | None = None
-) -> Replay:
+def replay(history: Iterable[tuple], config: AllocatorConfig | None = None, capacity: int | None = None, device_memory: int | None = None) -> Replay:
     """NB: a block is keyed by its address, which the GPU reuses once it is freed: each alloc
     replaces the key's previous (freed) block. Sizes are the bytes asked (a GPU's entries carry
     the request: 4 B, 768 B; the model rounds them as the allocator does).
