@@ -14,4 +14,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ..cli import measure_hash_seed
+
+    measure_hash_seed(sys.argv[1:], "compiler.measure")
     sys.exit(run())
