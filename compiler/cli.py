@@ -472,7 +472,8 @@ def measure_hash_seed(argv: Sequence[str], module: str = "compiler.cli") -> None
     environment sets a seed already. POSIX only (os.execve)."""
     if os.environ.get("PYTHONHASHSEED") is not None or os.name != "posix":
         return
-    program = ["-m", module] if Path(sys.argv[0]).suffix == ".py" or sys.argv[0] == "-m" else [sys.argv[0]]
+    # NB: under -m, sys.argv[0] is the module's file (runpy sets it before the module runs)
+    program = ["-m", module] if Path(sys.argv[0]).suffix == ".py" else [sys.argv[0]]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *program, *argv], {**os.environ, "PYTHONHASHSEED": MEASURE_HASH_SEED})
